@@ -1,0 +1,94 @@
+"""Build script: the optional C++/CUDA extension ``specdec_kernels._C``.
+
+The extension is built only where it can be: the C++ CPU kernels wherever a C++ compiler and
+torch's headers are present, the CUDA kernels only when a CUDA toolkit *and* a CUDA build of
+torch are present. Nothing is probed over the network and a failed or skipped build never fails
+the install: the package then uses its pure-PyTorch fallback (with a one-time warning).
+
+Environment variables
+---------------------
+SPECDEC_NO_EXTENSION=1   build no extension at all (pure Python install).
+SPECDEC_NO_CUDA=1        build the CPU extension only, even where CUDA is available.
+"""
+
+import glob
+import os
+import sys
+import warnings
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _env_flag(name):
+    return os.environ.get(name, "0").lower() in ("1", "true", "yes", "on")
+
+
+def _extensions():
+    if _env_flag("SPECDEC_NO_EXTENSION"):
+        return [], {}
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except Exception as exc:  # torch missing from the build environment
+        warnings.warn(f"specdec_kernels: torch not importable at build time ({exc}); "
+                      "building without the C++ extension")
+        return [], {}
+
+    cpp_sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
+    cu_sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cu"), recursive=True))
+    if not cpp_sources:
+        return [], {}
+
+    use_cuda = (
+        not _env_flag("SPECDEC_NO_CUDA")
+        and bool(cu_sources)
+        and torch.version.cuda is not None
+        and cpp_extension.CUDA_HOME is not None
+    )
+    cxx_flags = ["-O3", "-std=c++17"]
+    define_macros = []
+    if sys.platform != "win32":
+        cxx_flags.append("-fopenmp")
+    if use_cuda:
+        define_macros.append(("SPECDEC_WITH_CUDA", None))
+        nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
+        ext = cpp_extension.CUDAExtension(
+            "specdec_kernels._C",
+            sources=cpp_sources + cu_sources,
+            define_macros=define_macros,
+            extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+            extra_link_args=["-fopenmp"] if sys.platform != "win32" else [],
+        )
+    else:
+        ext = cpp_extension.CppExtension(
+            "specdec_kernels._C",
+            sources=cpp_sources,
+            define_macros=define_macros,
+            extra_compile_args={"cxx": cxx_flags},
+            extra_link_args=["-fopenmp"] if sys.platform != "win32" else [],
+        )
+
+    class BuildExtOptional(cpp_extension.BuildExtension):
+        """Build the extension, but warn instead of failing the install."""
+
+        def run(self):
+            try:
+                super().run()
+            except Exception as exc:  # compiler missing or broken
+                warnings.warn(f"specdec_kernels: C++ extension build failed ({exc}); "
+                              "the pure-PyTorch fallback will be used")
+
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as exc:
+                warnings.warn(f"specdec_kernels: building {ext.name} failed ({exc}); "
+                              "the pure-PyTorch fallback will be used")
+
+    return [ext], {"build_ext": BuildExtOptional.with_options(use_ninja=False)}
+
+
+ext_modules, cmdclass = _extensions()
+setup(ext_modules=ext_modules, cmdclass=cmdclass)
