@@ -236,4 +236,4 @@ def accept_draft(row_ptr, q_ptr, draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.
     else:
         q = 1.0
     u = uniform_first(stream_key(key, j, PURPOSE_ACCEPT))
-    return (u * q < p) & in_vocab
+    return (u * q < p) & (q > 0.0) & in_vocab
