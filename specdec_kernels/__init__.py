@@ -10,9 +10,25 @@ from specdec_kernels.verification import (
     verify_sampling,
 )
 
+from specdec_kernels import models
+from specdec_kernels.generation import (
+    GenerationOutput,
+    GenerationStats,
+    SpeculativeGenerator,
+    autoregressive_generate,
+)
+from specdec_kernels.models import build, output_size
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "GenerationOutput",
+    "GenerationStats",
+    "SpeculativeGenerator",
+    "autoregressive_generate",
+    "build",
+    "models",
+    "output_size",
     "Verification",
     "accept_reject",
     "verify_greedy",
