@@ -3,7 +3,29 @@
 Public contract: ``API.md`` (shared with the project). Every name below is part of it.
 """
 
-from specdec_kernels.verification import (
+import os as _os
+import sys as _sys
+
+import torch as _torch
+
+# Triton fixes interpreter mode when it is first imported. Without CUDA the interpreter is the only
+# way its kernels run, so switch it on here, before anything imports triton.
+if ("triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ
+        and not _torch.cuda.is_available()):
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+import os as _os
+import sys as _sys
+
+import torch as _torch
+
+# Triton fixes interpreter mode when it is first imported. Without CUDA the interpreter is the only
+# way its kernels run, so switch it on here, before anything imports triton.
+if ("triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ
+        and not _torch.cuda.is_available()):
+    _os.environ["TRITON_INTERPRET"] = "1"
+
+from specdec_kernels.verification import (  # noqa: E402  # noqa: E402
     Verification,
     accept_reject,
     verify_greedy,

@@ -2,8 +2,10 @@
 
 ``backend=None`` means: Triton for CUDA tensors, the pure-PyTorch reference for CPU tensors, unless
 the environment variable ``SPECDEC_BACKEND`` names one. ``"triton"`` on CPU tensors runs Triton's
-interpreter: the kernel modules are loaded a second time with ``TRITON_INTERPRET=1`` so that the
-same source serves both the compiled (CUDA) and the interpreted (CPU) path in one process.
+interpreter, which Triton decides once, when it is first imported, from ``TRITON_INTERPRET``:
+``import specdec_kernels`` sets ``TRITON_INTERPRET=1`` on a machine without CUDA (unless triton
+was already imported or the variable is set). Where the interpreter is off, ``"triton"`` on CPU
+tensors falls back to the reference with a one-time warning.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import functools
 import importlib
 import importlib.util
 import os
-import sys
 import threading
 import warnings
 
@@ -60,6 +61,11 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
         warn_once("no-triton", "specdec_kernels: triton is not installed; "
                   "falling back to the pure-PyTorch reference")
         return "reference"
+    if backend == "triton" and device.type == "cpu" and not interpreter_active():
+        warn_once("triton-cpu", "specdec_kernels: Triton kernels run on CPU tensors only under "
+                  "Triton's interpreter: set TRITON_INTERPRET=1 before triton is imported; "
+                  "falling back to the pure-PyTorch reference")
+        return "reference"
     if backend == "triton" and device.type not in ("cuda", "cpu"):
         warn_once(f"triton-{device.type}", f"specdec_kernels: no Triton path for {device.type} "
                   "tensors; falling back to the pure-PyTorch reference")
@@ -67,49 +73,16 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
     return backend
 
 
-_interpreted: dict[str, object] = {}
-# Modules of shared @triton.jit helpers that kernel modules import: their interpreted copies must
-# stand in for them while an interpreted kernel module is loaded.
-_SHARED = ("_common",)
-
-
-def _load_interpreted(name: str):
-    full_name = f"specdec_kernels.ops.{name}"
-    module = _interpreted.get(name)
-    if module is not None:
-        return module
-    shared = {} if name in _SHARED else {s: _load_interpreted(s) for s in _SHARED}
-    spec = importlib.util.find_spec(full_name)
-    module = importlib.util.module_from_spec(spec)
-    saved_env = os.environ.get("TRITON_INTERPRET")
-    saved_modules = {s: sys.modules.get(f"specdec_kernels.ops.{s}") for s in shared}
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        for s, m in shared.items():
-            sys.modules[f"specdec_kernels.ops.{s}"] = m
-        spec.loader.exec_module(module)
-    finally:
-        for s, m in saved_modules.items():
-            if m is None:
-                sys.modules.pop(f"specdec_kernels.ops.{s}", None)
-            else:
-                sys.modules[f"specdec_kernels.ops.{s}"] = m
-        if saved_env is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved_env
-    _interpreted[name] = module
-    return module
+def interpreter_active() -> bool:
+    """True when Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def kernel_module(name: str, device: torch.device):
-    """The module ``specdec_kernels.ops.<name>`` with kernels compiled for ``device``.
+    """The module ``specdec_kernels.ops.<name>`` holding the Triton kernels of an op.
 
-    CUDA tensors get the ordinary import. CPU tensors get a private copy of the module (and of the
-    shared helper modules it imports) whose ``@triton.jit`` functions were created under
-    ``TRITON_INTERPRET=1``, i.e. run by Triton's interpreter.
+    Its ``@triton.jit`` functions are compiled for the GPU, or run by Triton's interpreter when
+    ``TRITON_INTERPRET=1`` was set before ``triton`` was first imported (``import specdec_kernels``
+    sets it on machines without CUDA).
     """
-    if device.type != "cpu" or os.environ.get("TRITON_INTERPRET") == "1":
-        return importlib.import_module(f"specdec_kernels.ops.{name}")
-    with _lock:
-        return _load_interpreted(name)
+    return importlib.import_module(f"specdec_kernels.ops.{name}")

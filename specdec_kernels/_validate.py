@@ -1,0 +1,163 @@
+"""Argument checks of the verification ops.
+
+Structural problems (types, shapes, dtypes, devices) always raise; value checks (``check_values``)
+run only with ``validate=True`` because they read tensor contents and so synchronise with the
+device. Every message names the argument, what was expected and what was seen.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+INT_DTYPES = (torch.int32, torch.int64)
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def require_tensor(name: str, value) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    return value
+
+
+def require_dtype(name: str, t: torch.Tensor, allowed) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+
+
+def require_device(name: str, t: torch.Tensor, device: torch.device) -> None:
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device} but target_logits is on {device}")
+
+
+def require_shape(name: str, t: torch.Tensor, expected: tuple, labels: str) -> None:
+    if tuple(t.shape) != tuple(expected):
+        want = "[" + ", ".join(str(s) for s in expected) + "]"
+        raise ValueError(f"{name} must have shape {labels} = {want}, got {_shape(t)}")
+
+
+def check_logits(target_logits) -> tuple[int, int, int]:
+    """``target_logits [B, K+1, V]`` float, last stride 1. Returns ``(B, K, V)``."""
+    require_tensor("target_logits", target_logits)
+    if target_logits.dim() != 3:
+        raise ValueError(f"target_logits must have shape [B, K+1, V] (3 dims), got {_shape(target_logits)}")
+    require_dtype("target_logits", target_logits, FLOAT_DTYPES)
+    b, k1, v = target_logits.shape
+    if k1 < 1 or v < 1:
+        raise ValueError(f"target_logits must have K+1 >= 1 and V >= 1, got {_shape(target_logits)}")
+    if target_logits.stride(-1) != 1 and v > 1:
+        raise ValueError("target_logits must have stride 1 in its last (vocabulary) dim, got "
+                         f"strides {tuple(target_logits.stride())}")
+    return b, k1 - 1, v
+
+
+def check_draft_tokens(draft_tokens, b: int, k: int, device: torch.device) -> None:
+    require_tensor("draft_tokens", draft_tokens)
+    require_dtype("draft_tokens", draft_tokens, INT_DTYPES)
+    require_shape("draft_tokens", draft_tokens, (b, k), "[B, K] (from target_logits [B, K+1, V])")
+    require_device("draft_tokens", draft_tokens, device)
+    if draft_tokens.stride(-1) != 1 and k > 1:
+        raise ValueError(f"draft_tokens must have stride 1 in its last dim, got strides {tuple(draft_tokens.stride())}")
+
+
+def check_draft_probs(draft_probs, b: int, k: int, v: int, device: torch.device) -> None:
+    require_tensor("draft_probs", draft_probs)
+    require_dtype("draft_probs", draft_probs, FLOAT_DTYPES)
+    require_shape("draft_probs", draft_probs, (b, k, v), "[B, K, V]")
+    require_device("draft_probs", draft_probs, device)
+    if draft_probs.stride(-1) != 1 and v > 1:
+        raise ValueError(f"draft_probs must have stride 1 in its last dim, got strides {tuple(draft_probs.stride())}")
+
+
+def num_draft_tensor(num_draft_tokens, b: int, k: int, device: torch.device) -> torch.Tensor:
+    """``num_draft_tokens`` as a ``[B]`` integer tensor (``K`` everywhere when None)."""
+    if num_draft_tokens is None:
+        return torch.full((b,), k, dtype=torch.int64, device=device)
+    require_tensor("num_draft_tokens", num_draft_tokens)
+    require_dtype("num_draft_tokens", num_draft_tokens, INT_DTYPES)
+    require_shape("num_draft_tokens", num_draft_tokens, (b,), "[B]")
+    require_device("num_draft_tokens", num_draft_tokens, device)
+    return num_draft_tokens
+
+
+def per_row(name: str, value, b: int, device: torch.device, dtype: torch.dtype, allowed,
+            python_type) -> torch.Tensor:
+    """A float/int scalar or a ``[B]`` tensor as a ``[B]`` tensor of ``dtype`` on ``device``."""
+    if isinstance(value, torch.Tensor):
+        require_dtype(name, value, allowed)
+        if value.dim() == 0:
+            return value.to(device=device, dtype=dtype).expand(b).contiguous()
+        require_shape(name, value, (b,), "[B]")
+        require_device(name, value, device)
+        return value.to(dtype).contiguous()
+    if isinstance(value, bool) or not isinstance(value, python_type):
+        raise TypeError(f"{name} must be a number or a [B] tensor, got {type(value).__name__}")
+    return torch.full((b,), value, dtype=dtype, device=device)
+
+
+def check_scalar_ranges(temperature, top_k, top_p) -> None:
+    """Range checks of Python-number arguments: free, so they always run."""
+    if isinstance(temperature, numbers.Real) and not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if isinstance(top_k, numbers.Integral) and top_k < 0:
+        raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if isinstance(top_p, numbers.Real) and not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+
+
+def _first(mask: torch.Tensor) -> tuple:
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
+def check_values(target_logits, draft_tokens, num_draft_tokens, draft_probs=None,
+                 temperature=None, top_k=None, top_p=None) -> None:
+    """Value checks of ``validate=True`` (reads the tensors; synchronises)."""
+    b, k1, v = target_logits.shape
+    k = k1 - 1
+    bad_nd = (num_draft_tokens < 0) | (num_draft_tokens > k)
+    if bool(bad_nd.any()):
+        (row,) = _first(bad_nd)
+        raise ValueError(f"num_draft_tokens must lie in [0, K] = [0, {k}], got "
+                         f"num_draft_tokens[{row}] = {int(num_draft_tokens[row])}")
+    live = torch.arange(k, device=draft_tokens.device)[None, :] < num_draft_tokens[:, None]
+    bad_ids = live & ((draft_tokens < 0) | (draft_tokens >= v))
+    if bool(bad_ids.any()):
+        row, pos = _first(bad_ids)
+        raise ValueError(f"draft_tokens[{row}, {pos}] = {int(draft_tokens[row, pos])} is outside "
+                         f"[0, V) with V = {v} (positions < num_draft_tokens[{row}] = "
+                         f"{int(num_draft_tokens[row])} must be real token ids)")
+    finite = torch.isfinite(target_logits)
+    if not bool(finite.all()):
+        row, pos, tok = _first(~finite)
+        raise ValueError(f"target_logits must be finite, got target_logits[{row}, {pos}, {tok}] = "
+                         f"{float(target_logits[row, pos, tok])}")
+    if draft_probs is not None:
+        negative = (draft_probs < 0).any(dim=-1) & live
+        sums = draft_probs.float().sum(dim=-1)
+        off = ((sums - 1).abs() > 1e-3) & live | ~torch.isfinite(sums) & live
+        for bad, what in ((negative, "has negative entries"), (off, "does not sum to 1 (tolerance 1e-3)")):
+            if bool(bad.any()):
+                row, pos = _first(bad)
+                raise ValueError(f"draft_probs[{row}, {pos}] {what}: sum = {float(sums[row, pos]):.6g}, "
+                                 f"min = {float(draft_probs[row, pos].min()):.6g}")
+    if temperature is not None:
+        bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
+        if bool(bad.any()):
+            (row,) = _first(bad)
+            raise ValueError(f"temperature must be finite and >= 0, got temperature[{row}] = {float(temperature[row])}")
+    if top_k is not None:
+        bad = top_k < 0
+        if bool(bad.any()):
+            (row,) = _first(bad)
+            raise ValueError(f"top_k must be >= 0 (0 = off), got top_k[{row}] = {int(top_k[row])}")
+    if top_p is not None:
+        bad = ~((top_p > 0) & (top_p <= 1))
+        if bool(bad.any()):
+            (row,) = _first(bad)
+            raise ValueError(f"top_p must be in (0, 1], got top_p[{row}] = {float(top_p[row])}")

@@ -1,0 +1,239 @@
+"""``@triton.jit`` helpers shared by the verification kernels.
+
+The random numbers here are the uint32 twins of :mod:`specdec_kernels.reference.rng` (same keys,
+same mixer, bit-identical draws). The chunk helpers compute the per-chunk statistics that both
+launch strategies of :mod:`specdec_kernels.ops.verify_sampling` combine in the same order, which is
+what makes the two strategies give identical results.
+"""
+
+import triton
+import triton.language as tl
+
+# Keep in sync with specdec_kernels.reference.rng (a test checks the draws are identical).
+GOLDEN: tl.constexpr = 0x9E3779B9
+POS_MULT: tl.constexpr = 0x85EBCA77
+PURPOSE_MULT: tl.constexpr = 0xC2B2AE3D
+INDEX_MULT: tl.constexpr = 0x27D4EB2F
+PURPOSE_ACCEPT: tl.constexpr = 0
+PURPOSE_SAMPLE: tl.constexpr = 1
+KEY_FLOOR: tl.constexpr = -2147483649  # below every float key: "keep everything"
+
+
+@triton.jit
+def fmix32(h):
+    """MurmurHash3's 32-bit finaliser on uint32 values."""
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def row_key(seed):
+    """32-bit key of a row from its int64 seed."""
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    return fmix32(lo ^ fmix32(hi + GOLDEN))
+
+
+@triton.jit
+def stream_key(key, position, PURPOSE: tl.constexpr):
+    """Key of the (row, position, purpose) stream."""
+    mixed = key + position.to(tl.uint32) * POS_MULT
+    if PURPOSE != 0:
+        mixed = mixed + PURPOSE_MULT
+    return fmix32(mixed)
+
+
+@triton.jit
+def _unit(r, stream):
+    r = fmix32(r + stream)
+    return ((r >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def uniform(stream, index):
+    """Float32 uniforms in (0, 1) of ``stream`` at integer tensor ``index``."""
+    return _unit(fmix32(stream ^ (index.to(tl.uint32) * INDEX_MULT)), stream)
+
+
+@triton.jit
+def uniform_first(stream):
+    """The uniform of ``stream`` at index 0 (the accept test's number)."""
+    return _unit(fmix32(stream), stream)
+
+
+@triton.jit
+def float_key(x):
+    """Order-preserving int64 key of float32 ``x`` (``-0.0`` counts as ``+0.0``)."""
+    x = tl.where(x == 0.0, 0.0, x)
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(tl.int64)
+
+
+@triton.jit
+def merge_stats(big_m, big_s, big_a, m, s, a):
+    """Merge chunk statistics (max, sum of exp(x - max), first argmax) into running ones.
+
+    The running side comes first in index order, so on equal maxima its argmax is kept.
+    """
+    new_m = tl.maximum(big_m, m)
+    safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # exp(-inf - safe) = 0, never NaN
+    scaled_big = big_s * tl.exp(big_m - safe)
+    scaled = s * tl.exp(m - safe)
+    new_a = tl.where(m > big_m, a, big_a)
+    return new_m, scaled_big + scaled, new_a
+
+
+@triton.jit
+def merge_best(best, index, cand, cand_index):
+    """Keep the larger score; on equal scores the earlier (running) index."""
+    take = cand > best
+    return tl.where(take, cand, best), tl.where(take, cand_index, index)
+
+
+@triton.jit
+def chunk_stats(row_ptr, chunk_start, V, temp, NEED_SUM: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk."""
+    offs = tl.arange(0, BLOCK)
+    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+    s_vec = tl.zeros([BLOCK], tl.float32)
+    i_vec = tl.zeros([BLOCK], tl.int32)
+    for t in tl.static_range(0, CHUNK, BLOCK):
+        idx = chunk_start + t + offs
+        mask = idx < V
+        x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        i_vec = tl.where(x > m_vec, idx, i_vec)
+        new_m = tl.maximum(m_vec, x)
+        if NEED_SUM:
+            safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # no (-inf) - (-inf)
+            s_vec = s_vec * tl.exp(m_vec - safe) + tl.exp(x - safe)
+        m_vec = new_m
+    m = tl.max(m_vec, axis=0)
+    a = tl.min(tl.where(m_vec == m, i_vec, 2147483647), axis=0)
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(s_vec * tl.exp(m_vec - safe_m), axis=0)
+    return m, s, a
+
+
+@triton.jit
+def _pivot_pass(row_ptr, V, temp, m, floor_key, pivots, NPIV: tl.constexpr, BLOCK: tl.constexpr):
+    """For each pivot: count and unnormalised mass of tokens with ``floor <= key > pivot``."""
+    offs = tl.arange(0, BLOCK)
+    counts = tl.zeros([NPIV], tl.int64)
+    masses = tl.zeros([NPIV], tl.float32)
+    for start in range(0, V, BLOCK):
+        idx = start + offs
+        mask = idx < V
+        x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        key = float_key(x)
+        live = mask & (key >= floor_key)
+        e = tl.where(live, tl.exp(x - m), 0.0)
+        above = (key[:, None] > pivots[None, :]) & live[:, None]
+        counts += tl.sum(above.to(tl.int64), axis=0)
+        masses += tl.sum(tl.where(above, e[:, None], 0.0), axis=0)
+    return counts, masses
+
+
+@triton.jit
+def _search(row_ptr, V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
+            USE_MASS: tl.constexpr, NPIV: tl.constexpr, BLOCK: tl.constexpr):
+    """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
+
+    Invariant: ``f(lo) >= target > f(hi)``. Each pass over the row tests ``NPIV`` pivots, so the
+    search takes ``ceil(32 / log2(NPIV + 1))`` passes at most. Returns the key and the mass of
+    the tokens kept (those with ``key >= k``).
+    """
+    steps = tl.arange(0, NPIV).to(tl.int64) + 1
+    while hi - lo > 1:
+        pivots = lo + ((hi - lo) * steps) // (NPIV + 1)
+        counts, masses = _pivot_pass(row_ptr, V, temp, m, floor_key, pivots, NPIV, BLOCK)
+        if USE_MASS:
+            good = masses < target_mass
+        else:
+            good = counts < target_count
+        new_lo = tl.max(tl.where(good, lo, pivots), axis=0)
+        new_hi = tl.min(tl.where(good, pivots, hi), axis=0)
+        moved = tl.max(tl.where(pivots == new_lo, masses, -1.0), axis=0)
+        mass_lo = tl.where(new_lo == lo, mass_lo, moved)
+        lo = new_lo
+        hi = new_hi
+    return hi, mass_lo
+
+
+@triton.jit
+def thresholds(row_ptr, V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
+               HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, BLOCK: tl.constexpr):
+    """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
+
+    Tokens with ``float_key(x) >= kappa`` are kept; ``p(x) = exp(x - m) / Z`` on them. Without
+    an active filter ``kappa`` keeps everything and ``Z = s``.
+    """
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z = s
+    max_key = float_key(m)
+    if HAS_TOPK:
+        if (top_k > 0) & (top_k < V):
+            kappa, z = _search(row_ptr, V, temp, m, KEY_FLOOR, kappa, max_key, z, top_k, 0.0,
+                               False, NPIV, BLOCK)
+    if HAS_TOPP:
+        if top_p < 1.0:
+            kappa, z = _search(row_ptr, V, temp, m, kappa, kappa - 1, max_key, z, 0, top_p * z,
+                               True, NPIV, BLOCK)
+    return kappa, z
+
+
+@triton.jit
+def target_prob(x, m, z, kappa):
+    """Filtered target probability of scaled logits ``x``."""
+    return tl.where(float_key(x) >= kappa, tl.exp(x - m) / z, 0.0)
+
+
+@triton.jit
+def chunk_race(row_ptr, q_ptr, draft, chunk_start, V, temp, m, z, kappa, stream, q_len,
+               HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Exponential race over one chunk, for the residual ``max(0, p - q)`` and for ``p``.
+
+    Returns ``(residual_best, residual_index, plain_best, plain_index)``; the sample is the
+    argmax of ``w(x) / E_x`` with ``E_x = -log(u_x)``, first index on ties. ``q`` is read at
+    indices below ``q_len`` only: ``V`` at a draft position, 0 at the bonus one.
+    """
+    offs = tl.arange(0, BLOCK)
+    r_best = tl.zeros([BLOCK], tl.float32)
+    r_idx = tl.zeros([BLOCK], tl.int32)
+    p_best = tl.full([BLOCK], -1.0, tl.float32)
+    p_idx = tl.zeros([BLOCK], tl.int32)
+    for t in tl.static_range(0, CHUNK, BLOCK):
+        idx = chunk_start + t + offs
+        mask = idx < V
+        x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        p = tl.where(mask, target_prob(x, m, z, kappa), 0.0)
+        if HAS_Q:
+            q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
+        else:
+            q = tl.where(idx == draft, 1.0, 0.0)
+        exponential = -tl.log(uniform(stream, idx))
+        r_best, r_idx = merge_best(r_best, r_idx, tl.maximum(p - q, 0.0) / exponential, idx)
+        p_best, p_idx = merge_best(p_best, p_idx, tl.where(mask, p / exponential, -1.0), idx)
+    rb = tl.max(r_best, axis=0)
+    ri = tl.min(tl.where(r_best == rb, r_idx, 2147483647), axis=0)
+    pb = tl.max(p_best, axis=0)
+    pi = tl.min(tl.where(p_best == pb, p_idx, 2147483647), axis=0)
+    return rb, ri, pb, pi
+
+
+@triton.jit
+def accept_draft(row_ptr, q_ptr, draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr):
+    """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
+    in_vocab = (draft >= 0) & (draft < V)
+    d = tl.minimum(tl.maximum(draft, 0), V - 1)
+    x = tl.load(row_ptr + d).to(tl.float32) / temp
+    p = target_prob(x, m, z, kappa)
+    if HAS_Q:
+        q = tl.load(q_ptr + d).to(tl.float32)
+    else:
+        q = 1.0
+    u = uniform_first(stream_key(key, j, PURPOSE_ACCEPT))
+    return (u * q < p) & in_vocab

@@ -1,0 +1,86 @@
+"""Counter-based random numbers shared by the reference and the Triton kernels.
+
+Every random number of verification is a pure function of ``(seed, position, purpose, index)``:
+a 64-bit per-row seed, the draft position ``j``, what the number is for (the accept test or the
+resampling race), and the vocabulary index for the race. Nothing depends on the batch index, on the
+launch grid or on a global generator, so
+
+* the reference (this module, in int64 PyTorch arithmetic) and the kernels
+  (:mod:`specdec_kernels.ops._common`, in uint32 Triton arithmetic) draw bit-identical numbers;
+* a row's result depends only on its own seed (batch invariance);
+* no state is advanced, so nothing synchronises with the host.
+
+The mixer is MurmurHash3's 32-bit finaliser (``fmix32``), a bijection with full avalanche, applied
+to the key words in sequence. Uniforms take the top 24 bits: ``u = (r >> 8 + 0.5) / 2**24``, which
+lies strictly inside ``(0, 1)`` and is exact in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9  # added to the high seed word before mixing
+POS_MULT = 0x85EBCA77  # position multiplier
+PURPOSE_MULT = 0xC2B2AE3D  # purpose multiplier
+INDEX_MULT = 0x27D4EB2F  # vocabulary-index multiplier
+
+PURPOSE_ACCEPT = 0  # the uniform of the accept test at position j
+PURPOSE_SAMPLE = 1  # the per-token uniforms of the exponential race at position j
+
+
+def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+    """``(h * c) mod 2**32`` for ``0 <= h < 2**32`` in int64 without signed overflow."""
+    lo = h * (c & 0xFFFF)
+    hi = ((h * (c >> 16)) & 0xFFFF) << 16
+    return (lo + hi) & MASK32
+
+
+def fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3 ``fmix32`` on int64 tensors holding uint32 values."""
+    h = h ^ (h >> 16)
+    h = _mul32(h, 0x85EBCA6B)
+    h = h ^ (h >> 13)
+    h = _mul32(h, 0xC2B2AE35)
+    return h ^ (h >> 16)
+
+
+def row_key(seeds: torch.Tensor) -> torch.Tensor:
+    """Mix a 64-bit seed (int64 tensor, any shape) into a 32-bit row key."""
+    lo = seeds & MASK32
+    hi = (seeds >> 32) & MASK32
+    return fmix32(lo ^ fmix32((hi + GOLDEN) & MASK32))
+
+
+def stream_key(key: torch.Tensor, position: torch.Tensor | int, purpose: int) -> torch.Tensor:
+    """The key of one (row, position, purpose) stream."""
+    position = torch.as_tensor(position, dtype=torch.int64, device=key.device)
+    mixed = key + _mul32(position & MASK32, POS_MULT) + ((purpose * PURPOSE_MULT) & MASK32)
+    return fmix32(mixed & MASK32)
+
+
+def uniform(stream: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
+    """Float32 uniforms in ``(0, 1)`` for ``index`` (broadcast against ``stream``)."""
+    index = torch.as_tensor(index, dtype=torch.int64, device=stream.device)
+    r = fmix32(stream ^ _mul32(index & MASK32, INDEX_MULT))
+    r = fmix32((r + stream) & MASK32)
+    return ((r >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def seeds_for_batch(batch_size: int, device: torch.device, seed=None,
+                    generator: torch.Generator | None = None) -> torch.Tensor:
+    """Turn the user's ``seed`` / ``generator`` into one int64 seed per row, on ``device``.
+
+    ``seed`` may be ``None``, an int (row ``b`` gets a seed derived from ``(seed, b)``) or a
+    ``[B]`` int64 tensor (used as is: batch invariance). With neither, the seeds are drawn from
+    ``generator`` or, failing that, from torch's default generator of ``device``. No host sync.
+    """
+    if isinstance(seed, torch.Tensor):
+        return seed.to(device=device, dtype=torch.int64)
+    if seed is not None:
+        rows = torch.arange(batch_size, device=device, dtype=torch.int64)
+        return (int(seed) & 0x7FFFFFFFFFFFFFFF) ^ (_mul32(rows, GOLDEN) << 31) ^ rows
+    gen_device = generator.device if generator is not None else device
+    draws = torch.randint(0, 2**62, (batch_size,), generator=generator, device=gen_device,
+                          dtype=torch.int64)
+    return draws.to(device, non_blocking=True)

@@ -1,0 +1,142 @@
+"""Reference sampling verification: the specification of :func:`specdec_kernels.verify_sampling`.
+
+Leviathan et al., "Fast Inference from Transformers via Speculative Decoding" (ICML 2023) and
+Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling" (2023).
+
+Written for clarity, in float32 on full ``[B, K+1, V]`` tensors; the Triton kernels compute the same
+quantities with the same formulas and the same random numbers (:mod:`.rng`) without materialising
+them, so the two agree token for token except where float rounding decides a near-tie.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specdec_kernels.reference import rng
+from specdec_kernels.reference.verify_greedy import emitted_tokens, prefix_match_count
+from specdec_kernels.reference.verify_greedy import verify_greedy
+
+
+def filtered_probs(target_logits: torch.Tensor, temperature: torch.Tensor,
+                   top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """The target distribution ``p`` of every position after temperature, top-k and top-p.
+
+    Parameters
+    ----------
+    target_logits : `[B, K+1, V]` float tensor.
+    temperature : `[B]` float32, all ``> 0`` (greedy rows are handled by the caller).
+    top_k : `[B]` int64 or None; ``0`` or ``>= V`` disables it for that row.
+    top_p : `[B]` float32 or None; ``1`` disables it for that row.
+
+    Returns
+    -------
+    `[B, K+1, V]` float32 probabilities: ``exp(x - max x) / Z`` over the kept tokens, 0 elsewhere,
+    with ``x = logits / temperature``. Top-k keeps every token whose ``x`` is at least the k-th
+    largest (ties kept); top-p then keeps every token whose strictly-larger mass (in the
+    renormalised top-k distribution) is below ``top_p``, as transformers' TopK/TopP warpers do.
+    """
+    b, k1, v = target_logits.shape
+    x = target_logits.float() / temperature.float()[:, None, None]  # [B, K+1, V]
+    m = x.amax(dim=-1, keepdim=True)
+    e = torch.exp(x - m)  # unnormalised probabilities
+    keep = torch.ones_like(x, dtype=torch.bool)
+    if top_k is not None or top_p is not None:
+        xs = x.sort(dim=-1, descending=True).values  # [B, K+1, V]
+        kept_sorted = torch.ones_like(xs, dtype=torch.bool)
+        if top_k is not None:
+            kk = top_k.to(torch.int64)
+            active = ((kk > 0) & (kk < v))[:, None, None]
+            index = (kk.clamp(1, v) - 1)[:, None, None].expand(b, k1, 1)
+            kth = xs.gather(-1, index)  # [B, K+1, 1]
+            keep &= (x >= kth) | ~active
+            kept_sorted &= (xs >= kth) | ~active
+        if top_p is not None:
+            es = torch.exp(xs - m) * kept_sorted
+            total = es.sum(dim=-1, keepdim=True)
+            mass_above = es.cumsum(dim=-1) - es  # exclusive: mass of strictly earlier tokens
+            inside = (mass_above < top_p.float()[:, None, None] * total) & kept_sorted
+            last = inside.sum(dim=-1, keepdim=True) - 1  # kept tokens form a prefix
+            threshold = xs.gather(-1, last.clamp(min=0))
+            active = (top_p < 1)[:, None, None]
+            keep &= (x >= threshold) | ~active
+    e = e * keep
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def race_uniforms(seeds: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The ``[B, V]`` uniforms of the resampling race of each row at ``position[b]``."""
+    stream = rng.stream_key(rng.row_key(seeds), position, rng.PURPOSE_SAMPLE)  # [B]
+    index = torch.arange(vocab_size, device=seeds.device)
+    return rng.uniform(stream[:, None], index[None, :])
+
+
+def verify_sampling(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                    draft_probs: torch.Tensor | None, num_draft_tokens: torch.Tensor,
+                    temperature: torch.Tensor, top_k: torch.Tensor | None,
+                    top_p: torch.Tensor | None, seeds: torch.Tensor):
+    """Rejection-sampling verification; see :func:`specdec_kernels.verify_sampling`.
+
+    All per-row arguments are tensors here (``temperature [B]`` float32, ``top_k [B]`` int64 or
+    None, ``top_p [B]`` float32 or None, ``seeds [B]`` int64). Returns
+    ``(tokens [B, K+1] int64, num_accepted [B] int64, num_emitted [B] int64)``.
+
+    Draft token ``x_j`` is accepted when ``u_j * q_j(x_j) < p_j(x_j)`` with ``u_j`` the accept
+    uniform of ``(seed, j)``: probability ``min(1, p/q)``, and never when ``p`` or ``q`` is 0.
+    At the first rejection ``J`` the extra token is ``argmax_x w(x) / E_x`` with
+    ``w = max(0, p_J - q_J)`` and ``E_x = -log(u_x)`` exponential (the exponential race, which
+    samples ``x`` with probability ``w(x) / sum w``); if ``w`` has no mass, ``w = p_J``. After
+    ``k_b`` acceptances ``w = p_{k_b}`` (the bonus token).
+    """
+    b, k1, v = target_logits.shape
+    k = k1 - 1
+    device = target_logits.device
+    greedy_row = temperature == 0  # [B]
+    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
+    p = filtered_probs(target_logits, temp, top_k, top_p)  # [B, K+1, V]
+
+    drafts = draft_tokens.to(torch.int64)
+    in_vocab = (drafts >= 0) & (drafts < v)
+    safe = drafts.clamp(0, v - 1)  # [B, K]
+    p_draft = p[:, :k].gather(-1, safe[..., None])[..., 0] * in_vocab  # [B, K]
+    if draft_probs is not None:
+        q_draft = draft_probs.float().gather(-1, safe[..., None])[..., 0]
+    else:
+        q_draft = torch.ones_like(p_draft)
+    positions = torch.arange(k, device=device)
+    key = rng.row_key(seeds)  # [B]
+    u = rng.uniform(rng.stream_key(key[:, None], positions[None, :], rng.PURPOSE_ACCEPT), 0)
+    valid = positions[None, :] < num_draft_tokens[:, None].to(torch.int64)
+    accept = (u * q_draft < p_draft) & in_vocab
+    num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
+
+    # The extra token: the residual race at the first rejection, or the bonus race.
+    rows = torch.arange(b, device=device)
+    p_extra = p[rows, num_accepted]  # [B, V]
+    rejected = num_accepted < num_draft_tokens.to(torch.int64)
+    if k > 0:
+        j = num_accepted.clamp(max=k - 1)
+        if draft_probs is not None:
+            q_extra = draft_probs[rows, j].float()
+        else:
+            q_extra = torch.zeros_like(p_extra)
+            q_extra[rows, safe[rows, j]] = in_vocab[rows, j].float()
+        residual = (p_extra - q_extra).clamp(min=0)
+    else:
+        residual = torch.zeros_like(p_extra)
+    exponential = -torch.log(race_uniforms(seeds, num_accepted, v))  # [B, V]
+    residual_score = residual / exponential
+    plain_score = p_extra / exponential
+    residual_best, residual_token = residual_score.max(dim=-1)
+    plain_token = plain_score.argmax(dim=-1)
+    use_residual = rejected & (residual_best > 0)
+    extra = torch.where(use_residual, residual_token, plain_token)  # [B]
+
+    padded = torch.cat([drafts.clamp(0, v - 1), extra[:, None]], dim=1)  # [B, K+1]
+    padded[rows, num_accepted] = extra
+    tokens = emitted_tokens(padded, num_accepted)
+
+    # Rows with temperature 0 are greedy rows: exactly verify_greedy's answer.
+    g_tokens, g_accepted, _ = verify_greedy(target_logits, draft_tokens, num_draft_tokens)
+    tokens = torch.where(greedy_row[:, None], g_tokens, tokens)
+    num_accepted = torch.where(greedy_row, g_accepted, num_accepted)
+    return tokens, num_accepted, num_accepted + 1

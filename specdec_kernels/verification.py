@@ -1,0 +1,315 @@
+"""Public verification ops: :func:`verify_greedy`, :func:`verify_sampling`, :func:`accept_reject`.
+
+Each is a ``torch.library`` custom op (``torch.ops.specdec.*``) with a fake implementation of the
+same signature, so ``torch.compile(fullgraph=True)`` traces through it (with ``validate=False``).
+The Python functions here check arguments, turn scalars into per-row tensors, pick the backend
+(:mod:`specdec_kernels._dispatch`) and call the op.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from specdec_kernels import _validate as check
+from specdec_kernels._dispatch import kernel_module, resolve_backend
+from specdec_kernels.reference import accept_reject as ref_accept_reject
+from specdec_kernels.reference import rng
+from specdec_kernels.reference import verify_greedy as ref_greedy
+from specdec_kernels.reference import verify_sampling as ref_sampling
+
+
+class Verification(NamedTuple):
+    """The result of a verification step.
+
+    Attributes
+    ----------
+    tokens : Tensor
+        `[B, K+1]` int64. Row ``b`` holds ``num_emitted[b]`` tokens left-aligned (the accepted
+        draft tokens, then the correction or bonus token), then ``-1``.
+    num_accepted : Tensor
+        `[B]` int64, ``0 <= num_accepted[b] <= num_draft_tokens[b]``.
+    num_emitted : Tensor
+        `[B]` int64, always ``num_accepted + 1``.
+    """
+
+    tokens: Tensor
+    num_accepted: Tensor
+    num_emitted: Tensor
+
+
+# --- custom ops ------------------------------------------------------------------------------
+
+@torch.library.custom_op("specdec::verify_greedy", mutates_args=())
+def _verify_greedy_op(target_logits: Tensor, draft_tokens: Tensor, num_draft_tokens: Tensor,
+                      backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    if backend == "triton":
+        ops = kernel_module("verify_sampling", target_logits.device)
+        tokens, accepted = ops.verify(target_logits, draft_tokens, None, num_draft_tokens, None,
+                                      None, None, None, greedy_only=True)
+        return tokens, accepted, accepted + 1
+    return ref_greedy.verify_greedy(target_logits, draft_tokens, num_draft_tokens)
+
+
+@_verify_greedy_op.register_fake
+def _(target_logits, draft_tokens, num_draft_tokens, backend):
+    b, k1, _ = target_logits.shape
+    tokens = target_logits.new_empty((b, k1), dtype=torch.int64)
+    return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
+
+
+@torch.library.custom_op("specdec::verify_sampling", mutates_args=())
+def _verify_sampling_op(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Optional[Tensor],
+                        num_draft_tokens: Tensor, temperature: Tensor, top_k: Optional[Tensor],
+                        top_p: Optional[Tensor], seeds: Tensor,
+                        backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    if backend == "triton":
+        ops = kernel_module("verify_sampling", target_logits.device)
+        tokens, accepted = ops.verify(target_logits, draft_tokens, draft_probs, num_draft_tokens,
+                                      temperature, top_k, top_p, seeds, greedy_only=False)
+        return tokens, accepted, accepted + 1
+    return ref_sampling.verify_sampling(target_logits, draft_tokens, draft_probs,
+                                        num_draft_tokens, temperature, top_k, top_p, seeds)
+
+
+@_verify_sampling_op.register_fake
+def _(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
+      seeds, backend):
+    b, k1, _ = target_logits.shape
+    tokens = target_logits.new_empty((b, k1), dtype=torch.int64)
+    return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
+
+
+@torch.library.custom_op("specdec::accept_reject", mutates_args=())
+def _accept_reject_op(draft_tokens: Tensor, verifier_tokens: Tensor, backend: str) -> Tensor:
+    if backend == "triton":
+        ops = kernel_module("accept_reject", draft_tokens.device)
+        return ops.accept_reject(draft_tokens, verifier_tokens)
+    return ref_accept_reject.accept_reject(draft_tokens, verifier_tokens)
+
+
+@_accept_reject_op.register_fake
+def _(draft_tokens, verifier_tokens, backend):
+    return draft_tokens.new_empty((draft_tokens.shape[0],), dtype=torch.int64)
+
+
+# --- public functions ------------------------------------------------------------------------
+
+def verify_greedy(target_logits: Tensor, draft_tokens: Tensor, *,
+                  num_draft_tokens: Tensor | None = None, backend: str | None = None,
+                  validate: bool = True) -> Verification:
+    """Greedy verification of a batch of drafts in one fused pass over the target logits.
+
+    Row ``b`` accepts the longest prefix of ``draft_tokens[b, :k_b]`` equal to
+    ``argmax(target_logits[b, j])`` (first index on ties, like :func:`torch.argmax`) and then
+    emits the target's argmax at the first mismatch, or the bonus token at position ``k_b``.
+
+    Parameters
+    ----------
+    target_logits : Tensor
+        `[B, K+1, V]` float32, bfloat16 or float16; last dim stride 1 (other dims may be strided,
+        e.g. a slice of a bigger logits buffer). Row ``j`` scores the token after draft ``j-1``.
+    draft_tokens : Tensor
+        `[B, K]` int32 or int64. Entries at positions ``>= k_b`` are ignored (``-1`` padding).
+    num_draft_tokens : Tensor, optional
+        `[B]` integer, ``0 <= k_b <= K`` (ragged batches). Default: ``K`` for every row.
+    backend : {None, "triton", "reference"}
+        ``None``: Triton for CUDA tensors, the reference for CPU tensors, unless the environment
+        variable ``SPECDEC_BACKEND`` says otherwise. ``"triton"`` on CPU runs Triton's interpreter.
+    validate : bool
+        Check values (ids in ``[0, V)``, finite logits, ``k_b`` in ``[0, K]``) before any work;
+        this synchronises. With ``False`` nothing synchronises (CUDA-graph safe) and bad values
+        still never cause out-of-bounds accesses or ids outside ``[0, V)`` other than ``-1``.
+
+    Returns
+    -------
+    Verification
+        ``tokens [B, K+1]`` int64 (-1 padded), ``num_accepted [B]``, ``num_emitted [B]``.
+
+    Raises
+    ------
+    TypeError
+        An argument is not a tensor or has an unsupported dtype.
+    ValueError
+        Shapes or devices disagree, or (``validate=True``) a value is out of range.
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> logits = torch.tensor([[[0., 5., 0.], [0., 0., 5.], [5., 0., 0.]]])  # argmax 1, 2, 0
+    >>> out = sk.verify_greedy(logits, torch.tensor([[1, 0]]))
+    >>> out.tokens.tolist(), out.num_accepted.tolist()
+    ([[1, 2, -1]], [1])
+    """
+    b, k, v = check.check_logits(target_logits)
+    device = target_logits.device
+    check.check_draft_tokens(draft_tokens, b, k, device)
+    nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
+    if validate:
+        check.check_values(target_logits, draft_tokens, nd)
+    tokens, accepted, emitted = torch.ops.specdec.verify_greedy(
+        target_logits, draft_tokens, nd, resolve_backend(backend, device))
+    return Verification(tokens, accepted, emitted)
+
+
+def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None = None,
+                    *, temperature: float | Tensor = 1.0, top_k: int | Tensor | None = None,
+                    top_p: float | Tensor | None = None, num_draft_tokens: Tensor | None = None,
+                    seed: int | Tensor | None = None, generator: torch.Generator | None = None,
+                    backend: str | None = None, validate: bool = True) -> Verification:
+    """Lossless rejection-sampling verification (speculative sampling), fused over the logits.
+
+    Implements Leviathan et al., "Fast Inference from Transformers via Speculative Decoding"
+    (ICML 2023, https://arxiv.org/abs/2211.17192) and Chen et al., "Accelerating Large Language
+    Model Decoding with Speculative Sampling" (2023, https://arxiv.org/abs/2302.01318). With
+    ``p_j`` the target distribution at position ``j`` (``softmax(logits / temperature)`` filtered by
+    top-k then top-p, as transformers' warpers do) and ``q_j`` the draft's, draft token ``x_j`` is
+    accepted with probability ``min(1, p_j(x_j) / q_j(x_j))``, in order; at the first rejection the
+    extra token is drawn from ``norm(max(0, p_j - q_j))``, after ``k_b`` acceptances from
+    ``p_{k_b}``. The emitted tokens are distributed exactly as tokens sampled from the target one
+    at a time. No ``[B, K+1, V]`` probability tensor is materialised by the Triton backend.
+
+    Parameters
+    ----------
+    target_logits : Tensor
+        `[B, K+1, V]` float32/bfloat16/float16, last dim stride 1 (others may be strided).
+    draft_tokens : Tensor
+        `[B, K]` int32/int64; positions ``>= k_b`` ignored.
+    draft_probs : Tensor, optional
+        `[B, K, V]` float, the distribution each draft token was sampled from (used as given).
+        ``None`` for a deterministic drafter (greedy, n-gram): ``q`` is one-hot at the draft token.
+    temperature : float or Tensor
+        Scalar or `[B]`; ``0`` makes that row greedy (exactly :func:`verify_greedy`'s result).
+    top_k : int or Tensor, optional
+        Scalar or `[B]` int; ``0``/``None`` is off. Ties at the k-th value are kept.
+    top_p : float or Tensor, optional
+        Scalar or `[B]` float in ``(0, 1]``; ``1``/``None`` is off. Keeps the tokens whose
+        strictly-more-probable mass is below ``top_p`` (at least the most probable one).
+    num_draft_tokens : Tensor, optional
+        `[B]` integer in ``[0, K]``; default ``K``.
+    seed : int or Tensor, optional
+        An int, or a `[B]` int64 tensor: then row ``b``'s result depends only on its own inputs
+        and ``seed[b]`` (batch invariance). Same inputs and seed, same output, on every call.
+    generator : torch.Generator, optional
+        Draws the per-row seeds when ``seed`` is None (default: torch's default generator).
+    backend, validate
+        As in :func:`verify_greedy`. ``validate`` also checks that ``draft_probs`` rows at live
+        positions are non-negative and sum to 1 (tolerance 1e-3), ``temperature >= 0`` and
+        ``top_p`` in ``(0, 1]``.
+
+    Returns
+    -------
+    Verification
+        ``tokens [B, K+1]`` int64 (-1 padded), ``num_accepted [B]``, ``num_emitted [B]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As in :func:`verify_greedy`; also when both ``seed`` and ``generator`` are given.
+
+    Notes
+    -----
+    Randomness is counter based (:mod:`specdec_kernels.reference.rng`): the accept uniform of
+    position ``j`` and the race uniforms of the residual draw are pure functions of
+    ``(seed_b, j, purpose, token)``. Residual and bonus tokens are drawn by the exponential race
+    ``argmax_x w(x) / E_x`` (``E_x ~ Exp(1)``). The reference and the Triton backend use the same
+    numbers and formulas and agree token for token except where float rounding decides a near-tie.
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> logits = torch.tensor([[[0., 9., 0.], [0., 0., 9.]]])  # p puts ~1 on token 1, then 2
+    >>> out = sk.verify_sampling(logits, torch.tensor([[1]]), seed=0)
+    >>> out.tokens.tolist()
+    [[1, 2]]
+    """
+    b, k, v = check.check_logits(target_logits)
+    device = target_logits.device
+    check.check_draft_tokens(draft_tokens, b, k, device)
+    if draft_probs is not None:
+        check.check_draft_probs(draft_probs, b, k, v, device)
+    nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
+    if seed is not None and generator is not None:
+        raise ValueError("pass at most one of seed and generator, got both")
+    if isinstance(seed, torch.Tensor):
+        check.require_dtype("seed", seed, (torch.int64,))
+        check.require_shape("seed", seed, (b,), "[B]")
+        check.require_device("seed", seed, device)
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}")
+    check.check_scalar_ranges(temperature, top_k, top_p)
+    resolved = resolve_backend(backend, device)
+
+    if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
+        if validate:
+            check.check_values(target_logits, draft_tokens, nd)
+        tokens, accepted, emitted = torch.ops.specdec.verify_greedy(
+            target_logits, draft_tokens, nd, resolved)
+        return Verification(tokens, accepted, emitted)
+
+    temp = check.per_row("temperature", temperature, b, device, torch.float32,
+                         check.FLOAT_DTYPES, numbers.Real)
+    topk = None if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0) else \
+        check.per_row("top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral)
+    topp = None if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1) else \
+        check.per_row("top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real)
+    if validate:
+        check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
+    seeds = rng.seeds_for_batch(b, device, seed, generator)
+    tokens, accepted, emitted = torch.ops.specdec.verify_sampling(
+        target_logits, draft_tokens, draft_probs, nd, temp, topk, topp, seeds, resolved)
+    return Verification(tokens, accepted, emitted)
+
+
+def accept_reject(draft_tokens: Tensor, verifier_tokens: Tensor, *,
+                  backend: str | None = None) -> Tensor:
+    """Length of the longest common prefix of draft and verifier tokens.
+
+    The ``accept_reject/2`` of the Edifice ``SpeculativeDecoding`` module: the number of leading
+    positions where ``draft_tokens == verifier_tokens`` (0 when the first token differs).
+
+    Parameters
+    ----------
+    draft_tokens, verifier_tokens : Tensor
+        `[K]` or `[B, K]` integer tensors of the same shape, on the same device.
+    backend : {None, "triton", "reference"}
+        As in :func:`verify_greedy`.
+
+    Returns
+    -------
+    Tensor
+        A 0-d int64 tensor for `[K]` inputs, `[B]` int64 for `[B, K]` inputs.
+
+    Raises
+    ------
+    TypeError
+        Not integer tensors.
+    ValueError
+        Shapes or devices differ, or inputs are not 1-d or 2-d.
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> sk.accept_reject(torch.tensor([5, 7, 9]), torch.tensor([5, 7, 1]))
+    tensor(2)
+    """
+    for name, t in (("draft_tokens", draft_tokens), ("verifier_tokens", verifier_tokens)):
+        check.require_tensor(name, t)
+        check.require_dtype(name, t, (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
+    if draft_tokens.shape != verifier_tokens.shape:
+        raise ValueError(f"draft_tokens and verifier_tokens must have the same shape, got "
+                         f"{check._shape(draft_tokens)} and {check._shape(verifier_tokens)}")
+    if draft_tokens.dim() not in (1, 2):
+        raise ValueError(f"draft_tokens must be [K] or [B, K], got {check._shape(draft_tokens)}")
+    if draft_tokens.device != verifier_tokens.device:
+        raise ValueError(f"draft_tokens is on {draft_tokens.device} but verifier_tokens is on "
+                         f"{verifier_tokens.device}")
+    single = draft_tokens.dim() == 1
+    d2 = draft_tokens.reshape(1, -1) if single else draft_tokens
+    v2 = verifier_tokens.reshape(1, -1) if single else verifier_tokens
+    out = torch.ops.specdec.accept_reject(d2.contiguous(), v2.contiguous(),
+                                          resolve_backend(backend, draft_tokens.device))
+    return out[0] if single else out
