@@ -32,14 +32,14 @@ from specdec_kernels.verification import (  # noqa: E402  # noqa: E402
     verify_sampling,
 )
 
-from specdec_kernels import models
-from specdec_kernels.generation import (
+from specdec_kernels import models  # noqa: E402
+from specdec_kernels.generation import (  # noqa: E402
     GenerationOutput,
     GenerationStats,
     SpeculativeGenerator,
     autoregressive_generate,
 )
-from specdec_kernels.models import build, output_size
+from specdec_kernels.models import build, output_size  # noqa: E402
 
 __version__ = "0.1.0"
 

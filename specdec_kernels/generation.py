@@ -87,6 +87,14 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tens
     return (probs / e).argmax(-1)
 
 
+def verifiable(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` as the verification ops take it: float32/bfloat16/float16 pass through, other
+    floats (float64 test models) are cast to float32."""
+    if x is None or x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return x
+    return x.float()
+
+
 def _row_seeds(seed: int, row_ids: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
     """``[B]`` int64 seeds keyed by (seed, original row, sequence position): the verification
     draws of a row do not depend on the rest of the batch."""
@@ -335,11 +343,14 @@ class SpeculativeGenerator:
             logits = target(feed, tcache, kv_len=host_max_len + k_loop)  # [B, k_loop+1, V]
             stats.target_forwards += 1
             if greedy:
-                ver = verify_greedy(logits, drafts, num_draft_tokens=k)
+                ver = verify_greedy(verifiable(logits), drafts, num_draft_tokens=k,
+                                    validate=False)
             else:
-                ver = verify_sampling(logits, drafts, draft_probs, temperature=temperature,
+                ver = verify_sampling(verifiable(logits), drafts, verifiable(draft_probs),
+                                      temperature=temperature,
                                       top_k=top_k, top_p=top_p, num_draft_tokens=k,
-                                      seed=_row_seeds(base_seed, st.ids, st.seq_len))
+                                      seed=_row_seeds(base_seed, st.ids, st.seq_len),
+                                      validate=False)
             t2 = time.perf_counter()
             n, e = ver.num_accepted, ver.num_emitted  # [B]
             tcache.advance(n + 1)

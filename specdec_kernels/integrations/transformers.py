@@ -16,7 +16,7 @@ import inspect
 
 import torch
 
-from specdec_kernels.generation import filter_logits, sample
+from specdec_kernels.generation import filter_logits, sample, verifiable
 from specdec_kernels.verification import verify_greedy, verify_sampling
 
 __all__ = ["speculative_generate", "speculative_sampling"]
@@ -212,11 +212,14 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
                         torch.ones(b, K + 1, dtype=torch.bool, device=dev),
                         pos[:, None] + j)  # [b, K+1, V]
         if greedy:
-            ver = verify_greedy(logits, drafts, num_draft_tokens=k)
+            ver = verify_greedy(verifiable(logits), drafts, num_draft_tokens=k,
+                                validate=False)
         else:
             seeds = (base_seed * 1_000_003 + rows * 7_919 + pos * 104_729) & ((1 << 62) - 1)
-            ver = verify_sampling(logits, drafts, torch.stack(probs, 1), temperature=temperature,
-                                  top_k=top_k, top_p=top_p, num_draft_tokens=k, seed=seeds)
+            ver = verify_sampling(verifiable(logits), drafts, verifiable(torch.stack(probs, 1)),
+                                  temperature=temperature,
+                                  top_k=top_k, top_p=top_p, num_draft_tokens=k, seed=seeds,
+                                  validate=False)
         n = ver.num_accepted  # [b]
         # ---- holes: target slots j > n, draft slots d_i with i > n
         t.mask[:, -(K + 1):] = (j[None] <= n[:, None]).long()
@@ -288,7 +291,8 @@ def speculative_sampling(candidate_input_ids, candidate_logits, candidate_length
     drafts = candidate_input_ids[:, -gamma:] if gamma > 0 else candidate_input_ids[:, :0]
     q = candidate_logits.float().softmax(-1)  # [B, gamma, V]
     seed = int(torch.randint(0, 2**62, (1,)).item())
-    ver = verify_sampling(new_logits[:, : gamma + 1], drafts, q, temperature=1.0, seed=seed)
+    ver = verify_sampling(verifiable(new_logits[:, : gamma + 1]), drafts, q, temperature=1.0,
+                          seed=seed)
     n = ver.num_accepted
     if n.numel() == 1:
         n0 = n[0]
