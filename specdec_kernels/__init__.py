@@ -31,6 +31,8 @@ from specdec_kernels.verification import (  # noqa: E402  # noqa: E402
     verify_greedy,
     verify_sampling,
 )
+from specdec_kernels._extension import extension_available
+from specdec_kernels.kv_cache import KVCache, PagedKVCache
 
 from specdec_kernels import models  # noqa: E402
 from specdec_kernels.generation import (  # noqa: E402
@@ -55,4 +57,7 @@ __all__ = [
     "accept_reject",
     "verify_greedy",
     "verify_sampling",
+    "KVCache",
+    "PagedKVCache",
+    "extension_available",
 ]
