@@ -31,12 +31,33 @@ from specdec_kernels.verification import (  # noqa: E402  # noqa: E402
     verify_greedy,
     verify_sampling,
 )
+from specdec_kernels._extension import extension_available
+from specdec_kernels.kv_cache import KVCache, PagedKVCache
+
+from specdec_kernels import models  # noqa: E402
+from specdec_kernels.generation import (  # noqa: E402
+    GenerationOutput,
+    GenerationStats,
+    SpeculativeGenerator,
+    autoregressive_generate,
+)
+from specdec_kernels.models import build, output_size  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GenerationOutput",
+    "GenerationStats",
+    "SpeculativeGenerator",
+    "autoregressive_generate",
+    "build",
+    "models",
+    "output_size",
     "Verification",
     "accept_reject",
     "verify_greedy",
     "verify_sampling",
+    "KVCache",
+    "PagedKVCache",
+    "extension_available",
 ]

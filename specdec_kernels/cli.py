@@ -1,0 +1,120 @@
+"""``specdec``: the command line. ``specdec demo`` runs the bundled draft/target pair."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+DEFAULT_PROMPTS = (
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n\ndef main(argv):\n",
+    "class Stack:\n    \"\"\"A last-in, first-out container.\"\"\"\n\n    def __init__(self):\n",
+)
+
+
+class _Progress:
+    """Prints ``label: n tokens`` to stderr at most every ``every`` seconds, once work has run
+    for more than ``after`` seconds."""
+
+    def __init__(self, label: str, total: int, stream=sys.stderr, after=2.0, every=2.0):
+        self.label, self.total, self.stream = label, total, stream
+        self.start, self.after, self.every, self.last = time.perf_counter(), after, every, 0.0
+
+    def __call__(self, done: int, live_rows: int) -> None:
+        now = time.perf_counter() - self.start
+        if now > self.after and now - self.last > self.every:
+            self.last = now
+            print(f"  [{self.label}] {done}/{self.total} tokens, {live_rows} rows live, "
+                  f"{now:.0f} s", file=self.stream, flush=True)
+
+
+def render(ids, accepted, prompt_len: int, color: bool) -> str:
+    """Prompt, then generated text with accepted draft tokens marked (green, or ``«…»``)."""
+    from specdec_kernels.models.bundled import decode
+
+    out = [decode(ids[:prompt_len])]
+    gen = ids[prompt_len:]
+    i = 0
+    while i < len(gen):
+        j = i
+        while j < len(gen) and accepted[j] == accepted[i]:
+            j += 1
+        text = decode(gen[i:j])
+        if accepted[i]:
+            text = f"\x1b[32m{text}\x1b[0m" if color else f"«{text}»"
+        out.append(text)
+        i = j
+    return "".join(out)
+
+
+def demo(args) -> int:
+    import torch
+
+    import specdec_kernels as sk
+    from specdec_kernels.models.bundled import EOS_ID, encode, load_bundled
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    k = args.num_speculative_tokens
+    k = k if k == "auto" else int(k)
+    target, draft = load_bundled()
+    prompts = args.prompt or list(DEFAULT_PROMPTS)
+    ids = [encode(p) for p in prompts]
+    gen = sk.SpeculativeGenerator(target, "ngram" if args.draft == "ngram" else draft, k)
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+              eos_token_id=EOS_ID, seed=args.seed)
+    total = args.max_new_tokens * len(ids)
+    print(f"specdec demo: target {target.config.n_layer} layers d={target.config.n_embd}, draft "
+          f"{args.draft if args.draft == 'ngram' else f'{draft.config.n_layer} layer d={draft.config.n_embd}'}"
+          f", K={k}, {len(ids)} prompts, {args.max_new_tokens} new tokens each, "
+          f"temperature {args.temperature}", flush=True)
+    gen.generate([ids[0][:4]], max_new_tokens=2, temperature=args.temperature, seed=0)  # warm-up
+    sk.autoregressive_generate(target, [ids[0][:4]], max_new_tokens=2)
+    spec = gen.generate(ids, progress=_Progress("speculative", total), **kw)
+    base = sk.autoregressive_generate(target, ids, progress=_Progress("target alone", total),
+                                      **kw)
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    legend = "\x1b[32mgreen\x1b[0m" if color else "«…»"
+    print(f"(accepted draft tokens in {legend})\n")
+    for b, (seq, acc) in enumerate(zip(spec.sequences, spec.draft_accepted)):
+        print(f"--- prompt {b} " + "-" * 40)
+        print(render(seq, acc, spec.prompt_lengths[b], color))
+    s, t = spec.stats, base.stats
+    speedup = t.wall_seconds / max(s.wall_seconds, 1e-9)
+    same = "identical to" if spec.sequences == base.sequences else "differs from"
+    print("-" * 54)
+    print(f"acceptance rate {s.acceptance_rate:.2f} | mean accepted per target pass "
+          f"{s.mean_accepted:.2f} ({s.mean_emitted:.2f} tokens/pass, {s.target_forwards} passes) | "
+          f"{s.tokens_per_second:.0f} tokens/s | target alone {t.tokens_per_second:.0f} tokens/s "
+          f"({t.target_forwards} passes) | speedup {speedup:.2f}x")
+    if args.temperature == 0:
+        print(f"greedy output {same} the target's own greedy decoding")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="speculative generation with the bundled draft/target pair")
+    d.add_argument("prompt", nargs="*", help="prompts (default: three Python snippets)")
+    d.add_argument("-n", "--max-new-tokens", type=int, default=96)
+    d.add_argument("-k", "--num-speculative-tokens", default="4", help="an int or 'auto'")
+    d.add_argument("-t", "--temperature", type=float, default=0.0)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--draft", choices=("bundled", "ngram"), default="bundled")
+    d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    d.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    d.set_defaults(func=demo)
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        k = args.num_speculative_tokens
+        if k != "auto" and not k.isdigit():
+            parser.error(f"--num-speculative-tokens must be an int or 'auto', got {k!r}")
+        if args.max_new_tokens <= 0:
+            parser.error("--max-new-tokens must be positive")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""The bundled draft/target pair: byte-level models trained on the Python standard library.
+
+Trained by ``scripts/train_bundled.py``; the weights ship in ``specdec_kernels/assets`` as
+float16 safetensors (loaded as float32). Token ids are byte values, ``256`` is ``<eos>``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig
+
+ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
+EOS_ID = 256
+VOCAB_SIZE = 257
+TARGET_CONFIG = CausalLMConfig(vocab_size=VOCAB_SIZE, n_positions=256, n_embd=192, n_layer=4,
+                               n_head=3, eos_token_id=EOS_ID)
+DRAFT_CONFIG = CausalLMConfig(vocab_size=VOCAB_SIZE, n_positions=256, n_embd=128, n_layer=1,
+                              n_head=2, eos_token_id=EOS_ID)
+
+
+def encode(text: str) -> list[int]:
+    """UTF-8 bytes of ``text`` as token ids (no ``<eos>``)."""
+    return list(text.encode("utf-8"))
+
+
+def decode(ids) -> str:
+    """Text of token ids; ``<eos>`` and invalid UTF-8 are replaced, not raised on."""
+    return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+                 ) -> tuple[CausalLM, CausalLM]:
+    """``(target, draft)``: the bundled pair, in eval mode.
+
+    Examples
+    --------
+    >>> target, draft = load_bundled()
+    >>> target.config.n_layer, draft.config.n_layer
+    (4, 1)
+    """
+    return (CausalLM.load(os.path.join(ASSETS, "target.safetensors"), dtype, device),
+            CausalLM.load(os.path.join(ASSETS, "draft.safetensors"), dtype, device))
+
+
+def heldout_text() -> str:
+    """The fixed held-out text (a stdlib file the pair was not trained on) shipped with it."""
+    with open(os.path.join(ASSETS, "heldout.txt"), encoding="utf-8") as fh:
+        return fh.read()

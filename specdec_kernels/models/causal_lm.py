@@ -1,0 +1,240 @@
+"""``CausalLM``: a GPT-2-layout causal language model that reads and writes ``sk.KVCache``.
+
+The parameter layout is GPT-2's (``transformer.wte``, ``transformer.wpe``, ``transformer.h.{i}``,
+``transformer.ln_f``, ``lm_head``), so real GPT-2 / distilgpt2 checkpoints run in it through
+:meth:`CausalLM.from_hf` and go back with :meth:`CausalLM.to_hf`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from specdec_kernels.models.transformer import Block, activation, init_weights
+
+# GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+@dataclass(frozen=True)
+class CausalLMConfig:
+    """Shape of a :class:`CausalLM`; the field names are ``transformers.GPT2Config``'s."""
+
+    vocab_size: int = 50257
+    n_positions: int = 1024
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    n_inner: int | None = None
+    activation_function: str = "gelu_new"
+    layer_norm_epsilon: float = 1e-5
+    tie_word_embeddings: bool = True
+    eos_token_id: int | None = None
+
+    def __post_init__(self):
+        for name in ("vocab_size", "n_positions", "n_embd", "n_layer", "n_head"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        activation(self.activation_function)
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+class CausalLM(nn.Module):
+    """GPT-2-layout causal LM with KV-cache aware, ragged-row forward passes.
+
+    Parameters
+    ----------
+    config : CausalLMConfig
+        Model shape. ``CausalLM(CausalLMConfig(...))`` initialises GPT-2 style random weights.
+
+    Notes
+    -----
+    With a cache, row ``b`` of ``input_ids`` ``[B, T]`` is placed at positions
+    ``cache.lengths[b] .. cache.lengths[b] + T - 1``; its keys and values are written there but
+    **not committed**: the caller commits with ``cache.advance(n)`` (``n`` may differ per row, so
+    right-padded ragged inputs work: padding is written past the committed length and overwritten
+    later, and no real token attends to it, as it lies in its future).
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> lm = sk.models.CausalLM(sk.models.CausalLMConfig(vocab_size=11, n_positions=16, n_embd=8,
+    ...                                                  n_layer=1, n_head=2))
+    >>> lm(torch.tensor([[1, 2, 3]])).shape
+    torch.Size([1, 3, 11])
+    """
+
+    def __init__(self, config: CausalLMConfig):
+        super().__init__()
+        self.config = c = config
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(c.vocab_size, c.n_embd),
+            wpe=nn.Embedding(c.n_positions, c.n_embd),
+            h=nn.ModuleList(Block(c.n_embd, c.n_head, c.n_inner, c.activation_function,
+                                  c.layer_norm_epsilon, layer=i) for i in range(c.n_layer)),
+            ln_f=nn.LayerNorm(c.n_embd, eps=c.layer_norm_epsilon),
+        ))
+        self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
+        init_weights(self, c.n_layer)
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+
+    # ------------------------------------------------------------------ forward
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.n_positions
+
+    def hidden_states(self, input_ids: torch.Tensor, cache=None, kv_len: int | None = None
+                      ) -> torch.Tensor:
+        """Final-layer-normed hidden states ``[B, T, C]`` of ``input_ids`` ``[B, T]``.
+
+        ``kv_len`` (host int, optional) bounds the cache positions attention reads: it must be
+        ``>= max(cache.lengths) + T``; the default reads the whole cache buffer.
+        """
+        B, T = input_ids.shape
+        wte, wpe = self.transformer.wte, self.transformer.wpe
+        if cache is None:
+            pos = torch.arange(T, device=input_ids.device)[None]  # [1, T]
+            mask = None
+        else:
+            pos = cache.lengths[:, None] + torch.arange(T, device=input_ids.device)  # [B, T]
+            if kv_len is None:
+                kv_len = cache.key(0).shape[2]
+            keys = torch.arange(kv_len, device=input_ids.device)
+            mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, L]
+        # padding past the context is garbage by construction; clamp it into the table
+        x = wte(input_ids) + wpe(pos.clamp(max=self.config.n_positions - 1))  # [B, T, C]
+        for block in self.transformer.h:
+            x = block(x, cache, mask, kv_len)
+        return self.transformer.ln_f(x)
+
+    def forward(self, input_ids: torch.Tensor, cache=None, *, logits_index=None,
+                kv_len: int | None = None) -> torch.Tensor:
+        """Logits of ``input_ids`` ``[B, T]`` (int64), optionally through a KV cache.
+
+        Parameters
+        ----------
+        input_ids : Tensor
+            ``[B, T]`` token ids.
+        cache : sk.KVCache, optional
+            Written at ``cache.lengths`` (not advanced). ``None``: a plain causal pass from 0.
+        logits_index : Tensor, optional
+            ``None``: logits for all positions, ``[B, T, V]``. A ``[B]`` index: the logits of one
+            position per row, ``[B, V]`` (the LM head runs only there). ``[B, n]``: ``[B, n, V]``.
+        kv_len : int, optional
+            See :meth:`hidden_states`.
+        """
+        h = self.hidden_states(input_ids, cache, kv_len)  # [B, T, C]
+        if logits_index is not None:
+            rows = torch.arange(h.shape[0], device=h.device)
+            h = h[rows, logits_index] if logits_index.dim() == 1 else h[rows[:, None], logits_index]
+        return self.lm_head(h)
+
+    def new_cache(self, batch_size: int, max_seq_len: int | None = None):
+        """An empty ``sk.KVCache`` shaped for this model (its dtype and device), zero-filled.
+
+        Zero-filling matters: attention reads positions past a row's length (masked out, weight
+        exactly 0), and ``0 * nan`` would still be ``nan`` if the buffer held garbage.
+        """
+        from specdec_kernels.kv_cache import KVCache
+
+        p = self.lm_head.weight
+        c = self.config
+        cache = KVCache(c.n_layer, batch_size, c.n_head, c.head_dim,
+                        max_seq_len or c.n_positions, dtype=p.dtype, device=p.device)
+        for layer in range(c.n_layer):
+            cache.key(layer).zero_()
+            cache.value(layer).zero_()
+        return cache
+
+    # ------------------------------------------------------------------ conversion
+    @classmethod
+    def from_hf(cls, model) -> "CausalLM":
+        """Convert a ``transformers.GPT2LMHeadModel`` (same logits, same dtype and device).
+
+        Raises ``ValueError`` for configurations GPT-2's layout here does not cover
+        (cross-attention, layer-index attention scaling, unscaled attention).
+        """
+        hf = model.config
+        for flag, ok in (("add_cross_attention", False), ("scale_attn_by_inverse_layer_idx", False),
+                         ("scale_attn_weights", True)):
+            if getattr(hf, flag, ok) != ok:
+                raise ValueError(f"CausalLM.from_hf: {flag}={getattr(hf, flag)} is not supported")
+        tie = bool(getattr(hf, "tie_word_embeddings", True))
+        config = CausalLMConfig(
+            vocab_size=hf.vocab_size, n_positions=hf.n_positions, n_embd=hf.n_embd,
+            n_layer=hf.n_layer, n_head=hf.n_head, n_inner=hf.n_inner,
+            activation_function=hf.activation_function,
+            layer_norm_epsilon=hf.layer_norm_epsilon, tie_word_embeddings=tie,
+            eos_token_id=hf.eos_token_id if isinstance(hf.eos_token_id, int) else None)
+        p = next(model.parameters())
+        lm = cls(config).to(device=p.device, dtype=p.dtype)
+        state = {k: (v.t() if k.endswith(_CONV1D) else v) for k, v in model.state_dict().items()
+                 if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        if "lm_head.weight" not in state or tie:
+            state["lm_head.weight"] = state["transformer.wte.weight"]
+        lm.load_state_dict(state, strict=True)
+        return lm.train(model.training)
+
+    def to_hf(self):
+        """The same model as a ``transformers.GPT2LMHeadModel`` (same logits, dtype, device)."""
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        c = self.config
+        hf_config = GPT2Config(
+            vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd,
+            n_layer=c.n_layer, n_head=c.n_head, n_inner=c.n_inner,
+            activation_function=c.activation_function, layer_norm_epsilon=c.layer_norm_epsilon,
+            tie_word_embeddings=c.tie_word_embeddings, resid_pdrop=0.0, embd_pdrop=0.0,
+            attn_pdrop=0.0, eos_token_id=c.eos_token_id, bos_token_id=c.eos_token_id)
+        p = self.lm_head.weight
+        model = GPT2LMHeadModel(hf_config).to(device=p.device, dtype=p.dtype)
+        state = {k: (v.t() if k.endswith(_CONV1D) else v) for k, v in self.state_dict().items()}
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.endswith((".attn.bias", ".attn.masked_bias"))]
+        if missing or unexpected:
+            raise RuntimeError(f"to_hf: missing {missing}, unexpected {unexpected}")
+        if c.tie_word_embeddings:
+            model.tie_weights()
+        return model.train(self.training)
+
+    # ------------------------------------------------------------------ files
+    def save(self, path: str | os.PathLike, dtype: torch.dtype | None = None) -> None:
+        """Write the weights (optionally cast to ``dtype``) and config to one safetensors file."""
+        from safetensors.torch import save_file
+
+        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+                 for k, v in self.state_dict().items()}
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight")
+        meta = {"config": json.dumps(dataclasses.asdict(self.config))}
+        save_file(state, os.fspath(path), metadata=meta)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32,
+             device: str | torch.device = "cpu") -> "CausalLM":
+        """Read a file written by :meth:`save`."""
+        from safetensors import safe_open
+
+        with safe_open(os.fspath(path), framework="pt") as f:
+            config = CausalLMConfig(**json.loads(f.metadata()["config"]))
+            state = {k: f.get_tensor(k) for k in f.keys()}
+        lm = cls(config)
+        if config.tie_word_embeddings:
+            state["lm_head.weight"] = state["transformer.wte.weight"]
+        lm.load_state_dict(state)
+        return lm.to(device=device, dtype=dtype).eval()

@@ -1,0 +1,236 @@
+"""sk.SpeculativeGenerator: lossless batched greedy decoding, sampling, statistics, bad input."""
+
+import math
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels.adaptive import best_num_draft_tokens, expected_tokens
+from specdec_kernels.generation import autoregressive_generate
+from specdec_kernels.models import CausalLM, CausalLMConfig
+from specdec_kernels.ngram import ngram_draft
+
+VOCAB = 37
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def tiny_pair(vocab=VOCAB, n_positions=96, dtype=torch.float64, seed=0):
+    """A 3-layer target and a 1-layer draft that shares the target's embeddings, first layer and
+    head, so that acceptance is neither 0 nor 1. Float64 keeps argmax ties away, so batched and
+    per-row decoding agree exactly."""
+    torch.manual_seed(seed)
+    target = CausalLM(CausalLMConfig(vocab_size=vocab, n_positions=n_positions, n_embd=32,
+                                     n_layer=3, n_head=2, tie_word_embeddings=False))
+    for p in target.parameters():  # larger weights than GPT-2's init: less degenerate outputs
+        p.data.mul_(2.0) if p.dim() >= 2 else None
+    draft = CausalLM(CausalLMConfig(vocab_size=vocab, n_positions=n_positions, n_embd=32,
+                                    n_layer=1, n_head=2, tie_word_embeddings=False))
+    draft.load_state_dict({k: v for k, v in target.state_dict().items()
+                           if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")})
+    return target.to(dtype).eval(), draft.to(dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_pair()
+
+
+def ragged_prompts(batch, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1 + (7 * b + 3) % 23 for b in range(batch)]
+    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
+
+
+def reference(target, prompts, max_new_tokens, eos=None):
+    """The target's own greedy decoding, one row at a time."""
+    return [autoregressive_generate(target, [p], max_new_tokens, eos_token_id=eos).sequences[0]
+            for p in prompts]
+
+
+def assert_rows_equal(got, want):
+    for b, (g, w) in enumerate(zip(got, want)):
+        if g != w:
+            i = next((i for i, (x, y) in enumerate(zip(g, w)) if x != y), min(len(g), len(w)))
+            raise AssertionError(f"row {b} differs first at index {i}: got {g[i:i + 8]} "
+                                 f"(len {len(g)}), want {w[i:i + 8]} (len {len(w)})")
+
+
+# ---------------------------------------------------------------- losslessness
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 4, 8, "auto"])
+def test_greedy_lossless(pair, batch, k):
+    target, draft = pair
+    prompts = ragged_prompts(batch)
+    eos = 5  # appears in the middle of some rows
+    out = sk.SpeculativeGenerator(target, draft, k).generate(prompts, max_new_tokens=24,
+                                                             eos_token_id=eos)
+    assert_rows_equal(out.sequences, reference(target, prompts, 24, eos))
+    s = out.stats
+    assert 0.0 < s.acceptance_rate < 1.0
+    assert sum(s.accepted_histogram) > 0 and s.target_forwards > 0
+    assert len(out.draft_accepted) == batch
+    for seq, p, acc in zip(out.sequences, prompts, out.draft_accepted):
+        assert len(acc) == len(seq) - len(p)
+
+
+def test_greedy_lossless_eos_stops_rows(pair):
+    target, draft = pair
+    prompts = ragged_prompts(8, seed=3)
+    ref = reference(target, prompts, 24)
+    eos = ref[0][len(prompts[0]) + 2]  # row 0 emits it as its third token
+    out = sk.SpeculativeGenerator(target, draft, 4).generate(prompts, 24, eos_token_id=eos)
+    assert_rows_equal(out.sequences, reference(target, prompts, 24, eos))
+    assert out.sequences[0][-1] == eos and len(out.sequences[0]) <= len(prompts[0]) + 3
+
+
+@pytest.mark.parametrize("k", [2, 6])
+def test_ngram_lossless(pair, k):
+    target, _ = pair
+    prompts = [p * 3 for p in ragged_prompts(4)]  # repetitive: n-gram lookup finds matches
+    out = sk.SpeculativeGenerator(target, "ngram", k).generate(prompts, 20)
+    assert_rows_equal(out.sequences, reference(target, prompts, 20))
+    assert out.stats.draft_forwards == 0
+
+
+def test_tensor_prompts(pair):
+    target, draft = pair
+    prompts = torch.randint(0, VOCAB, (3, 6))
+    out = sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 10)
+    assert_rows_equal(out.sequences, reference(target, prompts.tolist(), 10))
+
+
+def test_context_limit_stops_cleanly():
+    target, draft = tiny_pair(n_positions=24)
+    prompts = [list(range(20)), [1, 2], list(range(24))]
+    out = sk.SpeculativeGenerator(target, draft, 8).generate(prompts, 50)
+    assert [len(s) for s in out.sequences] == [24, 24, 24]
+    assert_rows_equal(out.sequences, reference(target, prompts, 50))
+
+
+def test_finished_rows_cost_no_work(pair):
+    """Rows that stop are dropped from the batch: later target passes see fewer rows."""
+    target, draft = pair
+    prompts = ragged_prompts(4)
+    seen = []
+    handle = target.register_forward_pre_hook(lambda m, a: seen.append(a[0].shape[0]))
+    try:
+        gen = sk.SpeculativeGenerator(target, draft, 2)
+        # row budgets differ through the context: a long prompt and short ones
+        out = gen.generate(prompts, max_new_tokens=1)
+        first = list(seen)
+        seen.clear()
+        out = gen.generate([prompts[0], [3] * 90], max_new_tokens=30)  # row 1 hits context 96
+    finally:
+        handle.remove()
+    assert first == [4]  # one pass, every row done after it
+    assert seen[0] == 2 and seen[-1] == 1 and seen == sorted(seen, reverse=True)
+    assert len(out.sequences[1]) == 96
+
+
+# ---------------------------------------------------------------- sampling
+def test_sampling_first_token_distribution_and_acceptance():
+    """Over N identical rows, the first generated token follows the target's distribution
+    (chi-square, false-failure probability 1e-4) and the acceptance rate matches
+    sum_x min(p(x), q(x)) (5 sigma, false-failure probability < 1e-6)."""
+    from scipy.stats import chisquare
+
+    target, draft = tiny_pair(vocab=11, dtype=torch.float32, seed=2)
+    prompt = [1, 4, 2, 7]
+    N = 4000
+    with torch.no_grad():
+        p = target(torch.tensor([prompt]))[0, -1].softmax(-1).double()
+        q = draft(torch.tensor([prompt]))[0, -1].softmax(-1).double()
+    out = sk.SpeculativeGenerator(target, draft, 1).generate([prompt] * N, max_new_tokens=1,
+                                                             temperature=1.0, seed=123)
+    first = torch.tensor([s[len(prompt)] for s in out.sequences])
+    counts = torch.bincount(first, minlength=11).double()
+    expected = p * N
+    assert chisquare(counts.numpy(), expected.numpy()).pvalue > 1e-4
+    alpha = torch.minimum(p, q).sum().item()
+    sigma = math.sqrt(alpha * (1 - alpha) / N)
+    assert abs(out.stats.acceptance_rate - alpha) < 5 * sigma + 1e-9
+
+
+def test_sampling_seeded_reproducible(pair):
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    gen = sk.SpeculativeGenerator(target, draft, 4)
+    a = gen.generate(prompts, 12, temperature=0.8, top_k=10, top_p=0.9, seed=7)
+    b = gen.generate(prompts, 12, temperature=0.8, top_k=10, top_p=0.9, seed=7)
+    assert a.sequences == b.sequences
+    assert all(0 <= t < VOCAB for s in a.sequences for t in s)
+
+
+# ---------------------------------------------------------------- stats, adaptive K, n-gram
+def test_stats_consistent(pair):
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    out = sk.SpeculativeGenerator(target, draft, 4).generate(prompts, 16)
+    s = out.stats
+    assert s.accepted_tokens == sum(n * c for n, c in enumerate(s.accepted_histogram))
+    assert s.acceptance_rate == pytest.approx(s.accepted_tokens / s.drafted_tokens)
+    assert s.mean_accepted == pytest.approx(s.accepted_tokens / sum(s.accepted_histogram))
+    assert s.generated_tokens == 48 and s.wall_seconds > 0 and s.tokens_per_second > 0
+    assert s.draft_forwards == 4 * s.target_forwards
+
+
+@pytest.mark.parametrize("alpha, cost, want", [(0.0, 0.1, 1), (0.5, 0.0, 8), (0.8, 0.05, 8),
+                                               (0.6, 0.5, 1), (0.9, 0.2, 7)])
+def test_best_num_draft_tokens(alpha, cost, want):
+    k = best_num_draft_tokens(torch.tensor([alpha]), cost, 8)
+    brute = max(range(1, 9), key=lambda k: (1 - alpha ** (k + 1)) / (1 - alpha) / (cost * k + 1))
+    assert k.item() == brute == want
+
+
+def test_expected_tokens():
+    assert expected_tokens(torch.tensor(1.0), torch.tensor(4)).item() == 5
+    assert expected_tokens(torch.tensor(0.0), torch.tensor(4)).item() == 1
+
+
+def test_ngram_draft():
+    t = torch.tensor([[1, 2, 3, 4, 1, 2, 0, 0], [5, 6, 7, 8, 9, 0, 0, 0]])
+    drafts, n = ngram_draft(t, torch.tensor([6, 5]), 3)
+    assert drafts.tolist() == [[3, 4, 1], [-1, -1, -1]] and n.tolist() == [3, 0]
+    # the continuation may run into the suffix itself but not past the sequence
+    drafts, n = ngram_draft(torch.tensor([[7, 7, 7]]), torch.tensor([3]), 4)
+    assert n.tolist() == [1] and drafts.tolist() == [[7, -1, -1, -1]]
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("prompts, kwargs, match", [
+    ([[]], {}, "empty"),
+    ([[1, 2], []], {}, "empty"),
+    ([], {}, "non-empty"),
+    ([list(range(97))], {}, "context"),
+    ([[1, VOCAB]], {}, "outside"),
+    ([[1, -1]], {}, "outside"),
+    ([[1, 2]], {"max_new_tokens": 0}, "max_new_tokens"),
+    ([[1, 2]], {"max_new_tokens": -3}, "max_new_tokens"),
+    ([[1, 2]], {"temperature": -1.0}, "temperature"),
+    ([[1, 2]], {"eos_token_id": VOCAB}, "eos_token_id"),
+])
+def test_bad_input(pair, prompts, kwargs, match):
+    target, draft = pair
+    with pytest.raises(ValueError, match=match):
+        sk.SpeculativeGenerator(target, draft, 4).generate(prompts, **{"max_new_tokens": 4,
+                                                                       **kwargs})
+
+
+def test_bad_pair(pair):
+    target, draft = pair
+    other_vocab = CausalLM(CausalLMConfig(vocab_size=VOCAB + 1, n_positions=96, n_embd=8,
+                                          n_layer=1, n_head=1)).double()
+    with pytest.raises(ValueError, match="vocabulary"):
+        sk.SpeculativeGenerator(target, other_vocab)
+    with pytest.raises(ValueError, match="dtype|float"):
+        sk.SpeculativeGenerator(target, tiny_pair()[1].float())
+    for k in (0, -1, "fast", 2.5):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            sk.SpeculativeGenerator(target, draft, k)
+    with pytest.raises(ValueError, match="ngram"):
+        sk.SpeculativeGenerator(target, "lookup")

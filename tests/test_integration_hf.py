@@ -1,0 +1,168 @@
+"""specdec_kernels.integrations.transformers with tiny random GPT-2 pairs (made here, offline)."""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import specdec_kernels as sk  # noqa: E402
+from specdec_kernels.integrations.transformers import (  # noqa: E402
+    speculative_generate,
+    speculative_sampling,
+)
+
+VOCAB, PAD, EOS = 61, 0, 7
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+def gpt2_pair(n_positions=64, seed=0):
+    """A 3-layer GPT-2 target and a 1-layer draft holding the target's embeddings, first layer,
+    final norm and (untied) head: acceptance between 0 and 1. Float64: no argmax near-ties."""
+    torch.manual_seed(seed)
+    cfg = dict(vocab_size=VOCAB, n_positions=n_positions, n_embd=32, n_head=4,
+               tie_word_embeddings=False, bos_token_id=EOS, eos_token_id=EOS,
+               pad_token_id=PAD)
+    target = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=3, **cfg))
+    for p in target.parameters():
+        if p.dim() >= 2:
+            p.data.mul_(2.0)
+    draft = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, **cfg))
+    draft.load_state_dict({k: v for k, v in target.state_dict().items()
+                           if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")},
+                          strict=False)
+    return target.double().eval(), draft.double().eval()
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return gpt2_pair()
+
+
+def left_padded(batch, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = [1 + (5 * b + 2) % 13 for b in range(batch)]
+    T = max(lengths)
+    ids = torch.full((batch, T), PAD, dtype=torch.int64)
+    mask = torch.zeros(batch, T, dtype=torch.int64)
+    for b, n in enumerate(lengths):
+        ids[b, T - n:] = torch.randint(8, VOCAB, (n,), generator=g)
+        mask[b, T - n:] = 1
+    return ids, mask
+
+
+def hf_greedy(target, ids, mask, max_new, eos):
+    """generate()'s own greedy output, one row at a time, as the new tokens of each row."""
+    rows = []
+    for b in range(ids.shape[0]):
+        row = ids[b][mask[b].bool()][None]
+        out = target.generate(row, attention_mask=torch.ones_like(row), do_sample=False,
+                              max_new_tokens=max_new, eos_token_id=eos, pad_token_id=PAD)
+        new = out[0, row.shape[1]:].tolist()
+        if eos is not None and eos in new:
+            new = new[: new.index(eos) + 1]
+        rows.append(new)
+    return rows
+
+
+def new_tokens(out, T, eos):
+    rows = []
+    for r in out[:, T:].tolist():
+        rows.append(r[: r.index(eos) + 1] if eos is not None and eos in r else r)
+    return rows
+
+
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_greedy_lossless_left_padded(pair, batch, k):
+    target, draft = pair
+    ids, mask = left_padded(batch)
+    out = speculative_generate(target, draft, ids, mask, max_new_tokens=20,
+                               num_speculative_tokens=k, eos_token_id=EOS, pad_token_id=PAD)
+    assert out.shape == (batch, ids.shape[1] + 20)
+    assert torch.equal(out[:, : ids.shape[1]], ids)
+    got = new_tokens(out, ids.shape[1], EOS)
+    want = hf_greedy(target, ids, mask, 20, EOS)
+    for b, (g, w) in enumerate(zip(got, want)):
+        assert g == w, f"row {b}: {g} != {w}"
+        assert all(t == PAD for t in out[b, ids.shape[1] + len(g):].tolist())
+
+
+def test_matches_causal_lm_generator(pair):
+    """The HF path and sk.SpeculativeGenerator on the converted models agree."""
+    target, draft = pair
+    ids, mask = left_padded(3)
+    out = speculative_generate(target, draft, ids, mask, max_new_tokens=12)
+    gen = sk.SpeculativeGenerator(sk.models.CausalLM.from_hf(target),
+                                  sk.models.CausalLM.from_hf(draft), 4)
+    prompts = [ids[b][mask[b].bool()].tolist() for b in range(3)]
+    res = gen.generate(prompts, max_new_tokens=12)
+    for b in range(3):
+        assert out[b, ids.shape[1]:].tolist() == res.sequences[b][len(prompts[b]):]
+
+
+def test_context_limit(pair):
+    target, draft = gpt2_pair(n_positions=20)
+    ids, mask = left_padded(3)
+    out = speculative_generate(target, draft, ids, mask, max_new_tokens=30, pad_token_id=PAD)
+    for b in range(3):
+        n = int(mask[b].sum())
+        got = out[b, ids.shape[1]: ids.shape[1] + 20 - n].tolist()
+        ref = target.generate(ids[b][mask[b].bool()][None], do_sample=False,
+                              max_new_tokens=20 - n, pad_token_id=PAD)[0, n:].tolist()
+        assert got == ref
+        assert all(t == PAD for t in out[b, ids.shape[1] + 20 - n:].tolist())
+
+
+def test_sampling_runs_and_is_seeded(pair):
+    target, draft = pair
+    ids, mask = left_padded(4)
+    a = speculative_generate(target, draft, ids, mask, max_new_tokens=10, do_sample=True,
+                             temperature=0.9, top_k=20, seed=3)
+    b = speculative_generate(target, draft, ids, mask, max_new_tokens=10, do_sample=True,
+                             temperature=0.9, top_k=20, seed=3)
+    assert torch.equal(a, b) and a.shape == (4, ids.shape[1] + 10)
+    assert ((a >= 0) & (a < VOCAB)).all()
+
+
+def test_speculative_sampling_drop_in():
+    """Same return shapes as transformers' function; the first token follows p when q = p
+    (everything accepted) and follows norm(max(0, p - q)) after a forced rejection."""
+    from transformers.generation.utils import _speculative_sampling
+
+    V, gamma = 13, 3
+    cand = torch.randint(0, V, (1, 5 + gamma))
+    q_logits = torch.randn(1, gamma, V)
+    new_logits = torch.randn(1, gamma + 1, V)
+    tokens, n = speculative_sampling(cand, q_logits, gamma, new_logits)
+    ref_tokens, ref_n = _speculative_sampling(cand, q_logits, gamma, new_logits)
+    assert tokens.dim() == ref_tokens.dim() == 2 and tokens.shape[0] == 1
+    assert n.dim() == ref_n.dim() == 0 and tokens.shape[1] == int(n) + 1
+    assert torch.equal(tokens[0, : int(n)], cand[0, -gamma:][: int(n)])
+    # identical distributions: every candidate is accepted
+    same = new_logits[:, :gamma].clone()
+    tokens, n = speculative_sampling(cand, same, gamma, new_logits)
+    assert int(n) == gamma and torch.equal(tokens[0, :gamma], cand[0, -gamma:])
+
+
+def test_bad_input(pair):
+    target, draft = pair
+    ids, mask = left_padded(2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        speculative_generate(target, draft, ids, mask, max_new_tokens=0)
+    with pytest.raises(ValueError, match="left-padded"):
+        speculative_generate(target, draft, ids, mask.flip(1), max_new_tokens=3)
+    with pytest.raises(ValueError, match="outside"):
+        speculative_generate(target, draft, ids + VOCAB, None, max_new_tokens=3)
+    with pytest.raises(ValueError, match="dtype|float"):
+        speculative_generate(target, gpt2_pair()[1].float(), ids, mask, max_new_tokens=3)
+    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB + 2, n_positions=64, n_embd=8, n_layer=1, n_head=1)).double()
+    with pytest.raises(ValueError, match="vocabulary"):
+        speculative_generate(target, other, ids, mask, max_new_tokens=3)
+    with pytest.raises(ValueError, match="context"):
+        speculative_generate(target, draft, torch.ones(1, 65, dtype=torch.int64),
+                             max_new_tokens=3)
