@@ -1,0 +1,391 @@
+"""End-to-end generation on the bundled draft/target pair, systems side by side in one process.
+
+Systems (the same weights throughout; the Hugging Face models come from ``CausalLM.to_hf()``):
+
+- ``specdec``: :class:`specdec_kernels.SpeculativeGenerator`, ``K`` in the grid (``"auto"``: its
+  adaptive per-row ``K``).
+- ``target_only``: :func:`specdec_kernels.autoregressive_generate`, the same target alone.
+- ``hf_assisted``: ``transformers`` assisted generation (``generate(assistant_model=...)``), batch 1
+  only (it refuses more). Fixed ``K``: ``num_assistant_tokens=K``, schedule ``"constant"``,
+  confidence threshold 0; ``"auto"``: its own ``"heuristic"`` schedule with its defaults.
+- ``hf_target_only``: plain ``transformers`` ``generate`` of the target (left-padded batch).
+
+Runs are interleaved (for each repeat, every system runs once per configuration) and the figure
+kept is the median over repeats. No system stops at ``<eos>``: every row generates exactly
+``max_new_tokens``, so all systems do the same amount of work.
+
+Per row: ``tokens_per_second`` (generated tokens of all rows per wall second, prefill included),
+``acceptance_rate`` and ``mean_accepted`` (from the generator's statistics), ``cost_ratio``
+``c`` = draft forward time / target forward time (one token per row, at the batch size, measured
+in this process), ``ideal_speedup`` = Leviathan et al.'s walltime improvement
+``(1 - a**(g+1)) / ((1 - a) (g c + 1))`` with ``a`` the measured acceptance rate and ``g`` the mean
+``K`` used, and ``speedup_vs_target_only`` against ``target_only`` at the same batch size and
+temperature. ``ideal_speedup_with_verify_cost`` also charges the target pass over ``K+1`` tokens
+at its measured cost (on a GPU that pass costs about one token's; on a CPU it does not).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+SYSTEMS = ("specdec", "target_only", "hf_assisted", "hf_target_only")
+
+
+@dataclass(frozen=True)
+class E2EConfig:
+    batch_sizes: tuple[int, ...] = (1, 4, 16)
+    ks: tuple = (1, 2, 4, 8, "auto")
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    max_new_tokens: int = 128
+    prompt_len: int = 64
+    repeats: int = 2
+    systems: tuple[str, ...] = SYSTEMS
+    seed: int = 0
+
+
+QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=40, repeats=1)
+
+
+def load_pair(assets: str | None = None):
+    """``(target, draft, heldout_text)``: the bundled pair, or the same files from ``assets``."""
+    from specdec_kernels.models import bundled
+    from specdec_kernels.models.causal_lm import CausalLM
+
+    if assets is None:
+        target, draft = bundled.load_bundled()
+        return target, draft, bundled.heldout_text()
+    target = CausalLM.load(os.path.join(assets, "target.safetensors"))
+    draft = CausalLM.load(os.path.join(assets, "draft.safetensors"))
+    with open(os.path.join(assets, "heldout.txt"), encoding="utf-8") as fh:
+        return target, draft, fh.read()
+
+
+def make_prompts(text: str, batch_size: int, prompt_len: int) -> list[list[int]]:
+    """``batch_size`` prompts of ``prompt_len`` byte tokens from different places of ``text``
+    (held out from the pair's training data)."""
+    data = list(text.encode("utf-8"))
+    stride = max(1, (len(data) - prompt_len) // max(batch_size, 1))
+    return [data[(i * stride) % (len(data) - prompt_len):][:prompt_len] for i in range(batch_size)]
+
+
+# ----------------------------------------------------------------------------- forward costs
+@torch.inference_mode()
+def forward_ms(model, batch_size: int, tokens: int, context: int, calls: int = 15) -> float:
+    """Median ms of one cached forward of ``tokens`` new tokens per row after ``context``
+    committed ones, logits of every new token (what decoding does)."""
+    cache = model.new_cache(batch_size, model.max_seq_len)
+    ids = torch.randint(0, model.vocab_size, (batch_size, context))
+    model.hidden_states(ids, cache, context)
+    cache.advance(context)
+    x = torch.randint(0, model.vocab_size, (batch_size, tokens))
+    model(x, cache, kv_len=context + tokens)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        model(x, cache, kv_len=context + tokens)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def measure_costs(target, draft, batch_size: int, context: int, ks) -> dict:
+    """Draft and target forward times at ``batch_size``, measured interleaved (3 rounds)."""
+    widths = sorted({1} | {k + 1 for k in ks if k != "auto"} | {9})
+    acc: dict[str, list[float]] = {}
+    for _ in range(3):
+        acc.setdefault("draft_ms", []).append(forward_ms(draft, batch_size, 1, context))
+        for w in widths:
+            acc.setdefault(f"target_ms_{w}", []).append(forward_ms(target, batch_size, w, context))
+    return {k: statistics.median(v) for k, v in acc.items()}
+
+
+def leviathan_speedup(alpha: float, gamma: float, c: float, verify_ratio: float = 1.0) -> float:
+    """Expected walltime improvement (Leviathan et al. 2023, Theorem 3.8 / eq. 1):
+    ``(1 - a**(g+1)) / ((1 - a) (g c + 1))``; ``verify_ratio`` replaces the ``1`` (the target
+    pass over ``g+1`` tokens, in units of a one-token pass) where that pass costs more."""
+    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return tokens / (gamma * c + verify_ratio)
+
+
+# ----------------------------------------------------------------------------- systems
+class _HF:
+    """The pair as ``transformers`` models (same weights), and their ``generate`` calls."""
+
+    def __init__(self, target, draft):
+        self.target, self.draft = target.to_hf().eval(), draft.to_hf().eval()
+        for m in (self.target, self.draft):
+            m.generation_config.eos_token_id = None  # no early stop: exactly max_new_tokens
+            m.generation_config.pad_token_id = 0
+
+    @torch.inference_mode()
+    def generate(self, prompts, max_new_tokens: int, temperature: float, k=None, seed=0):
+        ids = torch.tensor(prompts, dtype=torch.int64)  # equal-length prompts: no padding
+        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                  min_new_tokens=None, pad_token_id=0, eos_token_id=None)
+        if temperature > 0:
+            kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+            torch.manual_seed(seed)
+        else:
+            kw.update(do_sample=False)
+        if k is not None:
+            gc = self.draft.generation_config
+            if k == "auto":
+                gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 20, "heuristic"
+                gc.assistant_confidence_threshold = 0.4
+            else:
+                gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = int(k), "constant"
+                gc.assistant_confidence_threshold = 0.0
+            kw["assistant_model"] = self.draft
+        t0 = time.perf_counter()
+        out = self.target.generate(ids, **kw)
+        wall = time.perf_counter() - t0
+        return out[:, ids.shape[1]:].tolist(), wall
+
+
+def _run_specdec(target, draft, prompts, cfg, k, temperature, seed):
+    import specdec_kernels as sk
+
+    gen = sk.SpeculativeGenerator(target, draft, k)
+    out = gen.generate(prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
+                       seed=seed)
+    s = out.stats
+    passes = max(sum(s.accepted_histogram), 1)
+    return {"new_tokens": [seq[len(p):] for seq, p in zip(out.sequences, prompts)],
+            "wall_seconds": s.wall_seconds, "generated_tokens": s.generated_tokens,
+            "acceptance_rate": s.acceptance_rate, "mean_accepted": s.mean_accepted,
+            "mean_k": s.drafted_tokens / passes, "target_forwards": s.target_forwards,
+            "draft_forwards": s.draft_forwards}
+
+
+def _run_target_only(target, prompts, cfg, temperature, seed):
+    import specdec_kernels as sk
+
+    out = sk.autoregressive_generate(target, prompts, max_new_tokens=cfg.max_new_tokens,
+                                     temperature=temperature, seed=seed)
+    return {"new_tokens": [seq[len(p):] for seq, p in zip(out.sequences, prompts)],
+            "wall_seconds": out.stats.wall_seconds, "generated_tokens": out.stats.generated_tokens,
+            "target_forwards": out.stats.target_forwards}
+
+
+def _run_hf(hf, prompts, cfg, temperature, seed, k=None):
+    new, wall = hf.generate(prompts, cfg.max_new_tokens, temperature, k, seed)
+    return {"new_tokens": new, "wall_seconds": wall,
+            "generated_tokens": sum(len(r) for r in new)}
+
+
+# ----------------------------------------------------------------------------- the benchmark
+def _configs(cfg: E2EConfig, hf_ok: bool):
+    """``(system, B, K, T)`` in run order: baselines first, then every K, per (B, T)."""
+    for b in cfg.batch_sizes:
+        for t in cfg.temperatures:
+            if "target_only" in cfg.systems:
+                yield "target_only", b, None, t
+            if "hf_target_only" in cfg.systems and hf_ok:
+                yield "hf_target_only", b, None, t
+            for k in cfg.ks:
+                if "specdec" in cfg.systems:
+                    yield "specdec", b, k, t
+                if "hf_assisted" in cfg.systems and hf_ok and b == 1:
+                    yield "hf_assisted", b, k, t
+
+
+def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
+    """Run every configuration ``cfg.repeats`` times, interleaved; one row per
+    ``(system, batch_size, K, temperature)`` with the median figures."""
+    target, draft, text = load_pair(assets)
+    try:
+        hf = _HF(target, draft) if ("hf_assisted" in cfg.systems
+                                    or "hf_target_only" in cfg.systems) else None
+    except ImportError as exc:
+        log(f"[e2e] transformers unavailable ({exc}); hf_* systems left out")
+        hf = None
+    prompts_of = {b: make_prompts(text, b, cfg.prompt_len) for b in cfg.batch_sizes}
+
+    # warm-up: every code path once, small
+    warm = E2EConfig(max_new_tokens=4, prompt_len=cfg.prompt_len)
+    p1 = prompts_of[cfg.batch_sizes[0]][:1]
+    for t in cfg.temperatures:
+        _run_specdec(target, draft, p1, warm, 2, t, 0)
+        _run_target_only(target, p1, warm, t, 0)
+        if hf is not None:
+            _run_hf(hf, p1, warm, t, 0)
+            _run_hf(hf, p1, warm, t, 0, k=2)
+
+    context = cfg.prompt_len + cfg.max_new_tokens // 2
+    costs = {}
+    for b in cfg.batch_sizes:
+        costs[b] = measure_costs(target, draft, b, context, cfg.ks)
+        log(f"[e2e] B={b}: draft forward {costs[b]['draft_ms']:.2f} ms, target forward "
+            f"{costs[b]['target_ms_1']:.2f} ms (1 token/row), cost ratio "
+            f"{costs[b]['draft_ms'] / costs[b]['target_ms_1']:.3f}")
+
+    configs = list(_configs(cfg, hf is not None))
+    runs: dict[tuple, list[dict]] = {c: [] for c in configs}
+    for rep in range(cfg.repeats):
+        for sys_, b, k, t in configs:
+            prompts, seed = prompts_of[b], cfg.seed + rep
+            if sys_ == "specdec":
+                r = _run_specdec(target, draft, prompts, cfg, k, t, seed)
+            elif sys_ == "target_only":
+                r = _run_target_only(target, prompts, cfg, t, seed)
+            elif sys_ == "hf_target_only":
+                r = _run_hf(hf, prompts, cfg, t, seed)
+            else:
+                r = _run_hf(hf, prompts, cfg, t, seed, k=k)
+            r["tokens_per_second"] = r["generated_tokens"] / max(r["wall_seconds"], 1e-9)
+            runs[(sys_, b, k, t)].append(r)
+            log(f"[e2e] rep {rep} {sys_:>14} B={b:<2} K={str(k):>4} T={t}: "
+                f"{r['tokens_per_second']:7.1f} tok/s"
+                + (f", acceptance {r['acceptance_rate']:.2f}" if "acceptance_rate" in r else ""))
+    return _rows(cfg, runs, costs)
+
+
+def _median(rs: list[dict], key: str):
+    vals = [r[key] for r in rs if r.get(key) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
+    rows = []
+    base = {(b, t): _median(rs, "tokens_per_second")
+            for (s, b, k, t), rs in runs.items() if s == "target_only"}
+    hf_base = {(b, t): _median(rs, "tokens_per_second")
+               for (s, b, k, t), rs in runs.items() if s == "hf_target_only"}
+    greedy_ref = {b: rs[0]["new_tokens"] for (s, b, k, t), rs in runs.items()
+                  if s == "target_only" and t == 0}
+    for (sys_, b, k, t), rs in runs.items():
+        tps = _median(rs, "tokens_per_second")
+        c = costs[b]["draft_ms"] / costs[b]["target_ms_1"]
+        row = {"system": sys_, "batch_size": b, "num_speculative_tokens": k, "temperature": t,
+               "tokens_per_second": round(tps, 3),
+               "wall_seconds": round(_median(rs, "wall_seconds"), 4),
+               "generated_tokens": rs[0]["generated_tokens"], "repeats": len(rs),
+               "max_new_tokens": cfg.max_new_tokens, "prompt_len": cfg.prompt_len,
+               "acceptance_rate": None, "mean_accepted": None, "cost_ratio": None,
+               "ideal_speedup": None, "speedup_vs_target_only": None,
+               "tokens_per_second_all": [round(r["tokens_per_second"], 3) for r in rs]}
+        if base.get((b, t)):
+            row["speedup_vs_target_only"] = round(tps / base[(b, t)], 4)
+        if hf_base.get((b, t)):
+            row["speedup_vs_hf_target_only"] = round(tps / hf_base[(b, t)], 4)
+        if t == 0 and b in greedy_ref:
+            row["matches_target_only"] = all(r["new_tokens"] == greedy_ref[b] for r in rs)
+        if sys_ == "specdec":
+            alpha = _median(rs, "acceptance_rate")
+            gamma = _median(rs, "mean_k")
+            w = (k + 1) if k != "auto" else min(9, round(gamma) + 1)
+            verify_ratio = costs[b].get(f"target_ms_{w}", costs[b]["target_ms_1"]) / \
+                costs[b]["target_ms_1"]
+            ideal = leviathan_speedup(alpha, gamma, c)
+            row.update(acceptance_rate=round(alpha, 4),
+                       mean_accepted=round(_median(rs, "mean_accepted"), 4),
+                       mean_k=round(gamma, 4), cost_ratio=round(c, 4),
+                       ideal_speedup=round(ideal, 4),
+                       ideal_speedup_with_verify_cost=round(
+                           leviathan_speedup(alpha, gamma, c, verify_ratio), 4),
+                       verify_cost_ratio=round(verify_ratio, 4),
+                       target_forwards=rs[0]["target_forwards"],
+                       draft_forwards=rs[0]["draft_forwards"])
+            if row["speedup_vs_target_only"] is not None and ideal > 0:
+                row["efficiency"] = round(row["speedup_vs_target_only"] / ideal, 4)
+        if sys_ in ("specdec", "target_only"):
+            row["draft_forward_ms"] = round(costs[b]["draft_ms"], 4)
+            row["target_forward_ms"] = round(costs[b]["target_ms_1"], 4)
+        rows.append(row)
+    return rows
+
+
+def check_targets(rows: list[dict]) -> list[str]:
+    """The issue's CPU targets, each as ``PASS``/``MISS``/``N/A`` with the figures."""
+    def get(system, b, k, t):
+        for r in rows:
+            if (r["system"], r["batch_size"], r["num_speculative_tokens"], r["temperature"]) == \
+                    (system, b, k, t):
+                return r
+        return None
+
+    def best(system, b, t):
+        cands = [r for r in rows if r["system"] == system and r["batch_size"] == b
+                 and r["temperature"] == t]
+        return max(cands, key=lambda r: r["tokens_per_second"]) if cands else None
+
+    out = []
+
+    def verdict(ok):
+        return "N/A " if ok is None else ("PASS" if ok else "MISS")
+
+    s1, h1 = best("specdec", 1, 0.0), best("hf_assisted", 1, 0.0)
+    if s1 and h1:
+        ratio = s1["tokens_per_second"] / h1["tokens_per_second"]
+        out.append(f"{verdict(ratio >= 1.5)} B=1 greedy: specdec best {s1['tokens_per_second']:.1f}"
+                   f" tok/s (K={s1['num_speculative_tokens']}) vs hf_assisted best "
+                   f"{h1['tokens_per_second']:.1f} (K={h1['num_speculative_tokens']}): "
+                   f"{ratio:.2f}x (target >= 1.5x)")
+        for k in sorted({r["num_speculative_tokens"] for r in rows if r["system"] == "specdec"},
+                        key=str):
+            a, h = get("specdec", 1, k, 0.0), get("hf_assisted", 1, k, 0.0)
+            if a and h:
+                out.append(f"     same K={k}: {a['tokens_per_second']:.1f} vs "
+                           f"{h['tokens_per_second']:.1f} tok/s = "
+                           f"{a['tokens_per_second'] / h['tokens_per_second']:.2f}x")
+    for r in rows:
+        if r["system"] == "specdec" and r["batch_size"] == 1 and r["temperature"] == 0 \
+                and r.get("efficiency") is not None:
+            out.append(f"{verdict(r['efficiency'] >= 0.85)} B=1 greedy K={r['num_speculative_tokens']}: "
+                       f"speedup_vs_target_only {r['speedup_vs_target_only']:.2f} / ideal "
+                       f"{r['ideal_speedup']:.2f} = {r['efficiency']:.2f} (target >= 0.85); "
+                       f"ideal with the K+1-token verify cost "
+                       f"{r['ideal_speedup_with_verify_cost']:.2f}")
+    s16 = best("specdec", 16, 0.0)
+    if s16 and h1:
+        r = s16["tokens_per_second"] / h1["tokens_per_second"]
+        out.append(f"{verdict(r >= 4)} B=16 greedy: {s16['tokens_per_second']:.1f} tok/s vs "
+                   f"hf_assisted B=1 {h1['tokens_per_second']:.1f}: {r:.2f}x (target >= 4x)")
+    if s16 and s1:
+        r = s16["tokens_per_second"] / s1["tokens_per_second"]
+        out.append(f"{verdict(r >= 3)} B=16 greedy: {s16['tokens_per_second']:.1f} tok/s vs own "
+                   f"B=1 {s1['tokens_per_second']:.1f}: {r:.2f}x (target >= 3x)")
+    for b in sorted({r["batch_size"] for r in rows}):
+        for k in sorted({r["num_speculative_tokens"] for r in rows
+                         if r["system"] == "specdec"}, key=str):
+            g, s = get("specdec", b, k, 0.0), get("specdec", b, k, 1.0)
+            if g and s and g.get("efficiency") and s.get("efficiency") is not None:
+                rel = s["efficiency"] / g["efficiency"]
+                out.append(f"{verdict(rel >= 0.85)} sampling vs greedy efficiency B={b} K={k}: "
+                           f"{s['efficiency']:.2f} vs {g['efficiency']:.2f} = {rel:.2f} "
+                           f"(target >= 0.85)")
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    """A Markdown table of the rows."""
+    head = ("| system | B | K | T | tokens/s | speedup vs target_only | acceptance | "
+            "mean accepted | cost ratio | ideal speedup |")
+    lines = [head, "|" + "---|" * 10]
+
+    def f(x, fmt):
+        return "" if x is None else format(x, fmt)
+
+    for r in sorted(rows, key=lambda r: (r["batch_size"], r["temperature"], r["system"],
+                                         str(r["num_speculative_tokens"]))):
+        k = r["num_speculative_tokens"]
+        lines.append(f"| {r['system']} | {r['batch_size']} | {'' if k is None else k} | "
+                     f"{r['temperature']:g} | {r['tokens_per_second']:.1f} | "
+                     f"{f(r['speedup_vs_target_only'], '.2f')} | {f(r['acceptance_rate'], '.2f')}"
+                     f" | {f(r['mean_accepted'], '.2f')} | {f(r['cost_ratio'], '.3f')} | "
+                     f"{f(r['ideal_speedup'], '.2f')} |")
+    return "\n".join(lines)
+
+
+def _log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def finite(x) -> bool:
+    return x is not None and math.isfinite(x)

@@ -1,0 +1,424 @@
+"""Kernel microbenchmarks: one setup function per op, the providers of each, and the bytes each
+answer needs.
+
+Cases (:class:`Case`) are ``(op, B, K, V, dtype, acceptance)`` plus, for ``verify_sampling``,
+whether draft probabilities are given and whether top-k/top-p are on. A setup function builds the
+inputs of a case and returns :class:`Bench`: one zero-argument callable per provider and the
+number of bytes the answer really needs (the yardstick of the effective bandwidth, the same for
+every provider of a case).
+
+What "acceptance ``a``" means, per op (all draws from a fixed seed, so a case is reproducible):
+
+- ``verify_greedy``, ``accept_reject``, ``kv_compact_``: each draft position independently equals
+  the target's choice with probability ``a`` (the drafts are the argmax of the logits, or a
+  different token); a row's accepted count is the run of matches before the first miss.
+- ``verify_sampling`` without draft probabilities (a greedy drafter, ``q`` one-hot): the logits
+  are set so that ``p_j(x_j) = a`` exactly (temperature 1, before top-k/top-p, which only raise
+  it), so each draft token is accepted with probability ``a``.
+- ``verify_sampling`` with draft probabilities: ``q_j = a * p_j + (1 - a) * onehot(y_j)`` with
+  ``p_j(y_j) = 0``; the draft token is ``argmax p_j`` with probability ``a`` (accepted, since
+  ``q <= p`` there) and ``y_j`` otherwise (rejected). Acceptance ``sum_x min(p, q) = a``.
+
+Bytes needed (per row ``b`` with ``n_b`` accepted drafts, element size ``s``):
+``(n_b + 1) * V * s`` of logits (rows after the first rejection need not be read), plus, with
+draft probabilities, the ``q`` row at the rejected position (``V * s``, none when all drafts were
+accepted) and ``q_j(x_j)`` at the accepted ones, plus the small index tensors in and out.
+``n_b`` comes from running the reference on the case's inputs. For ``kv_compact_`` it is the kept
+entries read and written: ``2 * 2 * L * sum(num_keep) * H * D * s``; for ``accept_reject`` the two
+token tensors and the output.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from specdec_kernels.reference import accept_reject as ref_accept_reject
+from specdec_kernels.reference import kv_cache as ref_kv_cache
+from specdec_kernels.reference import verify_greedy as ref_greedy
+from specdec_kernels.reference import verify_sampling as ref_sampling
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPS = ("verify_greedy", "verify_sampling", "accept_reject", "kv_compact_")
+
+#: Providers of each op, in the order they are run and shown.
+#: ``triton``/``extension``: this package's kernels through the public API (``validate=False``);
+#: ``reference``: :mod:`specdec_kernels.reference`, called directly; ``torch_compile``: the same
+#: reference under ``torch.compile(dynamic=True)``; ``hf``: ``transformers``'
+#: ``_speculative_sampling`` (batch 1, draft probabilities given, no top-k/top-p: what it does).
+PROVIDERS = {
+    "verify_greedy": ("triton", "reference", "torch_compile"),
+    "verify_sampling": ("triton", "reference", "torch_compile", "hf"),
+    "accept_reject": ("triton", "reference", "torch_compile"),
+    "kv_compact_": ("extension", "reference", "torch_compile"),
+}
+
+# kv_compact_ cache geometry: [L, 2, B, H, S, D], a committed prefix of PREFIX tokens, then the
+# K+1 candidate positions of one verification pass.
+KV_LAYERS, KV_HEADS, KV_HEAD_DIM, KV_PREFIX = 4, 8, 128, 32
+TOP_K, TOP_P = 50, 0.9
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark point."""
+
+    op: str
+    B: int
+    K: int
+    V: int
+    dtype: str
+    acceptance: float
+    draft_probs: bool = False  # verify_sampling only
+    top_k_top_p: bool = False  # verify_sampling only
+
+    @property
+    def name(self) -> str:
+        extra = ""
+        if self.op == "verify_sampling":
+            extra = ("-q" if self.draft_probs else "-noq") + ("-topkp" if self.top_k_top_p else "")
+        v = "" if self.op in ("accept_reject", "kv_compact_") else f"-V{self.V}"
+        return f"{self.op}{extra}-B{self.B}-K{self.K}{v}-{self.dtype}-a{self.acceptance}"
+
+
+@dataclass
+class Bench:
+    """The callables of one case, keyed by provider, and the bytes its answer needs."""
+
+    fns: dict[str, Callable[[], object]]
+    bytes_needed: int
+    num_accepted_mean: float
+    skipped: dict[str, str] = field(default_factory=dict)  # provider -> why
+
+
+# ----------------------------------------------------------------------------- grids
+@dataclass(frozen=True)
+class Grid:
+    B: tuple[int, ...]
+    K: tuple[int, ...]
+    V: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    acceptance: tuple[float, ...]
+
+
+GRIDS = {
+    # CI smoke test on 2 CPU cores: a few seconds per case.
+    "smoke": Grid(B=(1, 8), K=(4,), V=(32000,), dtypes=("fp32",), acceptance=(0.5,)),
+    # The issue's grid (a GPU's worth of work; hours on a small CPU).
+    "full": Grid(B=(1, 8, 64, 256), K=(4, 8), V=(32000, 128256), dtypes=("fp32", "bf16"),
+                 acceptance=(0.0, 0.5, 0.9)),
+    # What bench/gpu_check.sh runs: the shapes of the GPU targets, within its time budget.
+    "gpu": Grid(B=(1, 8, 64, 256), K=(4,), V=(32000, 128256), dtypes=("fp32", "bf16"),
+                acceptance=(0.0, 0.5, 0.9)),
+}
+
+
+def sampling_variants() -> list[tuple[bool, bool]]:
+    """``(draft_probs, top_k_top_p)`` of the verify_sampling cases."""
+    return [(False, False), (True, False), (False, True), (True, True)]
+
+
+def cases(grid: str | Grid = "smoke", ops: tuple[str, ...] = OPS) -> list[Case]:
+    """Every case of ``grid`` for ``ops``. ``accept_reject`` and ``kv_compact_`` ignore ``V``;
+    ``accept_reject`` also ignores the dtype (token ids)."""
+    g = GRIDS[grid] if isinstance(grid, str) else grid
+    out: list[Case] = []
+    for op in ops:
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; choose from {OPS}")
+        vs = g.V if op.startswith("verify") else (0,)
+        dts = ("int64",) if op == "accept_reject" else g.dtypes
+        variants = sampling_variants() if op == "verify_sampling" else [(False, False)]
+        for (dp, tk), b, k, v, dt, a in itertools.product(variants, g.B, g.K, vs, dts,
+                                                            g.acceptance):
+            out.append(Case(op, b, k, v, dt, a, dp, tk))
+    return out
+
+
+def full_requested() -> bool:
+    """``SPECDEC_BENCH_FULL=1`` asks for the full grid."""
+    return os.environ.get("SPECDEC_BENCH_FULL", "0") not in ("", "0", "false", "no")
+
+
+# ----------------------------------------------------------------------------- inputs
+def _generator(case: Case) -> torch.Generator:
+    """A host generator seeded by the case's name: the same inputs on every run and machine."""
+    return torch.Generator(device="cpu").manual_seed(zlib.crc32(case.name.encode()))
+
+
+def _matches(case: Case, g: torch.Generator) -> torch.Tensor:
+    """``[B, K]`` bool: draft position agrees with the target, independently with prob ``a``."""
+    return torch.rand(case.B, case.K, generator=g) < case.acceptance
+
+
+def _logits(case: Case, g: torch.Generator) -> torch.Tensor:
+    """``[B, K+1, V]`` float32 logits, standard normal scaled to a realistic peakedness."""
+    return torch.randn(case.B, case.K + 1, case.V, generator=g) * 3.0
+
+
+def _prefix_lengths(match: torch.Tensor) -> torch.Tensor:
+    return torch.cumprod(match.long(), dim=-1).sum(-1)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str) -> Callable:
+    """``torch.compile`` of a reference function, one compiled object per function (so the
+    cases share compiled graphs; ``dynamic=True`` avoids one compile per shape)."""
+    fn = {"verify_greedy": ref_greedy.verify_greedy,
+          "verify_sampling": ref_sampling.verify_sampling,
+          "accept_reject": ref_accept_reject.accept_reject,
+          "kv_compact_": ref_kv_cache.kv_compact_}[name]
+    return torch.compile(fn, dynamic=True)
+
+
+def _small_bytes(*tensors: torch.Tensor) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+# ----------------------------------------------------------------------------- setup per op
+def setup_verify_greedy(case: Case, device: torch.device) -> Bench:
+    """Greedy verification: ``sk.verify_greedy`` vs the reference (and its compiled form)."""
+    import specdec_kernels as sk
+
+    g = _generator(case)
+    logits32 = _logits(case, g)
+    dt = DTYPES[case.dtype]
+    logits = logits32.to(dt)
+    target = logits.float().argmax(-1)  # [B, K+1], as the op sees the rounded values
+    match = _matches(case, g)
+    drafts = torch.where(match, target[:, :-1], (target[:, :-1] + 1) % case.V)  # [B, K]
+    logits, drafts = logits.to(device), drafts.to(device)
+    nd = torch.full((case.B,), case.K, dtype=torch.int64, device=device)
+    n = ref_greedy.verify_greedy(logits, drafts, nd)[1]
+    esize = logits.element_size()
+    needed = int(((n + 1) * case.V).sum()) * esize + _small_bytes(drafts) + case.B * (
+        (case.K + 1) * 8 + 16)
+    fns = {
+        "triton": lambda: sk.verify_greedy(logits, drafts, backend="triton", validate=False),
+        "reference": lambda: ref_greedy.verify_greedy(logits, drafts, nd),
+        "torch_compile": lambda: _compiled("verify_greedy")(logits, drafts, nd),
+    }
+    return Bench(fns, needed, float(n.float().mean()))
+
+
+def _sampling_inputs(case: Case, g: torch.Generator):
+    """Logits, drafts and draft probabilities (or None) with acceptance ``case.acceptance``
+    (see the module docstring). Float32 on the host; cast and moved by the caller."""
+    B, K, V, a = case.B, case.K, case.V, case.acceptance
+    logits = _logits(case, g)  # [B, K+1, V]
+    match = _matches(case, g)  # [B, K]
+    if not case.draft_probs:
+        # p_j(x_j) = a: put logit log(a / (1 - a)) + logsumexp(others) on the draft token.
+        drafts = torch.randint(0, V, (B, K), generator=g)
+        rows = logits[:, :K]
+        others = rows.scatter(-1, drafts[..., None], float("-inf")).logsumexp(-1)  # [B, K]
+        a_ = min(max(a, 1e-6), 1 - 1e-6)
+        val = others + math.log(a_ / (1 - a_))
+        if a == 0:
+            val = others - 1e4
+        rows.scatter_(-1, drafts[..., None], val[..., None])
+        return logits, drafts, None
+    # q = a * p + (1 - a) * onehot(y) with p(y) = 0: a junk token y per position.
+    top = logits[:, :K].argmax(-1)  # [B, K]
+    junk = (top + 1 + torch.randint(0, V - 1, (B, K), generator=g)) % V
+    junk = torch.where(junk == top, (top + 1) % V, junk)
+    logits[:, :K].scatter_(-1, junk[..., None], -1e4)
+    p = logits[:, :K].softmax(-1)
+    q = a * p
+    q.scatter_add_(-1, junk[..., None], torch.full((B, K, 1), 1 - a))
+    drafts = torch.where(match, top, junk)
+    return logits, drafts, q / q.sum(-1, keepdim=True)
+
+
+def setup_verify_sampling(case: Case, device: torch.device) -> Bench:
+    """Rejection-sampling verification at temperature 1, with or without draft probabilities,
+    with or without top-k 50 / top-p 0.9."""
+    import specdec_kernels as sk
+
+    g = _generator(case)
+    dt = DTYPES[case.dtype]
+    logits32, drafts, q32 = _sampling_inputs(case, g)
+    logits, drafts = logits32.to(dt).to(device), drafts.to(device)
+    q = q32.to(dt).to(device) if q32 is not None else None
+    B, K, V = case.B, case.K, case.V
+    nd = torch.full((B,), K, dtype=torch.int64, device=device)
+    temp = torch.ones(B, dtype=torch.float32, device=device)
+    seeds = torch.arange(B, dtype=torch.int64, device=device) * 7919 + 12345
+    top_k = torch.full((B,), TOP_K, dtype=torch.int64, device=device) if case.top_k_top_p \
+        else None
+    top_p = torch.full((B,), TOP_P, dtype=torch.float32, device=device) if case.top_k_top_p \
+        else None
+    ref_args = (logits, drafts, q, nd, temp, top_k, top_p, seeds)
+    n = ref_sampling.verify_sampling(*ref_args)[1]
+    esize = logits.element_size()
+    needed = int(((n + 1) * V).sum()) * esize
+    if q is not None:
+        rejected = int((n < K).sum())
+        needed += rejected * V * q.element_size() + int(n.sum()) * q.element_size()
+    needed += _small_bytes(drafts, seeds, temp) + B * ((K + 1) * 8 + 16)
+    kw = dict(temperature=1.0, top_k=TOP_K if case.top_k_top_p else None,
+              top_p=TOP_P if case.top_k_top_p else None, seed=seeds, validate=False)
+    fns = {
+        "triton": lambda: sk.verify_sampling(logits, drafts, q, backend="triton", **kw),
+        "reference": lambda: ref_sampling.verify_sampling(*ref_args),
+        "torch_compile": lambda: _compiled("verify_sampling")(*ref_args),
+    }
+    skipped = {}
+    hf = hf_speculative_sampling()
+    if hf is None:
+        skipped["hf"] = "transformers' _speculative_sampling not found"
+    elif B != 1 or q is None or case.top_k_top_p:
+        skipped["hf"] = "applies to batch 1 with draft probabilities and no top-k/top-p only"
+    else:
+        cand = drafts.reshape(1, K)
+        q_logits = q.float().clamp_min(1e-30).log().to(dt)  # softmax(q_logits) == q
+        fns["hf"] = lambda: hf(cand, q_logits, K, logits)
+    return Bench(fns, needed, float(n.float().mean()), skipped)
+
+
+def setup_accept_reject(case: Case, device: torch.device) -> Bench:
+    """The Edifice prefix-match count over ``[B, K]`` token tensors."""
+    import specdec_kernels as sk
+
+    g = _generator(case)
+    verifier = torch.randint(0, 32000, (case.B, case.K), generator=g)
+    draft = torch.where(_matches(case, g), verifier, verifier + 1)
+    draft, verifier = draft.to(device), verifier.to(device)
+    n = ref_accept_reject.accept_reject(draft, verifier)
+    fns = {
+        "triton": lambda: sk.accept_reject(draft, verifier, backend="triton"),
+        "reference": lambda: ref_accept_reject.accept_reject(draft, verifier),
+        "torch_compile": lambda: _compiled("accept_reject")(draft, verifier),
+    }
+    return Bench(fns, _small_bytes(draft, verifier, n), float(n.float().mean()))
+
+
+def setup_kv_compact(case: Case, device: torch.device) -> Bench:
+    """Tree-verification compaction of a ``[L, 2, B, H, S, D]`` cache: each row keeps
+    ``accepted + 1`` of its ``K + 1`` candidate entries (a sorted random subset, as a path
+    through a token tree) and moves them to ``start .. start + keep - 1``."""
+    from specdec_kernels import _extension  # registers torch.ops.specdec.kv_compact_
+
+    g = _generator(case)
+    B, K = case.B, case.K
+    S = KV_PREFIX + K + 1
+    kv = torch.randn(KV_LAYERS, 2, B, KV_HEADS, S, KV_HEAD_DIM, generator=g).to(
+        DTYPES[case.dtype]).to(device)
+    keep = _prefix_lengths(_matches(case, g)) + 1  # [B] in 1..K+1
+    src = torch.full((B, K + 1), KV_PREFIX, dtype=torch.int64)
+    for b in range(B):
+        chosen = torch.randperm(K + 1, generator=g)[: int(keep[b])].sort().values
+        src[b, : len(chosen)] = KV_PREFIX + chosen
+    start = torch.full((B,), KV_PREFIX, dtype=torch.int64)
+    src, keep, start = src.to(device), keep.to(device), start.to(device)
+    moved = 2 * KV_LAYERS * int(keep.sum()) * KV_HEADS * KV_HEAD_DIM * kv.element_size()
+    needed = 2 * moved + _small_bytes(src, keep, start)
+    fns = {
+        "extension": lambda: torch.ops.specdec.kv_compact_(kv, src, keep, start),
+        "reference": lambda: ref_kv_cache.kv_compact_(kv, src, keep, start),
+        "torch_compile": lambda: _compiled("kv_compact_")(kv, src, keep, start),
+    }
+    skipped = {}
+    if not _extension.extension_available():
+        skipped["extension"] = "C++/CUDA extension not built: the op runs its PyTorch fallback"
+    return Bench(fns, needed, float((keep - 1).float().mean()), skipped)
+
+
+SETUP = {
+    "verify_greedy": setup_verify_greedy,
+    "verify_sampling": setup_verify_sampling,
+    "accept_reject": setup_accept_reject,
+    "kv_compact_": setup_kv_compact,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def hf_speculative_sampling() -> Callable | None:
+    """``transformers.generation.utils._speculative_sampling`` when it exists with the
+    ``(candidate_input_ids, candidate_logits, candidate_length, new_logits, ...)`` signature."""
+    try:
+        import inspect
+
+        from transformers.generation import utils
+    except ImportError:
+        return None
+    fn = getattr(utils, "_speculative_sampling", None)
+    if fn is None:
+        return None
+    params = list(inspect.signature(fn).parameters)
+    if params[:4] != ["candidate_input_ids", "candidate_logits", "candidate_length",
+                      "new_logits"]:
+        return None
+    return fn
+
+
+# ----------------------------------------------------------------------------- running
+def default_providers(device: torch.device) -> tuple[str, ...]:
+    """On CUDA every provider. On CPU the Triton kernels run in Triton's interpreter, which
+    times the interpreter, not the kernel: left out unless asked for."""
+    if device.type == "cuda":
+        return ("triton", "extension", "reference", "torch_compile", "hf")
+    return ("extension", "reference", "torch_compile", "hf")
+
+
+def run_case(case: Case, providers: tuple[str, ...], device: torch.device, *,
+             budget_s: float = 0.3, cuda_graph: bool = True, copy_gbs: float | None = None,
+             on_row: Callable[[dict], None] | None = None) -> list[dict]:
+    """Time every requested provider of ``case``; one result row per provider (skipped ones
+    carry ``skipped`` instead of timings)."""
+    from specdec_kernels.benchmarks.results import measure, timing_fields
+
+    bench = SETUP[case.op](case, device)
+    rows = []
+    for prov in PROVIDERS[case.op]:
+        if prov not in providers:
+            continue
+        row = {**asdict(case), "case": case.name, "provider": prov,
+               "bytes_needed": bench.bytes_needed,
+               "num_accepted_mean": round(bench.num_accepted_mean, 4)}
+        if prov in bench.skipped or prov not in bench.fns:
+            row["skipped"] = bench.skipped.get(prov, "not applicable")
+        else:
+            try:
+                t = measure(bench.fns[prov], device, budget_s=budget_s, cuda_graph=cuda_graph)
+            except Exception as exc:  # a provider that fails is reported, not fatal
+                row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            else:
+                row.update(timing_fields(t))
+                row["bandwidth_gbs"] = round(bench.bytes_needed / (t.median_ms * 1e-3) / 1e9, 3)
+                if copy_gbs:
+                    row["fraction_of_copy_bw"] = round(row["bandwidth_gbs"] / copy_gbs, 4)
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[str]:
+    """Lines comparing providers: per case, each provider's median and its ratio to the
+    package's own kernel (``triton``/``extension``) where both were timed."""
+    by_case: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    lines = []
+    for name, provs in by_case.items():
+        own = provs.get("triton") or provs.get("extension")
+        parts = []
+        for p, r in provs.items():
+            if "median_ms" not in r:
+                continue
+            s = f"{p} {r['median_ms']:.3f} ms ({r['bandwidth_gbs']:.1f} GB/s)"
+            if own is not None and "median_ms" in own and r is not own:
+                s += f" x{r['median_ms'] / own['median_ms']:.2f}"
+            parts.append(s)
+        lines.append(f"{name}: " + " | ".join(parts))
+    return lines
+
+
