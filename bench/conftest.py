@@ -50,3 +50,13 @@ def bench_providers(request, bench_device):
 
     chosen = request.config.getoption("--bench-providers")
     return tuple(chosen.split(",")) if chosen else ops.default_providers(bench_device)
+
+
+@pytest.fixture(scope="session")
+def smoke_grid(request):
+    return _grid(request.config) == "smoke"
+
+
+@pytest.fixture(scope="session")
+def explicit_providers(request):
+    return bool(request.config.getoption("--bench-providers"))

@@ -18,9 +18,14 @@ def _bench(case, device):
     return ops.SETUP[case.op](case, device)
 
 
-def test_op(benchmark, bench_case, provider, bench_device, bench_providers):
+def test_op(benchmark, bench_case, provider, bench_device, bench_providers, smoke_grid,
+            explicit_providers):
     if provider not in bench_providers:
         pytest.skip(f"provider {provider} not selected on {bench_device} (--bench-providers)")
+    if (provider == "torch_compile" and bench_device.type == "cpu" and smoke_grid
+            and bench_case.op not in ops.SMOKE_COMPILE_OPS and not explicit_providers):
+        pytest.skip("cold torch.compile of this reference is slow on CPU; name it in "
+                    "--bench-providers to include it")
     bench = _bench(bench_case, bench_device)
     if provider in bench.skipped or provider not in bench.fns:
         pytest.skip(bench.skipped.get(provider, "not applicable"))

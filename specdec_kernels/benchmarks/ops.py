@@ -360,6 +360,11 @@ def hf_speculative_sampling() -> Callable | None:
 
 
 # ----------------------------------------------------------------------------- running
+#: Ops whose ``torch_compile`` provider the CPU smoke grid keeps: a cold ``torch.compile`` of the
+#: sampling reference takes minutes on 2 cores, more than a CI smoke step should spend.
+SMOKE_COMPILE_OPS = ("verify_greedy", "accept_reject")
+
+
 def default_providers(device: torch.device) -> tuple[str, ...]:
     """On CUDA every provider. On CPU the Triton kernels run in Triton's interpreter, which
     times the interpreter, not the kernel: left out unless asked for."""
@@ -414,7 +419,7 @@ def summarize(rows: list[dict]) -> list[str]:
         for p, r in provs.items():
             if "median_ms" not in r:
                 continue
-            s = f"{p} {r['median_ms']:.3f} ms ({r['bandwidth_gbs']:.1f} GB/s)"
+            s = f"{p} {r['median_ms']:.4g} ms ({r['bandwidth_gbs']:.3g} GB/s)"
             if own is not None and "median_ms" in own and r is not own:
                 s += f" x{r['median_ms'] / own['median_ms']:.2f}"
             parts.append(s)
@@ -422,3 +427,41 @@ def summarize(rows: list[dict]) -> list[str]:
     return lines
 
 
+
+
+def check_gpu_targets(rows: list[dict], copy_gbs: float | None = None) -> list[str]:
+    """The issue's kernel targets over one run's rows, as ``PASS``/``MISS`` lines with figures:
+    the package's kernel at >= 70% of the copy bandwidth on bytes needed (B >= 64, V = 128256),
+    >= 3x faster than the ``torch.compile``d reference at the same shapes, and
+    ``verify_sampling`` with top-k/top-p within 1.5x of without. Pure Python: testable on CPU."""
+    timed = [r for r in rows if "median_ms" in r]
+    copy_gbs = copy_gbs or next((r.get("copy_bandwidth_gbs") for r in rows
+                                 if r.get("copy_bandwidth_gbs")), None)
+    key = ("op", "B", "K", "V", "dtype", "acceptance", "draft_probs", "top_k_top_p")
+    by = {(tuple(r[k] for k in key), r["provider"]): r for r in timed}
+    out = []
+
+    def mark(ok):
+        return "PASS" if ok else "MISS"
+
+    big = [r for r in timed if r["provider"] in ("triton",) and r["B"] >= 64 and r["V"] == 128256]
+    for r in sorted(big, key=lambda r: r["case"]):
+        frac = r["bandwidth_gbs"] / copy_gbs if copy_gbs else None
+        comp = by.get((tuple(r[k] for k in key), "torch_compile"))
+        speed = comp["median_ms"] / r["median_ms"] if comp else None
+        parts = [f"{r['case']}: {r['median_ms']:.4g} ms, {r['bandwidth_gbs']:.4g} GB/s"]
+        if frac is not None:
+            parts.append(f"{mark(frac >= 0.7)} {frac:.0%} of copy bandwidth (>= 70%)")
+        if speed is not None:
+            parts.append(f"{mark(speed >= 3)} {speed:.2f}x vs torch.compile (>= 3x)")
+        out.append(" | ".join(parts))
+    for r in sorted(timed, key=lambda r: r["case"]):
+        if r["op"] != "verify_sampling" or not r["top_k_top_p"] or r["provider"] != "triton":
+            continue
+        k = tuple(r[f] if f != "top_k_top_p" else False for f in key)
+        base = by.get((k, "triton"))
+        if base:
+            ratio = r["median_ms"] / base["median_ms"]
+            out.append(f"{mark(ratio <= 1.5)} {r['case']}: {ratio:.2f}x the time without "
+                       f"top-k/top-p (<= 1.5x)")
+    return out

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The GPU check of issue 5, in one accelerator session (about 8 minutes on one H200):
+#   1. build the CUDA extension in place,
+#   2. run the test suite's CUDA cases,
+#   3. run `specdec bench ops` on the GPU (triton.testing.do_bench, CUDA graphs where the op can
+#      be captured) over the "gpu" grid, write JSON + PNG, and check the kernel targets.
+# Everything (log, JSON, PNG, summary) goes to OUTDIR. Each step has its own time limit so a
+# slow step cannot eat the next one's; a failed step is logged and the script goes on.
+#
+# Usage: bench/gpu_check.sh OUTDIR        (from anywhere; PYTHON=... to pick the interpreter)
+#        BENCH_SECONDS=150 TEST_SECONDS=120 BUILD_SECONDS=200 to change the step limits.
+set -uo pipefail
+
+OUT="${1:?usage: bench/gpu_check.sh OUTDIR}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PYTHON="${PYTHON:-python}"
+BUILD_SECONDS="${BUILD_SECONDS:-200}"
+TEST_SECONDS="${TEST_SECONDS:-120}"
+BENCH_SECONDS="${BENCH_SECONDS:-150}"
+mkdir -p "${OUT}"
+OUT="$(cd "${OUT}" && pwd)"
+LOG="${OUT}/gpu_check.log"
+cd "${ROOT}"
+export PYTHONPATH="${ROOT}${PYTHONPATH:+:${PYTHONPATH}}"
+unset TRITON_INTERPRET  # compiled kernels on the GPU, never the interpreter
+
+status=0
+step() {  # step NAME SECONDS CMD...: run with a time limit, log it, remember a failure
+  local name="$1" secs="$2"; shift 2
+  echo "=== ${name} (limit ${secs} s): $*" | tee -a "${LOG}"
+  local t0=$SECONDS
+  timeout --kill-after=10 "${secs}" "$@" 2>&1 | tee -a "${LOG}"
+  local rc=${PIPESTATUS[0]}
+  echo "=== ${name}: exit ${rc} after $((SECONDS - t0)) s" | tee -a "${LOG}"
+  [[ ${rc} -eq 0 ]] || status=1
+  return 0
+}
+
+{
+  echo "gpu_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo none)"
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv || true
+  "${PYTHON}" -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__, 'device', torch.cuda.get_device_name(0))"
+} 2>&1 | tee "${LOG}"
+
+step build "${BUILD_SECONDS}" env MAX_JOBS="${MAX_JOBS:-16}" "${PYTHON}" setup.py build_ext --inplace
+step extension "30" "${PYTHON}" -c "import specdec_kernels as sk, torch; print('extension', sk.extension_available()); assert sk.extension_available(); print(torch.ops.specdec.kv_compact_)"
+step tests "${TEST_SECONDS}" "${PYTHON}" -m pytest tests -q -x -m "not slow" -k "cuda" -p no:cacheprovider
+step bench_ops "${BENCH_SECONDS}" "${PYTHON}" -m specdec_kernels.benchmarks ops --grid gpu --device cuda \
+  --budget 0.05 --max-seconds "$((BENCH_SECONDS - 30))" \
+  --json "${OUT}/ops_gpu.json" --plot "${OUT}/ops_gpu.png"
+step targets "60" "${PYTHON}" - "${OUT}/ops_gpu.json" <<'PY'
+import sys
+from specdec_kernels.benchmarks import ops, results
+rows = results.latest_run(results.load_rows(sys.argv[1]), "ops")
+print(f"run {rows[0]['run_id']} on {rows[0]['machine'].get('gpu')}, commit {rows[0]['commit']}, "
+      f"copy bandwidth {rows[0].get('copy_bandwidth_gbs')} GB/s")
+for line in ops.check_gpu_targets(rows):
+    print(line)
+PY
+grep -E "^(PASS|MISS)|copy bandwidth" "${LOG}" > "${OUT}/targets.txt" || true
+echo "gpu_check done: status ${status}; results in ${OUT}" | tee -a "${LOG}"
+exit ${status}
