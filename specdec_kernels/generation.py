@@ -179,9 +179,10 @@ class SpeculativeGenerator:
         A cheaper model with the same vocabulary, dtype and device, or ``"ngram"`` for
         prompt-lookup drafting (no model).
     num_speculative_tokens : int or "auto"
-        Draft tokens per pass ``K >= 1``, or ``"auto"``: per row, the ``K <= max_speculative_tokens``
-        that maximises expected tokens per unit of cost (see :mod:`specdec_kernels.adaptive`),
-        from the row's measured acceptance and the measured draft/target cost ratio.
+        Draft tokens per pass ``K >= 1``, or ``"auto"``: per row, the
+        ``K <= max_speculative_tokens`` that maximises expected tokens per unit of cost (see
+        :mod:`specdec_kernels.adaptive`), from the row's measured acceptance and the measured
+        draft/target cost ratio.
     max_speculative_tokens : int
         Upper bound of ``K`` for ``"auto"`` (default 8).
     cost_ratio : float, optional
@@ -312,12 +313,16 @@ class SpeculativeGenerator:
             dcache.advance((st.seq_len - 2).clamp_min(0))
         done_now = [lens[b] >= min(lens[b] + max_new_tokens, ctx) for b in range(B)]
         host_max_len, k_loop = mx, K
+        live = list(range(B))  # host copy of st.ids
+        finished_tokens = 0  # generated tokens of rows already collected
 
         while True:
             if any(done_now):  # drop finished rows (and their cache rows)
                 keep = [i for i, d in enumerate(done_now) if not d]
                 gone = [i for i, d in enumerate(done_now) if d]
                 self._collect(st, gone, lens, results)
+                finished_tokens += sum(len(results[live[i]][1]) for i in gone)
+                live = [live[i] for i in keep]
                 if not keep:
                     break
                 keep_t = torch.tensor(keep, device=dev)
@@ -385,7 +390,8 @@ class SpeculativeGenerator:
             done_now, host_max_len = [bool(d) for d in host[0]], max(host[1])
             k_loop = max(1, max(host[2]))
             if progress is not None:
-                progress(sum(host[1]) - sum(lens[i] for i in st.ids.tolist()), len(host[0]))
+                progress(finished_tokens + sum(host[1]) - sum(lens[i] for i in live),
+                         len(live))
 
         stats.wall_seconds = time.perf_counter() - start
         h = hist.tolist()

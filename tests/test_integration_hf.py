@@ -19,6 +19,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models here are tiny: one thread is faster, and the CI machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def gpt2_pair(n_positions=64, seed=0):
     """A 3-layer GPT-2 target and a 1-layer draft holding the target's embeddings, first layer,
     final norm and (untied) head: acceptance between 0 and 1. Float64: no argmax near-ties."""
@@ -31,9 +40,9 @@ def gpt2_pair(n_positions=64, seed=0):
         if p.dim() >= 2:
             p.data.mul_(2.0)
     draft = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, **cfg))
-    draft.load_state_dict({k: v for k, v in target.state_dict().items()
-                           if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")},
-                          strict=False)
+    shared = {k: v for k, v in target.state_dict().items()
+              if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")}
+    draft.load_state_dict(shared, strict=False)
     return target.double().eval(), draft.double().eval()
 
 

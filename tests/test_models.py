@@ -14,6 +14,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models here are tiny: one thread is faster, and the CI machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def assert_close_verbose(actual, expected, atol, rtol, what=""):
     """torch.testing.assert_close, printing the first mismatching indices."""
     bad = ~torch.isclose(actual, expected, atol=atol, rtol=rtol)
@@ -37,7 +46,8 @@ def test_build_shapes(batch, seq, embed_dim):
 
 def test_build_defaults():
     draft, verifier = sk.build(embed_dim=16)
-    assert (draft.config.hidden_size, draft.config.num_layers, draft.config.num_heads) == (128, 2, 2)
+    assert (draft.config.hidden_size, draft.config.num_layers,
+            draft.config.num_heads) == (128, 2, 2)
     assert (verifier.config.hidden_size, verifier.config.num_layers,
             verifier.config.num_heads) == (512, 8, 8)
     assert sk.output_size() == 512

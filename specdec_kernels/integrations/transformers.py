@@ -124,7 +124,8 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
     >>> out = speculative_generate(target, draft, **batch, max_new_tokens=32)  # doctest: +SKIP
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty [B, T] tensor, got {list(input_ids.shape)}")
+        raise ValueError(f"input_ids must be a non-empty [B, T] tensor, got "
+                         f"{list(input_ids.shape)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
@@ -185,7 +186,8 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
                                 device=dev)
             if len(keep) == 0:
                 break
-            rows, cur, pos, x0, x0_valid = rows[keep], cur[keep], pos[keep], x0[keep], x0_valid[keep]
+            rows, cur, pos = rows[keep], cur[keep], pos[keep]
+            x0, x0_valid = x0[keep], x0_valid[keep]
             for s in (t, d):
                 s.select(keep)
         b = len(rows)
