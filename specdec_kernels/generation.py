@@ -292,6 +292,8 @@ class SpeculativeGenerator:
                    limit=torch.tensor([min(n + max_new_tokens, ctx) for n in lens], device=dev),
                    num_draft=torch.full((B,), K, dtype=torch.int64, device=dev))
         tracker = AcceptanceTracker.new(B, dev)
+        if self.auto:  # the prior's choice until acceptance is measured
+            st.num_draft = best_num_draft_tokens(tracker.alpha(), self._cost, K)
         hist = torch.zeros(K + 1, dtype=torch.int64, device=dev)
         accepted = torch.zeros((), dtype=torch.int64, device=dev)
         drafted = torch.zeros((), dtype=torch.int64, device=dev)
@@ -312,7 +314,7 @@ class SpeculativeGenerator:
                                          mx - 2)
             dcache.advance((st.seq_len - 2).clamp_min(0))
         done_now = [lens[b] >= min(lens[b] + max_new_tokens, ctx) for b in range(B)]
-        host_max_len, k_loop = mx, K
+        host_max_len, k_loop = mx, max(1, int(st.num_draft.max()))
         live = list(range(B))  # host copy of st.ids
         finished_tokens = 0  # generated tokens of rows already collected
 

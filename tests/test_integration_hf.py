@@ -85,7 +85,7 @@ def new_tokens(out, T, eos):
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
-@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("k", [1, 4, 8, "auto"])
 def test_greedy_lossless_left_padded(pair, batch, k):
     target, draft = pair
     ids, mask = left_padded(batch)
@@ -162,6 +162,10 @@ def test_bad_input(pair):
     ids, mask = left_padded(2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         speculative_generate(target, draft, ids, mask, max_new_tokens=0)
+    for k in (0, "fast", True):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            speculative_generate(target, draft, ids, mask, max_new_tokens=3,
+                                 num_speculative_tokens=k)
     with pytest.raises(ValueError, match="left-padded"):
         speculative_generate(target, draft, ids, mask.flip(1), max_new_tokens=3)
     with pytest.raises(ValueError, match="outside"):
