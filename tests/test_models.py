@@ -164,3 +164,17 @@ def test_bad_config():
         CausalLMConfig(n_embd=10, n_head=3)
     with pytest.raises(ValueError, match="activation"):
         CausalLMConfig(activation_function="swish2")
+
+
+@pytest.mark.parametrize("module", ["specdec_kernels.models.decoder",
+                                    "specdec_kernels.models.causal_lm",
+                                    "specdec_kernels.models.bundled",
+                                    "specdec_kernels.generation", "specdec_kernels.adaptive",
+                                    "specdec_kernels.ngram"])
+def test_docstring_examples(module):
+    """The ``>>>`` examples in the docstrings run and print what they show."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
