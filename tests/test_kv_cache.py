@@ -392,6 +392,24 @@ def test_kvcache_bad_input_raises_and_leaves_cache_unchanged(impl):
     assert cache.lengths is lengths
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_without_validation_never_syncs_and_clamps(impl, device):
+    """validate=False: same results for valid input; lengths clamped to [0, max_seq_len]."""
+    cache = sk.KVCache(2, 2, 3, 4, 6, device=device)
+    k = random_values((2, 3, 4, 4), torch.float32, device)
+    cache.write(0, k, -k, validate=False)
+    cache.advance(torch.tensor([4, 2], device=device), validate=False)
+    cache.compact(torch.tensor([[3, 1], [0, 0]], device=device),
+                  torch.tensor([2, 1], device=device), torch.tensor([1, 1], device=device),
+                  validate=False)
+    assert cache.lengths.tolist() == [3, 2]
+    assert_same(cache.key(0)[0, :, :3], k[0, :, [0, 3, 1]], "row 0")
+    cache.rollback(torch.tensor([5, 1], device=device), validate=False)
+    assert cache.lengths.tolist() == [0, 1]
+    cache.advance(9, validate=False)
+    assert cache.lengths.tolist() == [6, 6]
+
+
 def test_kvcache_constructor_rejects_bad_sizes():
     with pytest.raises(ValueError, match="max_seq_len must be an int >= 1"):
         sk.KVCache(1, 1, 1, 1, 0)
