@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
 from specdec_kernels._extension import extension_available, force_fallback
@@ -35,8 +36,6 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str = "") ->
 def implementation(name: str):
     """``"native"``: the extension's kernels (skips the test where it is not built);
     ``"fallback"``: the pure-PyTorch fallback, forced."""
-    import pytest
-
     if name == "native":
         if not extension_available():
             pytest.skip("specdec_kernels._C is not built")
