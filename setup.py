@@ -47,13 +47,16 @@ def _extensions():
         and torch.version.cuda is not None
         and cpp_extension.CUDA_HOME is not None
     )
-    cxx_flags = ["-O3", "-std=c++17"]
+    # torch >= 2.10 headers are C++20; older ones C++17.
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    std = "-std=c++20" if (major, minor) >= (2, 10) else "-std=c++17"
+    cxx_flags = ["-O3", std]
     define_macros = []
     if sys.platform != "win32":
         cxx_flags.append("-fopenmp")
     if use_cuda:
         define_macros.append(("SPECDEC_WITH_CUDA", None))
-        nvcc_flags = ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]
+        nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr"]
         ext = cpp_extension.CUDAExtension(
             "specdec_kernels._C",
             sources=cpp_sources + cu_sources,

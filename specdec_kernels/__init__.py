@@ -31,6 +31,8 @@ from specdec_kernels.verification import (  # noqa: E402  # noqa: E402
     verify_greedy,
     verify_sampling,
 )
+from specdec_kernels._extension import extension_available
+from specdec_kernels.kv_cache import KVCache, PagedKVCache
 
 __version__ = "0.1.0"
 
@@ -39,4 +41,7 @@ __all__ = [
     "accept_reject",
     "verify_greedy",
     "verify_sampling",
+    "KVCache",
+    "PagedKVCache",
+    "extension_available",
 ]

@@ -1,0 +1,46 @@
+// The one binding file of specdec_kernels._C: the op schemas (namespace `specdec`, a fragment so
+// that the Python-registered verification ops of the same namespace coexist) and the CPU / CUDA
+// kernels registered for them. Fake (meta) kernels are registered from Python
+// (specdec_kernels/_extension.py), where the pure-PyTorch fallback also lives.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "kv_cache.h"
+
+// Importing specdec_kernels._C runs the registrations below; the module itself is empty.
+extern "C" {
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C",
+                                          "specdec_kernels C++/CUDA ops (torch.ops.specdec.*)",
+                                          -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+// Keep in sync with specdec_kernels/_extension.py::SCHEMAS (a test compares them).
+TORCH_LIBRARY_FRAGMENT(specdec, m) {
+  m.def("kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
+        "Tensor offsets) -> ()");
+  m.def("kv_compact_(Tensor(a!) kv_cache, Tensor src_positions, Tensor num_keep, "
+        "Tensor start) -> ()");
+  m.def("paged_kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
+        "Tensor block_tables, Tensor offsets) -> ()");
+  m.def("paged_kv_compact_(Tensor(a!) kv_cache, Tensor block_tables, Tensor src_positions, "
+        "Tensor num_keep, Tensor start) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(specdec, CPU, m) {
+  m.impl("kv_write_", &specdec::kv_write_cpu);
+  m.impl("kv_compact_", &specdec::kv_compact_cpu);
+  m.impl("paged_kv_write_", &specdec::paged_kv_write_cpu);
+  m.impl("paged_kv_compact_", &specdec::paged_kv_compact_cpu);
+}
+
+#ifdef SPECDEC_WITH_CUDA
+TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
+  m.impl("kv_write_", &specdec::kv_write_cuda);
+  m.impl("kv_compact_", &specdec::kv_compact_cuda);
+  m.impl("paged_kv_write_", &specdec::paged_kv_write_cuda);
+  m.impl("paged_kv_compact_", &specdec::paged_kv_compact_cuda);
+}
+#endif

@@ -1,0 +1,241 @@
+"""Pure-PyTorch reference of the KV-cache ops: the specification, the CPU/CUDA fallback where the
+C++ extension is not built, and the oracle of the tests and benchmarks.
+
+Every function mutates ``kv_cache`` in place and returns ``None``, exactly like the C++/CUDA ops
+``torch.ops.specdec.<name>`` of ``csrc/`` (same argument names, order and semantics). The ops are
+pure copies, so the three implementations agree bit for bit.
+
+Layouts
+-------
+- contiguous cache (:class:`~specdec_kernels.KVCache`): ``kv_cache`` is ``[L, 2, B, H, S, D]``
+  (layer, K/V, row, head, position, head dim); position ``p`` of row ``b`` is
+  ``kv_cache[:, :, b, :, p]``.
+- paged cache (:class:`~specdec_kernels.PagedKVCache`): ``kv_cache`` is
+  ``[L, 2, num_blocks, H, block_size, D]`` (FlashInfer's ``HND`` pages); position ``p`` of row
+  ``b`` is ``kv_cache[:, :, block_tables[b, p // block_size], :, p % block_size]``.
+
+Values are not validated here (positions must exist; the cache classes check them first): the
+functions never synchronise with the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "kv_write_",
+    "kv_compact_",
+    "paged_kv_write_",
+    "paged_kv_compact_",
+    "check_write",
+    "check_compact",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata checks: the same as csrc/kv_cache_checks.h (also used by the fake kernels).
+def _check_cache(op: str, kv_cache: torch.Tensor) -> None:
+    if kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
+        raise ValueError(f"{op}: kv_cache must be 6-d [L, 2, R, H, P, D], "
+                         f"got {list(kv_cache.shape)}")
+    if kv_cache.stride(5) != 1 and kv_cache.shape[5] != 1:
+        raise ValueError(f"{op}: kv_cache's last dim must be contiguous (stride 1), "
+                         f"got strides {list(kv_cache.stride())}")
+
+
+def _check_index(op: str, name: str, t: torch.Tensor, dim: int, dtype: torch.dtype,
+                 kv_cache: torch.Tensor, rows: int | None = None, rows_from: str = "") -> None:
+    if t.dim() != dim:
+        raise ValueError(f"{op}: {name} must be {dim}-d, got shape {list(t.shape)}")
+    if t.dtype != dtype:
+        raise ValueError(f"{op}: {name} must be {dtype}, got {t.dtype}")
+    if t.device != kv_cache.device:
+        raise ValueError(f"{op}: {name} is on {t.device} but kv_cache is on {kv_cache.device}")
+    if rows is not None and t.shape[0] != rows:
+        raise ValueError(f"{op}: {name} has shape {list(t.shape)} but {rows_from} has "
+                         f"{rows} rows")
+
+
+def _rows(kv_cache: torch.Tensor, block_tables: torch.Tensor | None) -> tuple[int, str]:
+    if block_tables is None:
+        return kv_cache.shape[2], "kv_cache (dim 2)"
+    return block_tables.shape[0], "block_tables"
+
+
+def check_write(op: str, kv_cache: torch.Tensor, layer: int, key: torch.Tensor,
+                value: torch.Tensor, block_tables: torch.Tensor | None,
+                offsets: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless the arguments of a (paged) write have the right metadata."""
+    _check_cache(op, kv_cache)
+    L, _, _, H, _, D = kv_cache.shape
+    if not 0 <= layer < L:
+        raise ValueError(f"{op}: layer {layer} is outside [0, {L}) for kv_cache of shape "
+                         f"{list(kv_cache.shape)}")
+    if block_tables is not None:
+        _check_index(op, "block_tables", block_tables, 2, torch.int32, kv_cache)
+    B, rows_from = _rows(kv_cache, block_tables)
+    for name, t in (("key", key), ("value", value)):
+        if t.dim() != 4:
+            raise ValueError(f"{op}: {name} must be 4-d [B, H, T, D], got shape {list(t.shape)}")
+        if t.shape[0] != B or t.shape[1] != H or t.shape[3] != D:
+            raise ValueError(f"{op}: {name} must have shape [B, H, T, D] = [{B}, {H}, T, {D}] "
+                             f"to match kv_cache of shape {list(kv_cache.shape)} and {rows_from}, "
+                             f"got {list(t.shape)}")
+        if t.dtype != kv_cache.dtype:
+            raise ValueError(f"{op}: {name} is {t.dtype} but kv_cache is {kv_cache.dtype}")
+        if t.device != kv_cache.device:
+            raise ValueError(f"{op}: {name} is on {t.device} but kv_cache is on "
+                             f"{kv_cache.device}")
+        if t.stride(3) != 1 and D != 1:
+            raise ValueError(f"{op}: {name}'s last dim must be contiguous (stride 1), "
+                             f"got strides {list(t.stride())}")
+    if key.shape != value.shape:
+        raise ValueError(f"{op}: key and value must have the same shape, got "
+                         f"{list(key.shape)} and {list(value.shape)}")
+    _check_index(op, "offsets", offsets, 1, torch.int64, kv_cache, B, rows_from)
+
+
+def check_compact(op: str, kv_cache: torch.Tensor, block_tables: torch.Tensor | None,
+                  src_positions: torch.Tensor, num_keep: torch.Tensor,
+                  start: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless the arguments of a (paged) compact have the right metadata."""
+    _check_cache(op, kv_cache)
+    if block_tables is not None:
+        _check_index(op, "block_tables", block_tables, 2, torch.int32, kv_cache)
+    B, rows_from = _rows(kv_cache, block_tables)
+    _check_index(op, "src_positions", src_positions, 2, torch.int64, kv_cache, B, rows_from)
+    _check_index(op, "num_keep", num_keep, 1, torch.int64, kv_cache, B, rows_from)
+    _check_index(op, "start", start, 1, torch.int64, kv_cache, B, rows_from)
+
+
+# --------------------------------------------------------------------------------------------
+# Addressing: (row b, position p) -> (index into dim 2 of kv_cache, index into dim 4).
+def _slots(kv_cache: torch.Tensor, block_tables: torch.Tensor | None, rows: torch.Tensor,
+           positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if block_tables is None:
+        return rows, positions
+    block_size = kv_cache.shape[4]
+    blocks = block_tables[rows, positions // block_size].long()
+    return blocks, positions % block_size
+
+
+def _write(kv_cache, layer, key, value, block_tables, offsets) -> None:
+    B, _, T, _ = key.shape
+    if B == 0 or T == 0:
+        return
+    positions = offsets[:, None] + torch.arange(T, device=offsets.device)  # [B, T]
+    rows = torch.arange(B, device=offsets.device)[:, None].expand(B, T)    # [B, T]
+    r, s = _slots(kv_cache, block_tables, rows, positions)
+    for kv, src in ((0, key), (1, value)):
+        # [R, P, H, D] view of one layer's K or V; index_put_ writes through it.
+        kv_cache[layer, kv].permute(0, 2, 1, 3).index_put_((r, s), src.permute(0, 2, 1, 3))
+
+
+def _compact(kv_cache, block_tables, src_positions, num_keep, start) -> None:
+    B, P = src_positions.shape
+    if B == 0 or P == 0:
+        return
+    device = src_positions.device
+    i = torch.arange(P, device=device)
+    keep = (i < num_keep[:, None]).flatten()                       # [B*P]
+    rows = torch.arange(B, device=device).repeat_interleave(P)     # [B*P]
+    src = src_positions.flatten()
+    dst = (start[:, None] + i).flatten()
+    # Entries past num_keep[b] are not moved. To stay free of host synchronisation (no boolean
+    # indexing), they are redirected onto the first kept entry of the batch -- a duplicate copy
+    # of the same value, harmless -- or, when nothing is kept at all, onto a copy of position 0
+    # of row 0 onto itself.
+    first = keep.to(torch.int32).argmax()
+    any_keep = keep.any()
+    zero = torch.zeros((), dtype=torch.int64, device=device)
+    rows = torch.where(keep, rows, torch.where(any_keep, rows[first], zero))
+    src = torch.where(keep, src, torch.where(any_keep, src[first], zero))
+    dst = torch.where(keep, dst, torch.where(any_keep, dst[first], zero))
+    view = kv_cache.permute(2, 4, 0, 1, 3, 5)                      # [R, P, L, 2, H, D]
+    staged = view[_slots(kv_cache, block_tables, rows, src)]      # gather first: overlap-safe
+    view.index_put_(_slots(kv_cache, block_tables, rows, dst), staged)
+
+
+# --------------------------------------------------------------------------------------------
+def kv_write_(kv_cache: torch.Tensor, layer: int, key: torch.Tensor, value: torch.Tensor,
+              offsets: torch.Tensor) -> None:
+    """Write ``T`` new K/V entries per row at per-row offsets, in place.
+
+    ``kv_cache[layer, 0, b, h, offsets[b] + t] = key[b, h, t]`` and likewise ``value`` into
+    ``kv_cache[layer, 1]``, for ``t < T``. Copies ``2 * B * H * T * D`` elements.
+
+    Parameters
+    ----------
+    kv_cache : Tensor
+        ``[L, 2, B, H, S, D]``, any dtype, last dim contiguous. Mutated.
+    layer : int
+        Layer to write, ``0 <= layer < L``.
+    key, value : Tensor
+        ``[B, H, T, D]``, ``kv_cache``'s dtype and device, last dim contiguous.
+    offsets : Tensor
+        ``[B]`` int64; ``0 <= offsets[b]`` and ``offsets[b] + T <= S`` (not checked here).
+
+    Examples
+    --------
+    >>> cache = torch.zeros(1, 2, 2, 1, 4, 1)
+    >>> k = torch.tensor([1.0, 2.0]).view(2, 1, 1, 1)
+    >>> kv_write_(cache, 0, k, -k, torch.tensor([3, 0]))
+    >>> cache[0, 0, :, 0, :, 0]
+    tensor([[0., 0., 0., 1.],
+            [2., 0., 0., 0.]])
+    """
+    check_write("kv_write_", kv_cache, layer, key, value, None, offsets)
+    _write(kv_cache, layer, key, value, None, offsets)
+
+
+def kv_compact_(kv_cache: torch.Tensor, src_positions: torch.Tensor, num_keep: torch.Tensor,
+                start: torch.Tensor) -> None:
+    """Move each row's kept entries to a contiguous run, in place, in every layer, K and V.
+
+    For every row ``b`` and ``i < num_keep[b]``: position ``start[b] + i`` receives the entry
+    that was at ``src_positions[b, i]`` before the call. All sources are read before any
+    destination is written, so overlapping ranges and unsorted sources are fine. Copies
+    ``2 * L * sum(num_keep) * H * D`` elements (gathered, then scattered).
+
+    Parameters
+    ----------
+    kv_cache : Tensor
+        ``[L, 2, B, H, S, D]``. Mutated.
+    src_positions : Tensor
+        ``[B, P]`` int64; entries ``i >= num_keep[b]`` are ignored.
+    num_keep : Tensor
+        ``[B]`` int64, ``0 <= num_keep[b] <= P``.
+    start : Tensor
+        ``[B]`` int64, first destination position of each row.
+
+    Examples
+    --------
+    >>> cache = torch.arange(5.0).view(1, 1, 1, 1, 5, 1).repeat(1, 2, 1, 1, 1, 1)
+    >>> kv_compact_(cache, torch.tensor([[4, 2]]), torch.tensor([2]), torch.tensor([1]))
+    >>> cache[0, 0, 0, 0, :, 0]
+    tensor([0., 4., 2., 3., 4.])
+    """
+    check_compact("kv_compact_", kv_cache, None, src_positions, num_keep, start)
+    _compact(kv_cache, None, src_positions, num_keep, start)
+
+
+def paged_kv_write_(kv_cache: torch.Tensor, layer: int, key: torch.Tensor, value: torch.Tensor,
+                    block_tables: torch.Tensor, offsets: torch.Tensor) -> None:
+    """:func:`kv_write_` for a paged cache ``[L, 2, num_blocks, H, block_size, D]``.
+
+    Position ``p`` of row ``b`` lives in block ``block_tables[b, p // block_size]`` (``[B,
+    max_blocks]`` int32), slot ``p % block_size``; every block the write touches must be owned.
+    """
+    check_write("paged_kv_write_", kv_cache, layer, key, value, block_tables, offsets)
+    _write(kv_cache, layer, key, value, block_tables, offsets)
+
+
+def paged_kv_compact_(kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                      src_positions: torch.Tensor, num_keep: torch.Tensor,
+                      start: torch.Tensor) -> None:
+    """:func:`kv_compact_` for a paged cache, addressed through ``block_tables``.
+
+    Rows must not share blocks.
+    """
+    check_compact("paged_kv_compact_", kv_cache, block_tables, src_positions, num_keep, start)
+    _compact(kv_cache, block_tables, src_positions, num_keep, start)

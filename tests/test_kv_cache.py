@@ -1,0 +1,573 @@
+"""KV-cache rollback: the C++/CUDA ops against the pure-PyTorch reference (bit for bit), the
+ops' registration (opcheck, schemas, fallback), and the KVCache / PagedKVCache classes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specdec_kernels as sk
+from specdec_kernels import _extension
+from specdec_kernels.reference import kv_cache as ref
+from kv_helpers import (DEVICES, assert_same, compaction, disjoint_block_tables, implementation,
+                        random_values)
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+IMPLS = ["native", "fallback"]
+# (L, B, H, S, D): heads and head dims that are not powers of two, and a single-everything case.
+CACHE_SHAPES = [(2, 3, 5, 17, 7), (1, 1, 1, 1, 1), (3, 4, 3, 37, 96), (2, 2, 8, 33, 128)]
+# (L, B, H, block_size, blocks_per_row, D): odd block sizes so runs cross block boundaries.
+PAGED_SHAPES = [(2, 3, 5, 3, 4, 7), (1, 1, 1, 1, 3, 1), (3, 4, 3, 5, 5, 96), (2, 2, 8, 16, 3, 128)]
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request):
+    with implementation(request.param):
+        yield request.param
+
+
+def _native_or_skip():
+    if not sk.extension_available():
+        pytest.skip("specdec_kernels._C is not built")
+
+
+# ============================================================================================
+# Ops: C++ kernel vs reference, bit for bit
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", CACHE_SHAPES)
+@pytest.mark.parametrize("strided", [False, True])
+def test_kv_write_matches_reference(shape, dtype, strided):
+    _native_or_skip()
+    L, B, H, S, D = shape
+    T = max(1, S // 3)
+    cache = random_values((L, 2, B, H, S, D), dtype)
+    if strided:  # [B, T, H, D] transposed: strided B, H, T dims, last dim contiguous
+        k = random_values((B, T, H, D), dtype).transpose(1, 2)
+        v = random_values((B, T, H, D), dtype).transpose(1, 2)
+    else:
+        k, v = random_values((B, H, T, D), dtype), random_values((B, H, T, D), dtype)
+    offsets = torch.randint(0, S - T + 1, (B,))
+    expected = cache.clone()
+    ref.kv_write_(expected, L - 1, k, v, offsets)
+    torch.ops.specdec.kv_write_(cache, L - 1, k, v, offsets)
+    assert_same(cache, expected, "kv_write_")
+    b = B - 1  # spot-check the reference itself
+    assert_same(expected[L - 1, 0, b, :, offsets[b]:offsets[b] + T], k[b], "reference write")
+
+
+@pytest.mark.parametrize("kind", ["random", "reverse", "shift", "same"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", CACHE_SHAPES)
+def test_kv_compact_matches_reference(shape, dtype, kind):
+    _native_or_skip()
+    L, B, H, S, D = shape
+    cache = random_values((L, 2, B, H, S, D), dtype)
+    src, keep, start = compaction(B, S, max_keep=min(S, 9), kind=kind)
+    expected = cache.clone()
+    ref.kv_compact_(expected, src, keep, start)
+    torch.ops.specdec.kv_compact_(cache, src, keep, start)
+    assert_same(cache, expected, f"kv_compact_ ({kind})")
+    # The reference against the definition, row by row: the old entries, in order.
+    before = cache.clone()
+    after = cache.clone()
+    ref.kv_compact_(after, src, keep, start)
+    for b in range(B):
+        n, s = int(keep[b]), int(start[b])
+        assert_same(after[:, :, b, :, s:s + n], before[:, :, b, :, src[b, :n]], f"row {b}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", PAGED_SHAPES)
+def test_paged_kv_write_matches_reference(shape, dtype):
+    _native_or_skip()
+    L, B, H, BS, per_row, D = shape
+    NB = B * per_row + 2
+    cache = random_values((L, 2, NB, H, BS, D), dtype)
+    tables = disjoint_block_tables(B, per_row, per_row + 1, NB)
+    capacity = per_row * BS
+    T = max(1, capacity // 2)
+    k, v = random_values((B, H, T, D), dtype), random_values((B, H, T, D), dtype)
+    offsets = torch.randint(0, capacity - T + 1, (B,))
+    expected = cache.clone()
+    ref.paged_kv_write_(expected, 0, k, v, tables, offsets)
+    torch.ops.specdec.paged_kv_write_(cache, 0, k, v, tables, offsets)
+    assert_same(cache, expected, "paged_kv_write_")
+    for t in range(T):  # the reference against the definition
+        p = int(offsets[0]) + t
+        blk = int(tables[0, p // BS])
+        assert_same(expected[0, 1, blk, :, p % BS], v[0, :, t], f"row 0 position {p}")
+
+
+@pytest.mark.parametrize("kind", ["random", "reverse", "shift"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", PAGED_SHAPES)
+def test_paged_kv_compact_matches_reference(shape, dtype, kind):
+    _native_or_skip()
+    L, B, H, BS, per_row, D = shape
+    NB = B * per_row + 2
+    cache = random_values((L, 2, NB, H, BS, D), dtype)
+    tables = disjoint_block_tables(B, per_row, per_row + 2, NB)
+    src, keep, start = compaction(B, per_row * BS, max_keep=min(per_row * BS, 11), kind=kind)
+    expected = cache.clone()
+    ref.paged_kv_compact_(expected, tables, src, keep, start)
+    torch.ops.specdec.paged_kv_compact_(cache, tables, src, keep, start)
+    assert_same(cache, expected, f"paged_kv_compact_ ({kind})")
+
+
+def test_compact_nothing_kept_is_a_no_op(impl):
+    cache = random_values((2, 2, 3, 2, 6, 4), torch.float32)
+    before = cache.clone()
+    src = torch.full((3, 4), -1)
+    torch.ops.specdec.kv_compact_(cache, src, torch.zeros(3, dtype=torch.int64),
+                                  torch.tensor([0, 5, 2]))
+    assert_same(cache, before, "kv_compact_ with num_keep = 0")
+    paged = random_values((1, 2, 4, 2, 3, 4), torch.float32)
+    before = paged.clone()
+    tables = torch.tensor([[-1, -1], [2, 0]], dtype=torch.int32)
+    torch.ops.specdec.paged_kv_compact_(paged, tables, torch.zeros(2, 3, dtype=torch.int64),
+                                        torch.zeros(2, dtype=torch.int64),
+                                        torch.zeros(2, dtype=torch.int64))
+    assert_same(paged, before, "paged_kv_compact_ with num_keep = 0")
+
+
+def test_native_ops_reject_bad_values():
+    """The C++ CPU op checks values itself (cheap on the host) and names the row."""
+    _native_or_skip()
+    cache = torch.zeros(1, 2, 2, 1, 5, 3)
+    k = torch.ones(2, 1, 2, 3)
+    with pytest.raises(ValueError, match=r"row 1: write positions \[4, 6\) are outside \[0, 5\)"):
+        torch.ops.specdec.kv_write_(cache, 0, k, k, torch.tensor([0, 4]))
+    with pytest.raises(ValueError, match="row 0: num_keep 3 is outside"):
+        torch.ops.specdec.kv_compact_(cache, torch.zeros(2, 2, dtype=torch.int64),
+                                      torch.tensor([3, 0]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match="row 0: source positions \\[7, 8\\)"):
+        torch.ops.specdec.kv_compact_(cache, torch.tensor([[7], [0]]), torch.tensor([1, 0]),
+                                      torch.tensor([0, 0]))
+    paged = torch.zeros(1, 2, 3, 1, 2, 3)
+    tables = torch.tensor([[0, -1], [1, 2]], dtype=torch.int32)
+    with pytest.raises(ValueError, match="row 0: write positions \\[1, 3\\) need block-table "
+                                         "entry 1, which is -1"):
+        torch.ops.specdec.paged_kv_write_(paged, 0, k, k, tables, torch.tensor([1, 0]))
+    assert not cache.any() and not paged.any()
+
+
+@pytest.mark.parametrize("impl_name", IMPLS)
+def test_ops_reject_bad_metadata(impl_name):
+    """Shape / dtype / device / layer mismatches raise ValueError naming the argument."""
+    with implementation(impl_name):
+        cache = torch.zeros(2, 2, 3, 4, 8, 5)
+        k = torch.zeros(3, 4, 2, 5)
+        off = torch.zeros(3, dtype=torch.int64)
+        cases = [
+            (("kv_write_", cache, 2, k, k, off), "layer 2 is outside"),
+            (("kv_write_", cache, 0, k[:, :3], k[:, :3], off),
+             r"key must have shape \[B, H, T, D\]"),
+            (("kv_write_", cache, 0, k.half(), k.half(), off), "key is (torch.float16|Half)"),
+            (("kv_write_", cache, 0, k, k[:, :, :1], off), "key and value must have the same"),
+            (("kv_write_", cache, 0, k, k, off.int()), "offsets must be"),
+            (("kv_write_", cache, 0, k, k, off[:2]), "offsets has shape"),
+            (("kv_write_", cache[0], 0, k, k, off), "kv_cache must be 6-d"),
+            (("kv_compact_", cache, off[:, None], off, off[:2]), "start has shape"),
+            (("kv_compact_", cache, off, off, off), "src_positions must be 2-d"),
+            (("paged_kv_write_", cache, 0, k, k, off.view(3, 1), off), "block_tables must be"),
+        ]
+        for (name, *args), message in cases:
+            with pytest.raises(ValueError, match=message):
+                getattr(torch.ops.specdec, name)(*args)
+        assert not cache.any()
+
+
+# ============================================================================================
+# Registration
+def _op_args(device="cpu"):
+    g = torch.Generator().manual_seed(1)
+    cache = random_values((2, 2, 3, 3, 7, 5), torch.float32, generator=g)
+    paged = random_values((2, 2, 7, 3, 3, 5), torch.float32, generator=g)
+    k = random_values((3, 3, 2, 5), torch.float32, generator=g)
+    v = random_values((3, 3, 2, 5), torch.float32, generator=g)
+    tables = torch.tensor([[4, 1, -1], [0, 6, 2], [3, -1, -1]], dtype=torch.int32)
+    args = {
+        "kv_write_": (cache, 1, k, v, torch.tensor([0, 5, 2])),
+        "kv_compact_": (cache, torch.tensor([[3, 2, 4], [6, 5, 0], [1, 1, 9]]),
+                        torch.tensor([3, 2, 0]), torch.tensor([1, 4, 0])),
+        "paged_kv_write_": (paged, 0, k, v, tables, torch.tensor([2, 7, 0])),
+        "paged_kv_compact_": (paged, tables, torch.tensor([[5, 2, 3], [8, 4, 0], [0, 0, 0]]),
+                              torch.tensor([2, 3, 1]), torch.tensor([2, 3, 0])),
+    }
+    return {name: tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in t)
+            for name, t in args.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(_extension.SCHEMAS))
+def test_opcheck(name, impl, device):
+    torch.library.opcheck(getattr(torch.ops.specdec, name).default, _op_args(device)[name])
+
+
+@pytest.mark.parametrize("name", list(_extension.SCHEMAS))
+def test_schema_matches_python(name):
+    schema = str(getattr(torch.ops.specdec, name).default._schema)
+    assert schema == f"specdec::{name}{_extension.SCHEMAS[name]}"
+
+
+def test_fake_kernels_propagate_under_torch_compile_tracing():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        args = {n: tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in t)
+                for n, t in _op_args().items()}
+        for name, a in args.items():
+            getattr(torch.ops.specdec, name)(*a)
+        with pytest.raises(ValueError, match="layer 5 is outside"):
+            torch.ops.specdec.kv_write_(args["kv_write_"][0], 5, *args["kv_write_"][2:])
+
+
+def test_extension_is_built_and_fallback_can_be_forced():
+    if os.environ.get("SPECDEC_REQUIRE_EXTENSION") == "1":
+        assert sk.extension_available(), _extension.load_error()
+    if not sk.extension_available():
+        pytest.skip(f"extension not in use: {_extension.load_error()}")
+    with _extension.force_fallback():
+        assert not sk.extension_available()
+    assert sk.extension_available()
+
+
+def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
+    """A fresh interpreter with SPECDEC_FORCE_FALLBACK=1 (what a machine without the extension
+    sees): same op names and schemas, one warning, working caches."""
+    script = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("always")
+        import torch
+        import specdec_kernels as sk
+        from specdec_kernels import _extension
+        assert not sk.extension_available()
+        assert "SPECDEC_FORCE_FALLBACK" in _extension.load_error()
+        for name, schema in _extension.SCHEMAS.items():
+            assert str(getattr(torch.ops.specdec, name).default._schema) == \\
+                f"specdec::{name}{schema}"
+        with warnings.catch_warnings(record=True) as caught:
+            cache = sk.KVCache(2, 2, 3, 4, 8)
+            k = torch.randn(2, 3, 3, 4)
+            cache.write(0, k, k)
+            cache.write(0, k, k)
+            cache.advance(3)
+            cache.compact(torch.tensor([[2, 0], [1, 1]]), torch.tensor([2, 1]), 0)
+        messages = [str(w.message) for w in caught if "fallback" in str(w.message)]
+        assert len(messages) == 2, messages   # one per op used, once each
+        assert torch.equal(cache.key(0)[0, :, :2], k[0, :, [2, 0]])
+        print("OK", cache.lengths.tolist())
+    """)
+    env = dict(os.environ, SPECDEC_FORCE_FALLBACK="1")
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
+                                os.path.abspath(__file__))))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK [2, 1]" in result.stdout
+
+
+# ============================================================================================
+# KVCache
+def _kv(cache: sk.KVCache):
+    return cache.kv.clone(), cache.lengths.clone()
+
+
+def _assert_unchanged(cache, snapshot, what):
+    assert_same(cache.kv, snapshot[0], f"{what}: contents")
+    assert_same(cache.lengths, snapshot[1], f"{what}: lengths")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kvcache_write_advance_rollback(impl, dtype, device):
+    L, B, H, D, S = 3, 4, 5, 7, 13
+    cache = sk.KVCache(L, B, H, D, S, dtype=dtype, device=device)
+    assert cache.key(1).shape == (B, H, S, D) and cache.value(2).shape == (B, H, S, D)
+    assert cache.key(1).data_ptr() == cache.kv[1, 0].data_ptr()  # a view, no copy
+    ks = [random_values((B, H, 4, D), dtype, device) for _ in range(L)]
+    for layer in range(L):
+        cache.write(layer, ks[layer], -ks[layer])
+    assert cache.lengths.tolist() == [0] * B  # write does not commit
+    cache.advance(torch.tensor([4, 1, 0, 3], device=device))
+    for layer in range(L):
+        assert_same(cache.key(layer)[:, :, :4], ks[layer], "keys")
+        assert_same(cache.value(layer)[:, :, :4], -ks[layer], "values")
+    before = cache.kv.clone()
+    cache.rollback(torch.tensor([2, 1, 0, 0], device=device))
+    assert cache.lengths.tolist() == [2, 0, 0, 3]
+    assert_same(cache.kv, before, "rollback moves no data")
+    k2 = random_values((B, H, 2, D), dtype, device)
+    cache.write(0, k2, k2)  # at the new lengths
+    assert_same(cache.key(0)[0, :, 2:4], k2[0], "row 0 after rollback")
+    assert_same(cache.key(0)[3, :, 3:5], k2[3], "row 3")
+    assert_same(cache.key(0)[0, :, :2], ks[0][0, :, :2], "kept prefix")
+    cache.advance(2)
+    assert cache.lengths.tolist() == [4, 2, 2, 5]
+    cache.reset()
+    assert cache.lengths.tolist() == [0] * B
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_tree_compaction_flow(impl, device):
+    """Write a tree of 6 nodes after a prefix, commit it, keep one path per row."""
+    L, B, H, D = 2, 3, 3, 5
+    cache = sk.KVCache(L, B, H, D, 16, device=device)
+    prefix = random_values((B, H, 4, D), torch.float32, device)
+    tree = random_values((B, H, 6, D), torch.float32, device)
+    for layer in range(L):
+        cache.write(layer, prefix + layer, prefix - layer)
+    cache.advance(torch.tensor([4, 2, 3], device=device))
+    start = cache.lengths.clone()
+    for layer in range(L):
+        cache.write(layer, tree + layer, tree - layer)
+    cache.advance(6)
+    path = torch.tensor([[0, 2, 5], [1, 3, 0], [4, 0, 0]], device=device)  # node indices
+    keep = torch.tensor([3, 2, 1], device=device)
+    cache.compact(start[:, None] + path, keep, start)
+    assert cache.lengths.tolist() == [7, 4, 4]
+    for layer in range(L):
+        for b in range(B):
+            n, s = int(keep[b]), int(start[b])
+            assert_same(cache.key(layer)[b, :, s:s + n], (tree + layer)[b, :, path[b, :n]],
+                        f"layer {layer} row {b} keys")
+            assert_same(cache.value(layer)[b, :, s:s + n], (tree - layer)[b, :, path[b, :n]],
+                        f"layer {layer} row {b} values")
+            assert_same(cache.key(layer)[b, :, :s], (prefix + layer)[b, :, :s], "prefix kept")
+
+
+def test_kvcache_bad_input_raises_and_leaves_cache_unchanged(impl):
+    cache = sk.KVCache(2, 3, 2, 4, 10)
+    k = random_values((3, 2, 5, 4), torch.float32)
+    cache.write(0, k, k)
+    cache.write(1, k, k)
+    cache.advance(torch.tensor([5, 2, 0]))
+    cache.write(0, k[:, :, :3], k[:, :, :3])
+    lengths = cache.lengths
+    k_ok = random_values((3, 2, 6, 4), torch.float32)
+    cases = [
+        (lambda: cache.rollback(torch.tensor([1, 3, 0])),
+         "row 1 holds 2 tokens; cannot roll back 3"),
+        (lambda: cache.rollback(-1), "row 0 .* cannot roll back -1"),
+        (lambda: cache.advance(torch.tensor([0, 0, 11])),
+         "row 2 holds 0 tokens; cannot advance by 11"),
+        (lambda: cache.advance(torch.tensor([1, 2])), r"must be an int or have shape \[3\]"),
+        (lambda: cache.advance(1.5), "must be an int or an integer tensor"),
+        (lambda: cache.write(0, k_ok, k_ok), "row 0 holds 5 tokens; writing 6 more passes "
+                                            "max_seq_len = 10"),
+        (lambda: cache.write(2, k, k), r"layer must be an int in \[0, 2\)"),
+        (lambda: cache.write(0, k.half(), k.half()), "k is torch.float16 but the cache is "
+                                                     "torch.float32"),
+        (lambda: cache.write(0, k[:2], k[:2]),
+         r"k must have shape \[B, H, T, D\] = \[3, 2, T, 4\]"),
+        (lambda: cache.write(0, k, k[:, :, :2]), "k and v must have the same shape"),
+        (lambda: cache.write(0, k, k.to("meta")), "v is on meta but the cache is on cpu"),
+        (lambda: cache.compact(torch.tensor([[4, 5], [0, 1], [0, 0]]), torch.tensor([2, 2, 0]),
+                               torch.tensor([3, 0, 0])),
+         r"row 0: src_positions\[0, 1\] = 5 is outside \[start, lengths\) = \[3, 5\)"),
+        (lambda: cache.compact(torch.tensor([[4, 3], [0, 1], [0, 0]]), torch.tensor([2, 2, 0]),
+                               torch.tensor([-1, 0, 0])),
+         r"row 0: start -1 \+ num_keep 2 must lie in \[0, lengths\] = \[0, 5\]"),
+        (lambda: cache.compact(torch.tensor([[4], [0], [0]]), torch.tensor([1, 3, 0]), 0),
+         r"row 1: num_keep 3 is outside \[0, 1\]"),
+        (lambda: cache.compact(torch.tensor([[4], [0], [0]]), torch.tensor([1, 0, 0]),
+                               torch.tensor([1, 3, 0])),
+         r"row 1: start 3 \+ num_keep 0 must lie in \[0, lengths\] = \[0, 2\]"),
+        (lambda: cache.compact(torch.tensor([[4], [0], [0]]), 1, 0),
+         r"row 2: start 0 \+ num_keep 1 must lie in \[0, lengths\] = \[0, 0\]"),
+        (lambda: cache.compact(torch.tensor([[4.0], [0], [0]]), 0, 0), "integer tensor"),
+        (lambda: cache.compact(torch.tensor([4, 0, 0]), 0, 0), r"shape \[3, P\]"),
+    ]
+    for i, (call, message) in enumerate(cases):
+        snapshot = _kv(cache)
+        with pytest.raises(ValueError, match=message):
+            call()
+        _assert_unchanged(cache, snapshot, f"case {i} ({message})")
+    assert cache.lengths is lengths
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_without_validation_never_syncs_and_clamps(impl, device):
+    """validate=False: same results for valid input; lengths clamped to [0, max_seq_len]."""
+    cache = sk.KVCache(2, 2, 3, 4, 6, device=device)
+    k = random_values((2, 3, 4, 4), torch.float32, device)
+    cache.write(0, k, -k, validate=False)
+    cache.advance(torch.tensor([4, 2], device=device), validate=False)
+    cache.compact(torch.tensor([[3, 1], [0, 0]], device=device),
+                  torch.tensor([2, 1], device=device), torch.tensor([1, 1], device=device),
+                  validate=False)
+    assert cache.lengths.tolist() == [3, 2]
+    assert_same(cache.key(0)[0, :, :3], k[0, :, [0, 3, 1]], "row 0")
+    cache.rollback(torch.tensor([5, 1], device=device), validate=False)
+    assert cache.lengths.tolist() == [0, 1]
+    cache.advance(9, validate=False)
+    assert cache.lengths.tolist() == [6, 6]
+
+
+def test_kvcache_constructor_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="max_seq_len must be an int >= 1"):
+        sk.KVCache(1, 1, 1, 1, 0)
+    with pytest.raises(ValueError, match="num_blocks must be an int >= 1"):
+        sk.PagedKVCache(1, 0, 4, 1, 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_over_ragged_rows_without_copying(device):
+    """The batched decoder's view: SDPA over key(layer)[:, :, :kv_len] with attention_mask
+    equals per-row attention over each row's own entries."""
+    B, H, D, S, T = 3, 2, 8, 20, 3
+    cache = sk.KVCache(1, B, H, D, S, device=device)
+    cache.write(0, *(random_values((B, H, 9, D), torch.float32, device) for _ in range(2)))
+    cache.advance(torch.tensor([9, 4, 1], device=device))
+    k_new, v_new = (random_values((B, H, T, D), torch.float32, device) for _ in range(2))
+    assert cache.positions(T).tolist() == [[9, 10, 11], [4, 5, 6], [1, 2, 3]]
+    cache.write(0, k_new, v_new)
+    q = random_values((B, H, T, D), torch.float32, device)
+    kv_len = 12
+    mask = cache.attention_mask(T, kv_len)
+    assert mask.shape == (B, 1, T, kv_len) and mask.dtype == torch.bool
+    out = F.scaled_dot_product_attention(q, cache.key(0)[:, :, :kv_len],
+                                         cache.value(0)[:, :, :kv_len], attn_mask=mask)
+    for b in range(B):
+        n = int(cache.lengths[b]) + T
+        expected = F.scaled_dot_product_attention(
+            q[b:b + 1], cache.key(0)[b:b + 1, :, :n], cache.value(0)[b:b + 1, :, :n],
+            attn_mask=torch.ones(T, n, dtype=torch.bool, device=device).tril(n - T))
+        torch.testing.assert_close(out[b:b + 1], expected, atol=1e-5, rtol=1e-5)
+
+
+# ============================================================================================
+# PagedKVCache
+def test_paged_blocks_are_allocated_freed_and_reused(impl):
+    paged = sk.PagedKVCache(2, 6, 3, 2, 4, max_blocks_per_row=4)
+    assert paged.add_rows(2).tolist() == [0, 1]
+    k = random_values((2, 2, 5, 4), torch.float32)
+    paged.write(0, k, -k)
+    paged.write(1, k, -k)
+    assert paged.num_free_blocks == 2
+    assert paged.block_tables.tolist() == [[0, 1, -1, -1], [2, 3, -1, -1]]
+    paged.advance(torch.tensor([5, 4]))
+    got_k, got_v = paged.gather(1)
+    assert_same(got_k[0], k[0], "row 0")
+    assert_same(got_v[1, :, :4], -k[1, :, :4], "row 1")
+    assert paged.rollback(torch.tensor([3, 4])) == [[1], [2, 3]]
+    assert paged.lengths.tolist() == [2, 0] and paged.num_free_blocks == 5
+    assert paged.block_tables.tolist() == [[0, -1, -1, -1], [-1, -1, -1, -1]]
+    ids = paged.add_rows(1)
+    assert ids.tolist() == [2]
+    k3 = random_values((3, 2, 4, 4), torch.float32)
+    paged.write(0, k3, k3)  # freed blocks are reused first, the most recently freed first
+    assert paged.block_tables.tolist() == [[0, 2, -1, -1], [3, 1, -1, -1], [4, 5, -1, -1]]
+    paged.advance(torch.tensor([4, 4, 4]))
+    got, _ = paged.gather(0)
+    assert_same(got[0, :, :2], k[0, :, :2], "row 0 prefix kept across the rollback")
+    assert_same(got[0, :, 2:6], k3[0], "row 0 new entries")
+    assert_same(got[2, :, :4], k3[2], "new row")
+    assert paged.remove_rows([0]) == [[0, 2]]
+    assert paged.row_ids.tolist() == [1, 2] and paged.num_free_blocks == 2
+    assert paged.lengths.tolist() == [4, 4]
+    got, _ = paged.gather(0)
+    assert_same(got[1, :, :4], k3[2], "rows keep their data when others leave")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_tree_compaction_frees_blocks(impl, device):
+    paged = sk.PagedKVCache(2, 12, 2, 3, 5, device=device)
+    paged.add_rows(2)
+    tree = random_values((2, 3, 7, 5), torch.float32, device)
+    for layer in range(2):
+        paged.write(layer, tree + layer, tree - layer)
+    paged.advance(7)
+    freed = paged.compact(torch.tensor([[1, 6, 2], [5, 4, 0]], device=device),
+                          torch.tensor([3, 1], device=device), torch.tensor([1, 2], device=device))
+    assert paged.lengths.tolist() == [4, 3]
+    assert [len(f) for f in freed] == [2, 2] and paged.num_free_blocks == 12 - 4
+    for layer in range(2):
+        k, v = paged.gather(layer)
+        assert_same(k[0, :, :4], (tree + layer)[0, :, [0, 1, 6, 2]], "row 0 keys")
+        assert_same(v[1, :, :3], (tree - layer)[1, :, [0, 1, 5]], "row 1 values")
+
+
+def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
+    paged = sk.PagedKVCache(2, 5, 3, 2, 4, max_blocks_per_row=3)
+    paged.add_rows(2)
+    k = random_values((2, 2, 4, 4), torch.float32)
+    paged.write(0, k, k)
+    paged.write(1, k, k)
+    paged.advance(torch.tensor([4, 2]))
+
+    def snapshot():
+        return (paged.kv.clone(), paged.lengths.clone(), paged.block_tables.clone(),
+                paged.num_free_blocks, paged.row_ids.clone())
+
+    big = random_values((2, 2, 6, 4), torch.float32)
+    cases = [
+        (lambda: paged.write(0, big, big), r"row 0 \(id 0\) holds 4 tokens; writing 6 more needs "
+                                           r"4 blocks of 3, a row holds at most 3"),
+        (lambda: paged.write(0, big[:, :, :5], big[:, :, :5]),
+         "out of free blocks: the rows need 2 more blocks, 1 are free"),
+        (lambda: paged.advance(torch.tensor([3, 0])),
+         r"row 0 \(id 0\) holds 4 tokens and owns 2 blocks \(6 positions\); cannot advance by 3"),
+        (lambda: paged.rollback(torch.tensor([0, 3])), r"row 1 \(id 1\) holds 2 tokens; cannot "
+                                                       "roll back 3"),
+        (lambda: paged.compact(torch.tensor([[3], [2]]), 1, torch.tensor([0, 1])),
+         r"row 1: src_positions\[1, 0\] = 2 is outside \[start, lengths\) = \[1, 2\)"),
+        (lambda: paged.write(0, k.double(), k.double()), "k is torch.float64"),
+        (lambda: paged.remove_rows([1, 7]), "7 is not the id of a live row"),
+        (lambda: paged.remove_rows([1, 1]), "duplicate ids"),
+    ]
+    for i, (call, message) in enumerate(cases):
+        before = snapshot()
+        with pytest.raises(ValueError, match=message):
+            call()
+        after = snapshot()
+        for what, x, y in zip(("contents", "lengths", "block_tables"), after, before):
+            assert_same(x, y, f"case {i} ({message}): {what}")
+        assert after[3:4] == before[3:4] and after[4].tolist() == before[4].tolist()
+
+
+# ============================================================================================
+# CUDA kernels against the CPU kernel (runs where a GPU is present)
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", CACHE_SHAPES + [(4, 8, 8, 300, 128)])
+def test_cuda_kernels_match_cpu_kernel(shape, dtype):
+    _native_or_skip()
+    L, B, H, S, D = shape
+    cache = random_values((L, 2, B, H, S, D), dtype)
+    T = max(1, S // 4)
+    k, v = random_values((B, H, T, D), dtype), random_values((B, H, T, D), dtype)
+    offsets = torch.randint(0, S - T + 1, (B,))
+    src, keep, start = compaction(B, S, max_keep=min(S, 40), kind="random")
+    big_src, big_keep, big_start = compaction(B, S, max_keep=S, kind="reverse")  # scratch path
+    on_gpu = cache.cuda()
+    for c, dev in ((cache, "cpu"), (on_gpu, "cuda")):
+        torch.ops.specdec.kv_write_(c, L - 1, k.to(dev), v.to(dev), offsets.to(dev))
+        torch.ops.specdec.kv_compact_(c, src.to(dev), keep.to(dev), start.to(dev))
+        torch.ops.specdec.kv_compact_(c, big_src.to(dev), big_keep.to(dev), big_start.to(dev))
+    assert_same(on_gpu.cpu(), cache, "cuda vs cpu")
+    NB, BS, per_row = B * 4 + 1, 5, 4
+    paged = random_values((L, 2, NB, H, BS, D), dtype)
+    tables = disjoint_block_tables(B, per_row, per_row, NB)
+    src, keep, start = compaction(B, per_row * BS, max_keep=9, kind="random")
+    T = 7
+    k, v = random_values((B, H, T, D), dtype), random_values((B, H, T, D), dtype)
+    offsets = torch.randint(0, per_row * BS - T + 1, (B,))
+    on_gpu = paged.cuda()
+    for c, dev in ((paged, "cpu"), (on_gpu, "cuda")):
+        torch.ops.specdec.paged_kv_write_(c, 0, k.to(dev), v.to(dev), tables.to(dev),
+                                          offsets.to(dev))
+        torch.ops.specdec.paged_kv_compact_(c, tables.to(dev), src.to(dev), keep.to(dev),
+                                            start.to(dev))
+    assert_same(on_gpu.cpu(), paged, "paged cuda vs cpu")
