@@ -62,8 +62,6 @@ def check_draft_tokens(draft_tokens, b: int, k: int, device: torch.device) -> No
     require_dtype("draft_tokens", draft_tokens, INT_DTYPES)
     require_shape("draft_tokens", draft_tokens, (b, k), "[B, K] (from target_logits [B, K+1, V])")
     require_device("draft_tokens", draft_tokens, device)
-    if draft_tokens.stride(-1) != 1 and k > 1:
-        raise ValueError(f"draft_tokens must have stride 1 in its last dim, got strides {tuple(draft_tokens.stride())}")
 
 
 def check_draft_probs(draft_probs, b: int, k: int, v: int, device: torch.device) -> None:

@@ -147,6 +147,7 @@ def verify_greedy(target_logits: Tensor, draft_tokens: Tensor, *,
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
+    draft_tokens = draft_tokens.contiguous()  # [B, K]: tiny, the kernels want unit stride
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     if validate:
         check.check_values(target_logits, draft_tokens, nd)
@@ -229,6 +230,7 @@ def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Te
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
+    draft_tokens = draft_tokens.contiguous()  # [B, K]: tiny, the kernels want unit stride
     if draft_probs is not None:
         check.check_draft_probs(draft_probs, b, k, v, device)
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)

@@ -106,7 +106,7 @@ def verify_sampling(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     key = rng.row_key(seeds)  # [B]
     u = rng.uniform(rng.stream_key(key[:, None], positions[None, :], rng.PURPOSE_ACCEPT), 0)
     valid = positions[None, :] < num_draft_tokens[:, None].to(torch.int64)
-    accept = (u * q_draft < p_draft) & in_vocab
+    accept = (u * q_draft < p_draft) & (q_draft > 0) & in_vocab
     num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
 
     # The extra token: the residual race at the first rejection, or the bonus race.

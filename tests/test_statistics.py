@@ -1,0 +1,138 @@
+"""Statistical losslessness of verify_sampling.
+
+Each case replicates one verification problem over N independent rows (per-row seeds) and checks:
+* at every position j, the tokens emitted there (rows that reached j) follow the target
+  distribution p_j (chi-square, bins with expected count < 5 merged; tokens outside p's support
+  must never appear);
+* at every draft position, the fraction of accepted drafts is sum_x min(p_j, q_j) (binomial z).
+
+False-failure rate: every check uses a two-sided level of ALPHA = 1e-7; a run makes fewer than 10
+checks per case and 7 cases, so a correct implementation fails a run with probability < 1e-5 even
+with all the tests together, and a single check less than once in 10^7 runs.
+Power: before testing, each chi-square check computes (scipy's noncentral chi-square) its power
+against a 2% bias (0.02 of probability mass moved from the most likely token to the second most
+likely) at its actual sample size and requires it to be at least 0.99; the acceptance check detects an absolute
+acceptance error of 0.02 with power > 0.99 at these sample sizes (asserted too). An implementation
+that rejects everything fails the acceptance check at position 0 (observed 0 vs expected > 0.3).
+
+The tests run the reference backend (vectorised, fast on CPU); the Triton kernels are shown
+equal to the reference token for token in test_verify_sampling.py.
+"""
+
+import math
+
+import pytest
+import torch
+from scipy import stats
+
+import specdec_kernels as sk
+
+N = 1_000_000
+ALPHA = 1e-7
+Z_CRIT = stats.norm.isf(ALPHA / 2)  # ~5.33
+
+
+def oracle_probs(logits, temperature, top_k, top_p):
+    """Target distribution the way transformers' warpers define it (written independently of
+    specdec_kernels.reference): temperature, top-k (ties kept), top-p on ascending cumsum."""
+    x = logits.double() / temperature
+    if top_k:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, -math.inf)
+    if top_p is not None and top_p < 1:
+        sx, order = torch.sort(x, dim=-1)  # ascending
+        cum = torch.softmax(sx, dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= 1 - top_p
+        remove_sorted[..., -1] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        x = x.masked_fill(remove, -math.inf)
+    return torch.softmax(x, dim=-1)
+
+
+def chi_square_check(observed_tokens, p, what):
+    v = p.numel()
+    counts = torch.bincount(observed_tokens, minlength=v).double()
+    n = int(counts.sum())
+    assert n > 1000, f"{what}: too few samples ({n}) for the test"
+    outside = counts[p == 0].sum()
+    assert outside == 0, f"{what}: {int(outside)} tokens emitted outside the target's support"
+    expected = p.double() * n
+    support = p > 0
+    exp_s, obs_s = expected[support], counts[support]
+    order = torch.argsort(exp_s)
+    exp_s, obs_s = exp_s[order], obs_s[order]
+    small = exp_s < 5  # merge rare tokens into one bin
+    if small.any():
+        exp_s = torch.cat([exp_s[~small], exp_s[small].sum()[None]])
+        obs_s = torch.cat([obs_s[~small], obs_s[small].sum()[None]])
+    df = len(exp_s) - 1
+    if df == 0:
+        return
+    stat = float(((obs_s - exp_s) ** 2 / exp_s).sum())
+    critical = stats.chi2.isf(ALPHA, df)
+    # power against a 2% bias: 0.02 of mass moved from the most likely token to the second
+    q = p.double()[support]
+    biased = q.clone()
+    first, second = torch.argsort(q, descending=True)[:2].tolist()
+    biased[first] -= 0.02
+    biased[second] += 0.02
+    lam = float(n * ((biased - q) ** 2 / q).sum())
+    power = stats.ncx2.sf(critical, df, lam)
+    assert power >= 0.99, f"{what}: the test is too weak (power {power:.3f} with n={n})"
+    assert stat < critical, (f"{what}: chi-square {stat:.1f} >= {critical:.1f} (df={df}, n={n}); "
+                             f"observed {obs_s.tolist()} expected {[round(e, 1) for e in exp_s.tolist()]}")
+
+
+def acceptance_check(hits, trials, expected, what):
+    assert trials > 1000, f"{what}: too few trials ({trials})"
+    sd = math.sqrt(expected * (1 - expected) / trials) if 0 < expected < 1 else 0.0
+    # power: a 0.02 absolute error is detected with probability >= 0.99
+    assert sd == 0 or 0.02 / sd > Z_CRIT + 2.33, f"{what}: acceptance test too weak"
+    rate = hits / trials
+    if sd == 0:
+        assert rate == expected, f"{what}: acceptance {rate} != {expected}"
+    else:
+        z = (rate - expected) / sd
+        assert abs(z) < Z_CRIT, f"{what}: acceptance {rate:.4f} vs sum min(p, q) = {expected:.4f} (z = {z:.1f})"
+
+
+CASES = {
+    "draft_probs": dict(temperature=1.0, top_k=None, top_p=None, one_hot=False),
+    "one_hot_drafts": dict(temperature=1.0, top_k=None, top_p=None, one_hot=True),
+    "temperature": dict(temperature=0.6, top_k=None, top_p=None, one_hot=False),
+    "top_k": dict(temperature=1.0, top_k=4, top_p=None, one_hot=False),
+    "top_p": dict(temperature=1.0, top_k=None, top_p=0.7, one_hot=False),
+    "all_filters": dict(temperature=1.4, top_k=6, top_p=0.85, one_hot=True),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_emitted_tokens_follow_target_and_acceptance_is_sum_min(case):
+    cfg = CASES[case]
+    k, v = 3, 12
+    g = torch.Generator().manual_seed(hash(case) % 2**31)
+    logits = torch.randn(k + 1, v, generator=g) * 1.5
+    logits[:, -2:] -= 6.0  # two rare tokens: their bins get merged
+    p = oracle_probs(logits, cfg["temperature"], cfg["top_k"], cfg["top_p"])  # [K+1, V]
+    if cfg["one_hot"]:
+        drafts = torch.stack([torch.argsort(p[j], descending=True)[0] for j in range(k)])
+        drafts = drafts.expand(N, k)
+        q = None
+        beta = torch.stack([p[j, drafts[0, j]] for j in range(k)])
+    else:
+        noise = torch.randn(k, v, generator=g)
+        q_single = torch.softmax(logits[:k] / cfg["temperature"] * 0.8 + noise * 0.6, dim=-1)
+        drafts = torch.multinomial(q_single, N, replacement=True, generator=g).T  # [N, K]
+        q = q_single.expand(N, k, v)
+        beta = torch.minimum(p[:k], q_single.double()).sum(-1)
+    out = sk.verify_sampling(logits.expand(N, k + 1, v), drafts, q,
+                             temperature=cfg["temperature"], top_k=cfg["top_k"],
+                             top_p=cfg["top_p"], seed=torch.arange(N) + 10**9,
+                             backend="reference", validate=False)
+    for j in range(k + 1):
+        reached = out.num_emitted > j
+        chi_square_check(out.tokens[reached, j], p[j], f"{case} position {j}")
+        if j < k:
+            at_j = out.num_accepted >= j
+            acceptance_check(int((out.num_accepted[at_j] > j).sum()), int(at_j.sum()),
+                             float(beta[j]), f"{case} position {j}")

@@ -1,0 +1,149 @@
+"""Bad input: clear errors naming the argument (validate=True), and garbage that never escapes
+bounds (validate=False)."""
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+
+B, K, V = 3, 4, 50
+
+
+def _good():
+    logits = torch.randn(B, K + 1, V)
+    drafts = torch.randint(0, V, (B, K))
+    q = torch.softmax(torch.randn(B, K, V), -1)
+    return logits, drafts, q
+
+
+@pytest.mark.parametrize("fn", ["greedy", "sampling"])
+@pytest.mark.parametrize("mutate, error, pattern", [
+    (lambda l, d, q: (l[0], d, q), ValueError, r"target_logits must have shape \[B, K\+1, V\].*\[5, 50\]"),
+    (lambda l, d, q: (l.long(), d, q), TypeError, r"target_logits must have dtype.*int64"),
+    (lambda l, d, q: (l.transpose(1, 2), d.new_zeros(B, V - 1), q), ValueError, r"target_logits must have stride 1"),
+    (lambda l, d, q: (l, d[:, :3], q), ValueError, r"draft_tokens must have shape \[B, K\].*\[3, 4\], got \[3, 3\]"),
+    (lambda l, d, q: (l, d.float(), q), TypeError, r"draft_tokens must have dtype"),
+    (lambda l, d, q: ([[1.0]], d, q), TypeError, r"target_logits must be a torch.Tensor, got list"),
+])
+def test_structural_errors_always_raise(fn, mutate, error, pattern):
+    logits, drafts, q = mutate(*_good())
+    for validate in (True, False):
+        with pytest.raises(error, match=pattern):
+            if fn == "greedy":
+                sk.verify_greedy(logits, drafts, validate=validate)
+            else:
+                sk.verify_sampling(logits, drafts, validate=validate)
+
+
+def test_draft_probs_shape_and_dtype():
+    logits, drafts, q = _good()
+    with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, K, V\] = \[3, 4, 50\], got \[3, 4, 49\]"):
+        sk.verify_sampling(logits, drafts, q[..., :49])
+    with pytest.raises(TypeError, match="draft_probs must have dtype"):
+        sk.verify_sampling(logits, drafts, q.double())
+    with pytest.raises(ValueError, match=r"num_draft_tokens must have shape \[B\] = \[3\], got \[2\]"):
+        sk.verify_sampling(logits, drafts, num_draft_tokens=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"temperature must have shape \[B\] = \[3\], got \[4\]"):
+        sk.verify_sampling(logits, drafts, temperature=torch.ones(4))
+    with pytest.raises(ValueError, match="at most one of seed and generator"):
+        sk.verify_sampling(logits, drafts, seed=1, generator=torch.Generator())
+    with pytest.raises(TypeError, match="seed must be None, an int or a \\[B\\] int64 tensor, got str"):
+        sk.verify_sampling(logits, drafts, seed="7")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        sk.verify_sampling(logits, drafts, backend="cuda")
+
+
+def test_backend_from_environment(monkeypatch):
+    logits, drafts, _ = _good()
+    monkeypatch.setenv("SPECDEC_BACKEND", "nonsense")
+    with pytest.raises(ValueError, match="SPECDEC_BACKEND must be one of"):
+        sk.verify_greedy(logits, drafts)
+    monkeypatch.setenv("SPECDEC_BACKEND", "triton")
+    expected = sk.verify_greedy(logits, drafts, backend="reference")
+    assert torch.equal(sk.verify_greedy(logits, drafts).tokens, expected.tokens)
+
+
+@pytest.mark.parametrize("case, kwargs, pattern", [
+    ("draft id >= V", {}, r"draft_tokens\[1, 2\] = 50 is outside \[0, V\) with V = 50"),
+    ("negative draft id", {}, r"draft_tokens\[0, 0\] = -3 is outside"),
+    ("nan logits", {}, r"target_logits must be finite, got target_logits\[2, 1, 7\] = nan"),
+    ("inf logits", {}, r"target_logits must be finite, got target_logits\[0, 4, 0\] = -inf"),
+    ("num_draft_tokens > K", {"num_draft_tokens": torch.tensor([4, 5, 0])}, r"num_draft_tokens must lie in \[0, K\] = \[0, 4\], got num_draft_tokens\[1\] = 5"),
+    ("num_draft_tokens < 0", {"num_draft_tokens": torch.tensor([4, 1, -1])}, r"num_draft_tokens\[2\] = -1"),
+    ("negative temperature", {"temperature": torch.tensor([1.0, -0.5, 1.0])}, r"temperature must be finite and >= 0, got temperature\[1\] = -0.5"),
+    ("scalar negative temperature", {"temperature": -1.0}, r"temperature must be >= 0, got -1.0"),
+    ("top_p 0", {"top_p": torch.tensor([0.5, 0.0, 1.0])}, r"top_p must be in \(0, 1\], got top_p\[1\] = 0.0"),
+    ("top_p > 1", {"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+    ("top_k < 0", {"top_k": -2}, r"top_k must be >= 0"),
+])
+def test_value_errors(case, kwargs, pattern):
+    logits, drafts, _ = _good()
+    if case == "draft id >= V":
+        drafts[1, 2] = V
+    if case == "negative draft id":
+        drafts[0, 0] = -3
+    if case == "nan logits":
+        logits[2, 1, 7] = float("nan")
+    if case == "inf logits":
+        logits[0, 4, 0] = float("-inf")
+    before = (logits.clone(), drafts.clone())
+    with pytest.raises(ValueError, match=pattern):
+        sk.verify_sampling(logits, drafts, **kwargs)
+    assert torch.equal(before[1], drafts) and torch.equal(before[0].nan_to_num(), logits.nan_to_num())
+
+
+def test_padding_beyond_num_draft_tokens_is_ignored():
+    logits, drafts, _ = _good()
+    drafts[0, 2:] = -1
+    drafts[1, :] = 10**6
+    nd = torch.tensor([2, 0, 4])
+    out = sk.verify_sampling(logits, drafts, num_draft_tokens=nd, seed=1)
+    assert out.num_accepted[1].item() == 0
+
+
+@pytest.mark.parametrize("pattern", ["negative", "not summing"])
+def test_bad_draft_probs(pattern):
+    logits, drafts, q = _good()
+    if pattern == "negative":
+        q[1, 3, 5] = -0.2
+        q[1, 3, 6] += 0.2
+        match = r"draft_probs\[1, 3\] has negative entries"
+    else:
+        q[2, 0] *= 1.01
+        match = r"draft_probs\[2, 0\] does not sum to 1 \(tolerance 1e-3\): sum = 1.01"
+    with pytest.raises(ValueError, match=match):
+        sk.verify_sampling(logits, drafts, q)
+    # rows at positions >= k_b are not checked (padding may be anything)
+    nd = torch.tensor([4, 3, 4]) if pattern == "negative" else torch.tensor([4, 4, 0])
+    sk.verify_sampling(logits, drafts, q, num_draft_tokens=nd)
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("trial", range(4))
+def test_garbage_with_validate_false_stays_in_bounds(backend, trial):
+    g = torch.Generator().manual_seed(trial)
+    b, k, v = 6, 5, 37
+    logits = torch.randn(b, k + 1, v, generator=g) * 5
+    special = torch.rand(b, k + 1, v, generator=g)
+    logits[special < 0.05] = float("nan")
+    logits[(special > 0.05) & (special < 0.1)] = float("inf")
+    logits[(special > 0.1) & (special < 0.15)] = float("-inf")
+    logits[0] = float("-inf")  # a whole row of -inf
+    drafts = torch.randint(-5 * v, 5 * v, (b, k), generator=g)
+    q = torch.rand(b, k, v, generator=g) - 0.3
+    q[1] = 0.0
+    nd = torch.randint(-3, k + 4, (b,), generator=g)
+    temp = torch.tensor([0.0, 1.0, -1.0, float("nan"), 1e-30, 5.0])
+    for top_k, top_p in [(None, None), (torch.randint(-2, 50, (b,), generator=g), torch.rand(b, generator=g) * 2 - 0.5)]:
+        out = sk.verify_sampling(logits, drafts, q, temperature=temp, top_k=top_k, top_p=top_p,
+                                 num_draft_tokens=nd, seed=trial, backend=backend, validate=False)
+        greedy = sk.verify_greedy(logits, drafts, num_draft_tokens=nd, backend=backend, validate=False)
+        for res in (out, greedy):
+            tokens = res.tokens
+            assert tokens.shape == (b, k + 1)
+            ok = (tokens == -1) | ((tokens >= 0) & (tokens < v))
+            assert bool(ok.all()), f"ids outside [0, V) or -1: {tokens.tolist()}"
+            assert bool((res.num_accepted >= 0).all() and (res.num_accepted <= k).all())
+            assert torch.equal(res.num_emitted, res.num_accepted + 1)
+            pos = torch.arange(k + 1)[None, :]
+            assert bool((tokens[pos < res.num_emitted[:, None]] >= 0).all())
