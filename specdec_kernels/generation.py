@@ -347,7 +347,8 @@ class SpeculativeGenerator:
             # ---- target pass over [last token, drafts]
             cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
             feed = torch.cat([cur, drafts.clamp_min(0)], 1)  # [B, k_loop+1]
-            logits = target(feed, tcache, kv_len=host_max_len + k_loop)  # [B, k_loop+1, V]
+            logits = target(feed, tcache, kv_len=host_max_len + k_loop,
+                            validate=False)  # [B, k_loop+1, V]
             stats.target_forwards += 1
             if greedy:
                 ver = verify_greedy(verifiable(logits), drafts, num_draft_tokens=k,
@@ -360,9 +361,9 @@ class SpeculativeGenerator:
                                       validate=False)
             t2 = time.perf_counter()
             n, e = ver.num_accepted, ver.num_emitted  # [B]
-            tcache.advance(n + 1)
+            tcache.advance(n + 1, validate=False)
             if dcache is not None:
-                dcache.rollback(k_loop - n)
+                dcache.rollback(k_loop - n, validate=False)
             # ---- commit emitted tokens, cut at eos / limit
             j = torch.arange(k_loop + 1, device=dev)
             keep_n = torch.minimum(e, st.limit - st.seq_len)
@@ -418,8 +419,9 @@ class SpeculativeGenerator:
         idx = (cache.lengths[:, None] + torch.arange(2, device=dev)).clamp(max=st.tokens.shape[1]
                                                                             - 1)
         feed = st.tokens.gather(1, idx)  # [B, 2]
-        logits = draft(feed, cache, logits_index=c - 1, kv_len=host_max_len)  # [B, V]
-        cache.advance(c)
+        logits = draft(feed, cache, logits_index=c - 1, kv_len=host_max_len,
+                       validate=False)  # [B, V]
+        cache.advance(c, validate=False)
         tokens, probs = [], []
         for i in range(k_loop):
             if greedy:
@@ -431,8 +433,8 @@ class SpeculativeGenerator:
             tokens.append(x)
             if i + 1 < k_loop:
                 logits = draft(x[:, None], cache, logits_index=torch.zeros_like(x),
-                               kv_len=host_max_len + i + 1)
-                cache.advance(1)
+                               kv_len=host_max_len + i + 1, validate=False)
+                cache.advance(1, validate=False)
         drafts = torch.stack(tokens, 1)  # [B, k_loop]
         return drafts, (torch.stack(probs, 1) if probs else None)
 
@@ -475,7 +477,7 @@ def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperatur
     while not bool(done.all()):
         cur = tokens.gather(1, (seq_len - 1)[:, None])  # [B, 1]
         logits = model(cur, cache, logits_index=torch.zeros(B, dtype=torch.int64, device=dev),
-                       kv_len=host_max)  # [B, V]
+                       kv_len=host_max, validate=False)  # [B, V]
         steps += 1
         if temperature == 0:
             x = logits.argmax(-1)
@@ -483,7 +485,7 @@ def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperatur
             x = sample(filter_logits(logits, temperature, top_k, top_p).softmax(-1), gen)
         live = ~done
         tokens.scatter_(1, seq_len[:, None], torch.where(live, x, 0)[:, None])
-        cache.advance(live.long())
+        cache.advance(live.long(), validate=False)
         seq_len = seq_len + live.long()
         hit = live & (x == eos_token_id) if eos_token_id is not None else torch.zeros_like(live)
         done = done | hit | (seq_len >= limit)
