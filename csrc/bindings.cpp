@@ -19,8 +19,10 @@ PyObject* PyInit__C(void) {
 
 // Keep in sync with specdec_kernels/_extension.py::SCHEMAS (a test compares them).
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
-  m.def("kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, Tensor offsets) -> ()");
-  m.def("kv_compact_(Tensor(a!) kv_cache, Tensor src_positions, Tensor num_keep, Tensor start) -> ()");
+  m.def("kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
+        "Tensor offsets) -> ()");
+  m.def("kv_compact_(Tensor(a!) kv_cache, Tensor src_positions, Tensor num_keep, "
+        "Tensor start) -> ()");
   m.def("paged_kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
         "Tensor block_tables, Tensor offsets) -> ()");
   m.def("paged_kv_compact_(Tensor(a!) kv_cache, Tensor block_tables, Tensor src_positions, "

@@ -14,25 +14,14 @@ if ("triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ
         and not _torch.cuda.is_available()):
     _os.environ["TRITON_INTERPRET"] = "1"
 
-import os as _os
-import sys as _sys
-
-import torch as _torch
-
-# Triton fixes interpreter mode when it is first imported. Without CUDA the interpreter is the only
-# way its kernels run, so switch it on here, before anything imports triton.
-if ("triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ
-        and not _torch.cuda.is_available()):
-    _os.environ["TRITON_INTERPRET"] = "1"
-
-from specdec_kernels.verification import (  # noqa: E402  # noqa: E402
+from specdec_kernels.verification import (  # noqa: E402
     Verification,
     accept_reject,
     verify_greedy,
     verify_sampling,
 )
-from specdec_kernels._extension import extension_available
-from specdec_kernels.kv_cache import KVCache, PagedKVCache
+from specdec_kernels._extension import extension_available  # noqa: E402
+from specdec_kernels.kv_cache import KVCache, PagedKVCache  # noqa: E402
 
 from specdec_kernels import models  # noqa: E402
 from specdec_kernels.generation import (  # noqa: E402

@@ -179,9 +179,10 @@ class SpeculativeGenerator:
         A cheaper model with the same vocabulary, dtype and device, or ``"ngram"`` for
         prompt-lookup drafting (no model).
     num_speculative_tokens : int or "auto"
-        Draft tokens per pass ``K >= 1``, or ``"auto"``: per row, the ``K <= max_speculative_tokens``
-        that maximises expected tokens per unit of cost (see :mod:`specdec_kernels.adaptive`),
-        from the row's measured acceptance and the measured draft/target cost ratio.
+        Draft tokens per pass ``K >= 1``, or ``"auto"``: per row, the
+        ``K <= max_speculative_tokens`` that maximises expected tokens per unit of cost (see
+        :mod:`specdec_kernels.adaptive`), from the row's measured acceptance and the measured
+        draft/target cost ratio.
     max_speculative_tokens : int
         Upper bound of ``K`` for ``"auto"`` (default 8).
     cost_ratio : float, optional
@@ -291,6 +292,8 @@ class SpeculativeGenerator:
                    limit=torch.tensor([min(n + max_new_tokens, ctx) for n in lens], device=dev),
                    num_draft=torch.full((B,), K, dtype=torch.int64, device=dev))
         tracker = AcceptanceTracker.new(B, dev)
+        if self.auto:  # the prior's choice until acceptance is measured
+            st.num_draft = best_num_draft_tokens(tracker.alpha(), self._cost, K)
         hist = torch.zeros(K + 1, dtype=torch.int64, device=dev)
         accepted = torch.zeros((), dtype=torch.int64, device=dev)
         drafted = torch.zeros((), dtype=torch.int64, device=dev)
@@ -311,13 +314,17 @@ class SpeculativeGenerator:
                                          mx - 2)
             dcache.advance((st.seq_len - 2).clamp_min(0))
         done_now = [lens[b] >= min(lens[b] + max_new_tokens, ctx) for b in range(B)]
-        host_max_len, k_loop = mx, K
+        host_max_len, k_loop = mx, max(1, int(st.num_draft.max()))
+        live = list(range(B))  # host copy of st.ids
+        finished_tokens = 0  # generated tokens of rows already collected
 
         while True:
             if any(done_now):  # drop finished rows (and their cache rows)
                 keep = [i for i, d in enumerate(done_now) if not d]
                 gone = [i for i, d in enumerate(done_now) if d]
                 self._collect(st, gone, lens, results)
+                finished_tokens += sum(len(results[live[i]][1]) for i in gone)
+                live = [live[i] for i in keep]
                 if not keep:
                     break
                 keep_t = torch.tensor(keep, device=dev)
@@ -340,7 +347,8 @@ class SpeculativeGenerator:
             # ---- target pass over [last token, drafts]
             cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
             feed = torch.cat([cur, drafts.clamp_min(0)], 1)  # [B, k_loop+1]
-            logits = target(feed, tcache, kv_len=host_max_len + k_loop)  # [B, k_loop+1, V]
+            logits = target(feed, tcache, kv_len=host_max_len + k_loop,
+                            validate=False)  # [B, k_loop+1, V]
             stats.target_forwards += 1
             if greedy:
                 ver = verify_greedy(verifiable(logits), drafts, num_draft_tokens=k,
@@ -353,9 +361,9 @@ class SpeculativeGenerator:
                                       validate=False)
             t2 = time.perf_counter()
             n, e = ver.num_accepted, ver.num_emitted  # [B]
-            tcache.advance(n + 1)
+            tcache.advance(n + 1, validate=False)
             if dcache is not None:
-                dcache.rollback(k_loop - n)
+                dcache.rollback(k_loop - n, validate=False)
             # ---- commit emitted tokens, cut at eos / limit
             j = torch.arange(k_loop + 1, device=dev)
             keep_n = torch.minimum(e, st.limit - st.seq_len)
@@ -385,7 +393,8 @@ class SpeculativeGenerator:
             done_now, host_max_len = [bool(d) for d in host[0]], max(host[1])
             k_loop = max(1, max(host[2]))
             if progress is not None:
-                progress(sum(host[1]) - sum(lens[i] for i in st.ids.tolist()), len(host[0]))
+                progress(finished_tokens + sum(host[1]) - sum(lens[i] for i in live),
+                         len(live))
 
         stats.wall_seconds = time.perf_counter() - start
         h = hist.tolist()
@@ -410,8 +419,9 @@ class SpeculativeGenerator:
         idx = (cache.lengths[:, None] + torch.arange(2, device=dev)).clamp(max=st.tokens.shape[1]
                                                                             - 1)
         feed = st.tokens.gather(1, idx)  # [B, 2]
-        logits = draft(feed, cache, logits_index=c - 1, kv_len=host_max_len)  # [B, V]
-        cache.advance(c)
+        logits = draft(feed, cache, logits_index=c - 1, kv_len=host_max_len,
+                       validate=False)  # [B, V]
+        cache.advance(c, validate=False)
         tokens, probs = [], []
         for i in range(k_loop):
             if greedy:
@@ -423,8 +433,8 @@ class SpeculativeGenerator:
             tokens.append(x)
             if i + 1 < k_loop:
                 logits = draft(x[:, None], cache, logits_index=torch.zeros_like(x),
-                               kv_len=host_max_len + i + 1)
-                cache.advance(1)
+                               kv_len=host_max_len + i + 1, validate=False)
+                cache.advance(1, validate=False)
         drafts = torch.stack(tokens, 1)  # [B, k_loop]
         return drafts, (torch.stack(probs, 1) if probs else None)
 
@@ -467,7 +477,7 @@ def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperatur
     while not bool(done.all()):
         cur = tokens.gather(1, (seq_len - 1)[:, None])  # [B, 1]
         logits = model(cur, cache, logits_index=torch.zeros(B, dtype=torch.int64, device=dev),
-                       kv_len=host_max)  # [B, V]
+                       kv_len=host_max, validate=False)  # [B, V]
         steps += 1
         if temperature == 0:
             x = logits.argmax(-1)
@@ -475,7 +485,7 @@ def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperatur
             x = sample(filter_logits(logits, temperature, top_k, top_p).softmax(-1), gen)
         live = ~done
         tokens.scatter_(1, seq_len[:, None], torch.where(live, x, 0)[:, None])
-        cache.advance(live.long())
+        cache.advance(live.long(), validate=False)
         seq_len = seq_len + live.long()
         hit = live & (x == eos_token_id) if eos_token_id is not None else torch.zeros_like(live)
         done = done | hit | (seq_len >= limit)

@@ -87,9 +87,10 @@ def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check_compact(op: str, src_positions, num_keep, start, lengths: torch.Tensor,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Check the arguments of ``compact`` against the current ``lengths``; return them as
-    int64 device tensors (``src_positions`` contiguous)."""
+                   device: torch.device, validate: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Check the arguments of ``compact`` (their values against the current ``lengths`` when
+    ``validate``); return them as int64 device tensors (``src_positions`` contiguous)."""
     rows = lengths.shape[0]
     if not isinstance(src_positions, torch.Tensor) or src_positions.dtype.is_floating_point \
             or src_positions.dtype.is_complex or src_positions.dtype == torch.bool:
@@ -104,6 +105,8 @@ def _check_compact(op: str, src_positions, num_keep, start, lengths: torch.Tenso
     keep = _per_row(op, "num_keep", num_keep, rows, device)
     first = _per_row(op, "start", start, rows, device)
     P = src.shape[1]
+    if not validate:
+        return src, keep, first
     b = _first_bad((keep < 0) | (keep > P))
     if b is not None:
         raise ValueError(f"{op}: row {b}: num_keep {int(keep[b])} is outside [0, {P}] "
@@ -152,6 +155,13 @@ class KVCache:
     dtype : torch.dtype, default ``torch.float32``
         Any dtype; the kernels copy bits, so fp32, bf16, fp16 (and fp8) are exact.
     device : str or torch.device, default ``"cpu"``
+
+    Attributes
+    ----------
+    kv : Tensor
+        The whole buffer ``[L, 2, B, H, S, D]`` (what the ops take).
+    num_layers, batch_size, num_kv_heads, head_dim, max_seq_len, dtype, device
+        As constructed.
 
     Raises
     ------
@@ -206,11 +216,12 @@ class KVCache:
         return _check_layer(op, layer, self.num_layers)
 
     # -- verbs ---------------------------------------------------------------------------------
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *,
+              validate: bool = True) -> None:
         """Write ``T`` new entries per row at ``lengths[b] .. lengths[b]+T-1`` of one layer.
 
         ``lengths`` does not change: :meth:`advance` commits entries. Copies ``2 * B * H * T *
-        D`` elements (``k`` and ``v`` into the buffer), one op call
+        D * itemsize`` bytes (``k`` and ``v`` into the buffer), one op call
         (``torch.ops.specdec.kv_write_``); ``k``/``v`` whose last dim is strided are made
         contiguous first.
 
@@ -219,6 +230,11 @@ class KVCache:
         layer : int
         k, v : Tensor
             ``[B, H, T, D]``, the cache's dtype and device.
+        validate : bool, default True
+            Check values, which reads them on the host (one sync). With False nothing
+            synchronises (CUDA-graph friendly): lengths are clamped to ``[0, max_seq_len]``
+            instead, the CUDA kernels skip positions outside the cache; bad values are then
+            undefined behaviour of the call (the CPU kernel still raises).
 
         Raises
         ------
@@ -229,20 +245,25 @@ class KVCache:
         layer = self._layer("write", layer)
         T = _check_kv("write", k, v, self.batch_size, self.num_kv_heads, self.head_dim,
                       self.dtype, self.device)
-        b = _first_bad(self._lengths + T > self.max_seq_len)
+        b = _first_bad(self._lengths + T > self.max_seq_len) if validate else None
         if b is not None:
             raise ValueError(f"write: row {b} holds {int(self._lengths[b])} tokens; writing {T} "
                              f"more passes max_seq_len = {self.max_seq_len}")
         torch.ops.specdec.kv_write_(self.kv, layer, _last_dim_contiguous(k),
                                     _last_dim_contiguous(v), self._lengths)
 
-    def advance(self, n: int | torch.Tensor) -> None:
+    def advance(self, n: int | torch.Tensor, *, validate: bool = True) -> None:
         """Commit ``n`` more tokens per row (``lengths += n``); no data moves.
 
         Parameters
         ----------
         n : int or Tensor
             ``[B]`` integer tensor on the cache's device, or an int for every row; ``n >= 0``.
+        validate : bool, default True
+            Check values, which reads them on the host (one sync). With False nothing
+            synchronises (CUDA-graph friendly): lengths are clamped to ``[0, max_seq_len]``
+            instead, the CUDA kernels skip positions outside the cache; bad values are then
+            undefined behaviour of the call (the CPU kernel still raises).
 
         Raises
         ------
@@ -251,13 +272,16 @@ class KVCache:
         """
         n = _per_row("advance", "n", n, self.batch_size, self.device)
         new = self._lengths + n
+        if not validate:
+            self._lengths = new.clamp(0, self.max_seq_len)
+            return
         b = _first_bad((n < 0) | (new > self.max_seq_len))
         if b is not None:
             raise ValueError(f"advance: row {b} holds {int(self._lengths[b])} tokens; cannot "
                              f"advance by {int(n[b])} (max_seq_len = {self.max_seq_len})")
         self._lengths = new
 
-    def rollback(self, n: int | torch.Tensor) -> None:
+    def rollback(self, n: int | torch.Tensor, *, validate: bool = True) -> None:
         """Drop the last ``n`` committed tokens per row (``lengths -= n``): O(1), no data is
         copied or cleared (the next write overwrites the dropped entries).
 
@@ -265,6 +289,11 @@ class KVCache:
         ----------
         n : int or Tensor
             ``[B]`` integer tensor on the cache's device, or an int for every row; ``n >= 0``.
+        validate : bool, default True
+            Check values, which reads them on the host (one sync). With False nothing
+            synchronises (CUDA-graph friendly): lengths are clamped to ``[0, max_seq_len]``
+            instead, the CUDA kernels skip positions outside the cache; bad values are then
+            undefined behaviour of the call (the CPU kernel still raises).
 
         Raises
         ------
@@ -273,6 +302,9 @@ class KVCache:
         """
         n = _per_row("rollback", "n", n, self.batch_size, self.device)
         new = self._lengths - n
+        if not validate:
+            self._lengths = new.clamp(0, self.max_seq_len)
+            return
         b = _first_bad((n < 0) | (new < 0))
         if b is not None:
             raise ValueError(f"rollback: row {b} holds {int(self._lengths[b])} tokens; cannot "
@@ -280,15 +312,16 @@ class KVCache:
         self._lengths = new
 
     def compact(self, src_positions: torch.Tensor, num_keep: int | torch.Tensor,
-                start: int | torch.Tensor) -> None:
+                start: int | torch.Tensor, *, validate: bool = True) -> None:
         """Tree verification: move each row's accepted entries to a contiguous run, in place.
 
         For each row ``b`` and ``i < num_keep[b]``, position ``start[b] + i`` receives the entry
         that was at ``src_positions[b, i]``, in every layer, K and V; then ``lengths[b] =
         start[b] + num_keep[b]``. Sources are read before destinations are written, so
         overlapping ranges and any order of sources are fine. One op call
-        (``torch.ops.specdec.kv_compact_``, one launch on CUDA) copies ``2 * L *
-        sum(num_keep) * H * D`` elements (staged, so each is read and written twice).
+        (``torch.ops.specdec.kv_compact_``, one launch on CUDA) moves ``2 * L *
+        sum(num_keep) * H * D * itemsize`` bytes (staged through a per-(layer, K/V, row, head)
+        buffer, so each is read and written twice; on CUDA the buffer is shared memory).
 
         Sources must be committed: write the tree's ``T`` entries, :meth:`advance` by ``T``,
         verify, then compact with ``start`` = the length before the tree.
@@ -303,6 +336,11 @@ class KVCache:
             lengths[b]``.
         start : int or Tensor
             ``[B]`` (or int), ``0 <= start[b]``.
+        validate : bool, default True
+            Check values, which reads them on the host (one sync). With False nothing
+            synchronises (CUDA-graph friendly): lengths are clamped to ``[0, max_seq_len]``
+            instead, the CUDA kernels skip positions outside the cache; bad values are then
+            undefined behaviour of the call (the CPU kernel still raises).
 
         Raises
         ------
@@ -319,9 +357,9 @@ class KVCache:
         (tensor([4]), tensor([0., 1., 4., 3.]))
         """
         src, keep, first = _check_compact("compact", src_positions, num_keep, start,
-                                          self._lengths, self.device)
+                                          self._lengths, self.device, validate)
         torch.ops.specdec.kv_compact_(self.kv, src, keep, first)
-        self._lengths = first + keep
+        self._lengths = first + keep if validate else (first + keep).clamp(0, self.max_seq_len)
 
     # -- extras for the decoder ----------------------------------------------------------------
     def positions(self, num_new: int) -> torch.Tensor:
@@ -383,6 +421,13 @@ class PagedKVCache:
     max_blocks_per_row : int, optional
         Width of ``block_tables`` (default ``num_blocks``); a row grows to at most
         ``max_blocks_per_row * block_size`` tokens.
+
+    Attributes
+    ----------
+    kv : Tensor
+        The whole buffer ``[L, 2, num_blocks, H, block_size, D]`` (what the ops take).
+    num_layers, num_blocks, block_size, num_kv_heads, head_dim, max_blocks_per_row, dtype, device
+        As constructed.
 
     Examples
     --------
@@ -541,8 +586,9 @@ class PagedKVCache:
         """Write ``T`` new entries per live row at ``lengths[b] .. lengths[b]+T-1`` of one layer,
         allocating the blocks these positions need from the free list.
 
-        ``lengths`` does not change (:meth:`advance` commits). Copies ``2 * rows * H * T * D``
-        elements (``torch.ops.specdec.paged_kv_write_``); allocation is host bookkeeping.
+        ``lengths`` does not change (:meth:`advance` commits). Copies ``2 * rows * H * T * D *
+        itemsize`` bytes (``torch.ops.specdec.paged_kv_write_``); allocation is host
+        bookkeeping.
 
         Raises
         ------
@@ -629,7 +675,7 @@ class PagedKVCache:
         """:meth:`KVCache.compact` through the block tables (same arguments and checks), then
         whole blocks past each row's new length go back to the free list.
 
-        Copies ``2 * L * sum(num_keep) * H * D`` elements, staged
+        Moves ``2 * L * sum(num_keep) * H * D * itemsize`` bytes, staged
         (``torch.ops.specdec.paged_kv_compact_``).
 
         Returns

@@ -1,7 +1,5 @@
 """Shared test fixtures: seeding, the verbose comparison helper, markers."""
 
-import os
-
 import pytest
 import torch
 
@@ -21,14 +19,27 @@ def device(request):
     return torch.device(request.param)
 
 
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
 def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
-    """Exact equality with a message that shows the first mismatching indices and values."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    bad = actual != expected
+    """Exact (bit-for-bit for floats) equality; the message shows how many entries differ and
+    the first five mismatching indices with their values."""
+    assert actual.shape == expected.shape, \
+        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    a, e = actual.detach().cpu(), expected.detach().cpu()
+    if a.is_floating_point():
+        bits = _BITS[a.element_size()]
+        bad = a.contiguous().view(bits) != e.contiguous().view(bits)
+    else:
+        bad = a != e
     if bool(bad.any()):
         idx = bad.nonzero()[:5].tolist()
-        shown = ", ".join(f"{tuple(i)}: {actual[tuple(i)].item()} != {expected[tuple(i)].item()}" for i in idx)
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} entries differ; first {shown}")
+        shown = ", ".join(f"{tuple(i)}: {a[tuple(i)].item()} != {e[tuple(i)].item()}"
+                          for i in idx)
+        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} entries differ; "
+                             f"first {shown}")
 
 
 def assert_verification_equal(actual, expected, what: str = "") -> None:
@@ -44,5 +55,3 @@ def pytest_collection_modifyitems(config, items):
         if "cuda" in item.keywords:
             item.add_marker(skip)
 
-
-os.environ.setdefault("SPECDEC_TEST", "1")

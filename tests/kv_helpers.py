@@ -4,39 +4,18 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import torch
 
 from specdec_kernels._extension import extension_available, force_fallback
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
-    """Bit-for-bit equality; the message shows how many entries differ and the first five."""
-    assert actual.shape == expected.shape, \
-        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
-    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
-    a, e = actual.detach().cpu(), expected.detach().cpu()
-    if a.is_floating_point():
-        bits = _BITS[a.element_size()]
-        bad = a.contiguous().view(bits) != e.contiguous().view(bits)
-    else:
-        bad = a != e
-    if bool(bad.any()):
-        idx = bad.nonzero()[:5].tolist()
-        shown = ", ".join(f"{tuple(i)}: {a[tuple(i)].item()} != {e[tuple(i)].item()}"
-                          for i in idx)
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} entries differ; "
-                             f"first {shown}")
+from conftest import DEVICES, assert_same  # noqa: F401  (re-exported for the KV tests)
 
 
 @contextlib.contextmanager
 def implementation(name: str):
     """``"native"``: the extension's kernels (skips the test where it is not built);
     ``"fallback"``: the pure-PyTorch fallback, forced."""
-    import pytest
-
     if name == "native":
         if not extension_available():
             pytest.skip("specdec_kernels._C is not built")

@@ -19,6 +19,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models here are tiny: one thread is faster, and the CI machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def gpt2_pair(n_positions=64, seed=0):
     """A 3-layer GPT-2 target and a 1-layer draft holding the target's embeddings, first layer,
     final norm and (untied) head: acceptance between 0 and 1. Float64: no argmax near-ties."""
@@ -31,9 +40,9 @@ def gpt2_pair(n_positions=64, seed=0):
         if p.dim() >= 2:
             p.data.mul_(2.0)
     draft = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, **cfg))
-    draft.load_state_dict({k: v for k, v in target.state_dict().items()
-                           if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")},
-                          strict=False)
+    shared = {k: v for k, v in target.state_dict().items()
+              if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")}
+    draft.load_state_dict(shared, strict=False)
     return target.double().eval(), draft.double().eval()
 
 
@@ -76,16 +85,18 @@ def new_tokens(out, T, eos):
 
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
-@pytest.mark.parametrize("k", [1, 4, 8])
+@pytest.mark.parametrize("k", [1, 4, 8, "auto"])
 def test_greedy_lossless_left_padded(pair, batch, k):
     target, draft = pair
     ids, mask = left_padded(batch)
+    eos = hf_greedy(target, ids[-1:], mask[-1:], 20, None)[0][5]  # the last row's 6th token
     out = speculative_generate(target, draft, ids, mask, max_new_tokens=20,
-                               num_speculative_tokens=k, eos_token_id=EOS, pad_token_id=PAD)
+                               num_speculative_tokens=k, eos_token_id=eos, pad_token_id=PAD)
     assert out.shape == (batch, ids.shape[1] + 20)
     assert torch.equal(out[:, : ids.shape[1]], ids)
-    got = new_tokens(out, ids.shape[1], EOS)
-    want = hf_greedy(target, ids, mask, 20, EOS)
+    got = new_tokens(out, ids.shape[1], eos)
+    want = hf_greedy(target, ids, mask, 20, eos)
+    assert len(got[-1]) <= 6  # eos in the middle
     for b, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"row {b}: {g} != {w}"
         assert all(t == PAD for t in out[b, ids.shape[1] + len(g):].tolist())
@@ -153,6 +164,10 @@ def test_bad_input(pair):
     ids, mask = left_padded(2)
     with pytest.raises(ValueError, match="max_new_tokens"):
         speculative_generate(target, draft, ids, mask, max_new_tokens=0)
+    for k in (0, "fast", True):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            speculative_generate(target, draft, ids, mask, max_new_tokens=3,
+                                 num_speculative_tokens=k)
     with pytest.raises(ValueError, match="left-padded"):
         speculative_generate(target, draft, ids, mask.flip(1), max_new_tokens=3)
     with pytest.raises(ValueError, match="outside"):

@@ -171,7 +171,8 @@ def test_ops_reject_bad_metadata(impl_name):
         off = torch.zeros(3, dtype=torch.int64)
         cases = [
             (("kv_write_", cache, 2, k, k, off), "layer 2 is outside"),
-            (("kv_write_", cache, 0, k[:, :3], k[:, :3], off), r"key must have shape \[B, H, T, D\]"),
+            (("kv_write_", cache, 0, k[:, :3], k[:, :3], off),
+             r"key must have shape \[B, H, T, D\]"),
             (("kv_write_", cache, 0, k.half(), k.half(), off), "key is (torch.float16|Half)"),
             (("kv_write_", cache, 0, k, k[:, :, :1], off), "key and value must have the same"),
             (("kv_write_", cache, 0, k, k, off.int()), "offsets must be"),
@@ -355,9 +356,11 @@ def test_kvcache_bad_input_raises_and_leaves_cache_unchanged(impl):
     lengths = cache.lengths
     k_ok = random_values((3, 2, 6, 4), torch.float32)
     cases = [
-        (lambda: cache.rollback(torch.tensor([1, 3, 0])), "row 1 holds 2 tokens; cannot roll back 3"),
+        (lambda: cache.rollback(torch.tensor([1, 3, 0])),
+         "row 1 holds 2 tokens; cannot roll back 3"),
         (lambda: cache.rollback(-1), "row 0 .* cannot roll back -1"),
-        (lambda: cache.advance(torch.tensor([0, 0, 11])), "row 2 holds 0 tokens; cannot advance by 11"),
+        (lambda: cache.advance(torch.tensor([0, 0, 11])),
+         "row 2 holds 0 tokens; cannot advance by 11"),
         (lambda: cache.advance(torch.tensor([1, 2])), r"must be an int or have shape \[3\]"),
         (lambda: cache.advance(1.5), "must be an int or an integer tensor"),
         (lambda: cache.write(0, k_ok, k_ok), "row 0 holds 5 tokens; writing 6 more passes "
@@ -365,7 +368,8 @@ def test_kvcache_bad_input_raises_and_leaves_cache_unchanged(impl):
         (lambda: cache.write(2, k, k), r"layer must be an int in \[0, 2\)"),
         (lambda: cache.write(0, k.half(), k.half()), "k is torch.float16 but the cache is "
                                                      "torch.float32"),
-        (lambda: cache.write(0, k[:2], k[:2]), r"k must have shape \[B, H, T, D\] = \[3, 2, T, 4\]"),
+        (lambda: cache.write(0, k[:2], k[:2]),
+         r"k must have shape \[B, H, T, D\] = \[3, 2, T, 4\]"),
         (lambda: cache.write(0, k, k[:, :, :2]), "k and v must have the same shape"),
         (lambda: cache.write(0, k, k.to("meta")), "v is on meta but the cache is on cpu"),
         (lambda: cache.compact(torch.tensor([[4, 5], [0, 1], [0, 0]]), torch.tensor([2, 2, 0]),
@@ -390,6 +394,24 @@ def test_kvcache_bad_input_raises_and_leaves_cache_unchanged(impl):
             call()
         _assert_unchanged(cache, snapshot, f"case {i} ({message})")
     assert cache.lengths is lengths
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kvcache_without_validation_never_syncs_and_clamps(impl, device):
+    """validate=False: same results for valid input; lengths clamped to [0, max_seq_len]."""
+    cache = sk.KVCache(2, 2, 3, 4, 6, device=device)
+    k = random_values((2, 3, 4, 4), torch.float32, device)
+    cache.write(0, k, -k, validate=False)
+    cache.advance(torch.tensor([4, 2], device=device), validate=False)
+    cache.compact(torch.tensor([[3, 1], [0, 0]], device=device),
+                  torch.tensor([2, 1], device=device), torch.tensor([1, 1], device=device),
+                  validate=False)
+    assert cache.lengths.tolist() == [3, 2]
+    assert_same(cache.key(0)[0, :, :3], k[0, :, [0, 3, 1]], "row 0")
+    cache.rollback(torch.tensor([5, 1], device=device), validate=False)
+    assert cache.lengths.tolist() == [0, 1]
+    cache.advance(9, validate=False)
+    assert cache.lengths.tolist() == [6, 6]
 
 
 def test_kvcache_constructor_rejects_bad_sizes():
@@ -494,8 +516,8 @@ def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
                                            r"4 blocks of 3, a row holds at most 3"),
         (lambda: paged.write(0, big[:, :, :5], big[:, :, :5]),
          "out of free blocks: the rows need 2 more blocks, 1 are free"),
-        (lambda: paged.advance(torch.tensor([3, 0])), r"row 0 \(id 0\) holds 4 tokens and owns 2 "
-                                                      r"blocks \(6 positions\); cannot advance by 3"),
+        (lambda: paged.advance(torch.tensor([3, 0])),
+         r"row 0 \(id 0\) holds 4 tokens and owns 2 blocks \(6 positions\); cannot advance by 3"),
         (lambda: paged.rollback(torch.tensor([0, 3])), r"row 1 \(id 1\) holds 2 tokens; cannot "
                                                        "roll back 3"),
         (lambda: paged.compact(torch.tensor([[3], [2]]), 1, torch.tensor([0, 1])),

@@ -17,8 +17,8 @@ from kv_helpers import assert_same, implementation
 
 L, H, D = 2, 2, 3
 # KV_EXAMPLES=300 for a longer search (30 keeps the run short on a small CI machine).
-SETTINGS = settings(max_examples=int(os.environ.get("KV_EXAMPLES", 30)), deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=int(os.environ.get("KV_EXAMPLES", 30)), deadline=None,
+                    derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
 class Row:

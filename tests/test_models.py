@@ -14,6 +14,15 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models here are tiny: one thread is faster, and the CI machine is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def assert_close_verbose(actual, expected, atol, rtol, what=""):
     """torch.testing.assert_close, printing the first mismatching indices."""
     bad = ~torch.isclose(actual, expected, atol=atol, rtol=rtol)
@@ -37,7 +46,8 @@ def test_build_shapes(batch, seq, embed_dim):
 
 def test_build_defaults():
     draft, verifier = sk.build(embed_dim=16)
-    assert (draft.config.hidden_size, draft.config.num_layers, draft.config.num_heads) == (128, 2, 2)
+    assert (draft.config.hidden_size, draft.config.num_layers,
+            draft.config.num_heads) == (128, 2, 2)
     assert (verifier.config.hidden_size, verifier.config.num_layers,
             verifier.config.num_heads) == (512, 8, 8)
     assert sk.output_size() == 512
@@ -154,3 +164,17 @@ def test_bad_config():
         CausalLMConfig(n_embd=10, n_head=3)
     with pytest.raises(ValueError, match="activation"):
         CausalLMConfig(activation_function="swish2")
+
+
+@pytest.mark.parametrize("module", ["specdec_kernels.models.decoder",
+                                    "specdec_kernels.models.causal_lm",
+                                    "specdec_kernels.models.bundled",
+                                    "specdec_kernels.generation", "specdec_kernels.adaptive",
+                                    "specdec_kernels.ngram"])
+def test_docstring_examples(module):
+    """The ``>>>`` examples in the docstrings run and print what they show."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0

@@ -14,7 +14,14 @@
 namespace specdec {
 namespace cuda {
 
-constexpr int kThreads = 256;
+constexpr int kMaxThreads = 256;
+
+// Threads per block for `work` copy units per block: whole warps, at most kMaxThreads, so that
+// small decode-time copies (T = 1..8 rows per head) do not leave most of a block idle.
+inline int threads_for(int64_t work) {
+  const int64_t warps = (work + 31) / 32;
+  return static_cast<int>(warps < 1 ? 32 : (warps * 32 > kMaxThreads ? kMaxThreads : warps * 32));
+}
 constexpr int64_t kSharedStageBytes = 48 * 1024;  // default dynamic shared memory limit
 
 // ---------------------------------------------------------------------------------------------
@@ -43,7 +50,8 @@ template <typename Unit>
 void launch_kv_write_typed(const KvWriteArgs& a, cudaStream_t stream) {
   if (a.batch * a.num_heads == 0 || a.num_tokens == 0 || a.cache.row_bytes == 0) return;
   const dim3 grid(static_cast<unsigned>(a.batch * a.num_heads), 2);
-  kv_write_kernel<Unit><<<grid, kThreads, 0, stream>>>(a);
+  const int64_t units = a.cache.row_bytes / static_cast<int64_t>(sizeof(Unit));
+  kv_write_kernel<Unit><<<grid, threads_for(a.num_tokens * units), 0, stream>>>(a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -105,14 +113,15 @@ void launch_kv_compact_typed(const KvCompactArgs& a, void* scratch, cudaStream_t
   if (bh == 0 || a.cache.num_layers == 0 || a.num_src == 0 || a.cache.row_bytes == 0) return;
   const dim3 grid(static_cast<unsigned>(bh), 2, static_cast<unsigned>(a.cache.num_layers));
   const int64_t units = a.cache.row_bytes / static_cast<int64_t>(sizeof(Unit));
+  const int64_t stage_units = a.num_src * units;  // all P rows, whole
+  const int threads = threads_for(stage_units);
   if (compact_scratch_bytes(a) == 0) {
-    // Whole rows of all P sources fit: one pass per block.
-    const int64_t stage_units = a.num_src * units;
-    kv_compact_kernel<Unit><<<grid, kThreads, stage_units * sizeof(Unit), stream>>>(
+    // Whole rows of all P sources fit in shared memory: one pass per block.
+    kv_compact_kernel<Unit><<<grid, threads, stage_units * sizeof(Unit), stream>>>(
         a, nullptr, stage_units);
   } else {
-    kv_compact_kernel<Unit><<<grid, kThreads, 0, stream>>>(a, static_cast<Unit*>(scratch),
-                                                           a.num_src * units);
+    kv_compact_kernel<Unit><<<grid, threads, 0, stream>>>(a, static_cast<Unit*>(scratch),
+                                                          stage_units);
   }
 }
 

@@ -16,6 +16,7 @@ import inspect
 
 import torch
 
+from specdec_kernels.adaptive import AcceptanceTracker, best_num_draft_tokens
 from specdec_kernels.generation import filter_logits, sample, verifiable
 from specdec_kernels.verification import verify_greedy, verify_sampling
 
@@ -79,9 +80,9 @@ class _Stream:
 def speculative_generate(target_model, draft_model, input_ids, attention_mask=None,
                          max_new_tokens: int = 32, do_sample: bool = False,
                          temperature: float = 1.0, top_k: int | None = None,
-                         top_p: float | None = None, num_speculative_tokens: int = 4,
+                         top_p: float | None = None, num_speculative_tokens: int | str = 4,
                          eos_token_id: int | None = None, pad_token_id: int | None = None,
-                         seed: int | None = None) -> torch.Tensor:
+                         seed: int | None = None, max_speculative_tokens: int = 8) -> torch.Tensor:
     """Lossless batched speculative decoding with two Hugging Face causal LMs.
 
     Parameters
@@ -99,8 +100,10 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
         As in ``generate()``: greedy by default (then each row equals
         ``target_model.generate(..., do_sample=False)``); with ``do_sample`` the output is
         distributed as the target's under the same warpers.
-    num_speculative_tokens : int
-        Draft tokens per target pass, ``K >= 1``.
+    num_speculative_tokens : int or "auto"
+        Draft tokens per target pass, ``K >= 1``, or ``"auto"``: per row, the
+        ``K <= max_speculative_tokens`` maximising expected tokens per unit of cost from the
+        row's measured acceptance and the models' parameter-count ratio (Leviathan et al.).
     eos_token_id, pad_token_id : int, optional
         A row stops after ``eos_token_id``; later positions hold ``pad_token_id`` (default:
         ``eos_token_id``, else 0).
@@ -124,12 +127,17 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
     >>> out = speculative_generate(target, draft, **batch, max_new_tokens=32)  # doctest: +SKIP
     """
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty [B, T] tensor, got {list(input_ids.shape)}")
+        raise ValueError(f"input_ids must be a non-empty [B, T] tensor, got "
+                         f"{list(input_ids.shape)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-    if not isinstance(num_speculative_tokens, int) or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an int >= 1, got "
+    auto = num_speculative_tokens == "auto"
+    if not auto and (not isinstance(num_speculative_tokens, int)
+                     or isinstance(num_speculative_tokens, bool) or num_speculative_tokens < 1):
+        raise ValueError(f"num_speculative_tokens must be an int >= 1 or 'auto', got "
                          f"{num_speculative_tokens!r}")
+    if auto and max_speculative_tokens < 1:
+        raise ValueError(f"max_speculative_tokens must be >= 1, got {max_speculative_tokens}")
     tp, dp = next(target_model.parameters()), next(draft_model.parameters())
     if tp.device != dp.device or tp.dtype != dp.dtype:
         raise ValueError(f"draft is on {dp.device}/{dp.dtype} but the target is on "
@@ -160,7 +168,13 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
     B, T = input_ids.shape
-    K = num_speculative_tokens
+    K = max_speculative_tokens if auto else num_speculative_tokens
+    cost = (sum(p.numel() for p in draft_model.parameters())
+            / sum(p.numel() for p in target_model.parameters()))
+    tracker = AcceptanceTracker.new(B, dev)
+    k_next = torch.full((B,), K, dtype=torch.int64, device=dev)  # [B] per-row K
+    if auto:  # the prior's choice until acceptance is measured
+        k_next = best_num_draft_tokens(tracker.alpha(), cost, K)
     gen = torch.Generator(device=dev).manual_seed(seed) if seed is not None else None
     base_seed = seed if seed is not None else int(torch.randint(0, 2**31, (1,)).item())
     limit_ctx = ctx if ctx is not None else 2**62
@@ -177,19 +191,23 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
     pos = lengths - 1  # [B]: its position
     x0 = torch.zeros_like(cur)  # the draft's missing token after a full acceptance
     x0_valid = torch.zeros(B, dtype=torch.bool, device=dev)
-    j = torch.arange(K + 1, device=dev)
     done = (lengths >= limit_ctx).tolist()
+    k_loop = int(k_next.max())  # host: draft steps this pass (the largest per-row K)
     while True:
         if any(done):
             keep = torch.tensor([i for i, x in enumerate(done) if not x], dtype=torch.int64,
                                 device=dev)
             if len(keep) == 0:
                 break
-            rows, cur, pos, x0, x0_valid = rows[keep], cur[keep], pos[keep], x0[keep], x0_valid[keep]
+            rows, cur, pos = rows[keep], cur[keep], pos[keep]
+            x0, x0_valid, k_next = x0[keep], x0_valid[keep], k_next[keep]
+            tracker = tracker.select(keep)
             for s in (t, d):
                 s.select(keep)
         b = len(rows)
-        k = (limit_ctx - 1 - pos).clamp(0, K)  # [b] drafts the context leaves room for
+        K = k_loop
+        j = torch.arange(K + 1, device=dev)
+        k = torch.minimum(k_next, (limit_ctx - 1 - pos).clamp(0, K))  # [b] drafts per row
         # ---- draft K tokens: slots [x0 (maybe a hole), cur, d1 .. d_{K-1}]
         feed = torch.stack([x0, cur], 1)
         valid = torch.stack([x0_valid, torch.ones_like(x0_valid)], 1)
@@ -244,9 +262,14 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
         cur = ver.tokens.gather(1, n[:, None])[:, 0]
         pos = pos + n + 1
         finished = eos_hit | (n_out[rows] >= max_new_tokens) | (pos + 1 >= limit_ctx)
+        tracker.update(n, k)
+        if auto:
+            k_next = best_num_draft_tokens(tracker.alpha(), cost, max_speculative_tokens)
         # ---- the one host sync: which rows are done, how many trailing holes all rows share
-        host = torch.stack([finished.long(), K - n]).tolist()
+        host = torch.stack([finished.long(), K - n, k_next]).tolist()
         done = [bool(x) for x in host[0]]
+        live_k = [r for r, f in zip(host[2], done) if not f]
+        k_loop = max(live_k) if live_k else K
         live_tail = [r for r, f in zip(host[1], done) if not f]
         if live_tail and min(live_tail) > 0:
             t.crop_holes(min(live_tail))

@@ -98,12 +98,14 @@ class CausalLM(nn.Module):
     def max_seq_len(self) -> int:
         return self.config.n_positions
 
-    def hidden_states(self, input_ids: torch.Tensor, cache=None, kv_len: int | None = None
-                      ) -> torch.Tensor:
+    def hidden_states(self, input_ids: torch.Tensor, cache=None, kv_len: int | None = None,
+                      validate: bool = True) -> torch.Tensor:
         """Final-layer-normed hidden states ``[B, T, C]`` of ``input_ids`` ``[B, T]``.
 
         ``kv_len`` (host int, optional) bounds the cache positions attention reads: it must be
         ``>= max(cache.lengths) + T``; the default reads the whole cache buffer.
+        ``validate=False`` skips the cache's bounds checks (and their host synchronisation):
+        for callers that guarantee ``lengths + T <= max_seq_len``, like the generators.
         """
         B, T = input_ids.shape
         wte, wpe = self.transformer.wte, self.transformer.wpe
@@ -119,11 +121,11 @@ class CausalLM(nn.Module):
         # padding past the context is garbage by construction; clamp it into the table
         x = wte(input_ids) + wpe(pos.clamp(max=self.config.n_positions - 1))  # [B, T, C]
         for block in self.transformer.h:
-            x = block(x, cache, mask, kv_len)
+            x = block(x, cache, mask, kv_len, validate)
         return self.transformer.ln_f(x)
 
     def forward(self, input_ids: torch.Tensor, cache=None, *, logits_index=None,
-                kv_len: int | None = None) -> torch.Tensor:
+                kv_len: int | None = None, validate: bool = True) -> torch.Tensor:
         """Logits of ``input_ids`` ``[B, T]`` (int64), optionally through a KV cache.
 
         Parameters
@@ -137,8 +139,10 @@ class CausalLM(nn.Module):
             position per row, ``[B, V]`` (the LM head runs only there). ``[B, n]``: ``[B, n, V]``.
         kv_len : int, optional
             See :meth:`hidden_states`.
+        validate : bool
+            See :meth:`hidden_states`.
         """
-        h = self.hidden_states(input_ids, cache, kv_len)  # [B, T, C]
+        h = self.hidden_states(input_ids, cache, kv_len, validate)  # [B, T, C]
         if logits_index is not None:
             rows = torch.arange(h.shape[0], device=h.device)
             h = h[rows, logits_index] if logits_index.dim() == 1 else h[rows[:, None], logits_index]

@@ -42,7 +42,7 @@ class Attention(nn.Module):
         self.c_proj = nn.Linear(n_embd, n_embd)
 
     def forward(self, x: torch.Tensor, cache=None, mask: torch.Tensor | None = None,
-                kv_len: int | None = None) -> torch.Tensor:
+                kv_len: int | None = None, validate: bool = True) -> torch.Tensor:
         # x: [B, T, C]; mask: [B, 1, T, L] bool (True = attend) when a cache is given
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -51,7 +51,8 @@ class Attention(nn.Module):
         if cache is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
-            cache.write(self.layer, k, v)  # at lengths[b] .. lengths[b]+T-1, not committed
+            # at lengths[b] .. lengths[b]+T-1, not committed; validate=False: no host sync
+            cache.write(self.layer, k, v, validate=validate)
             keys = cache.key(self.layer)[:, :, :kv_len]  # [B, H, L, D]
             values = cache.value(self.layer)[:, :, :kv_len]
             y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
@@ -81,8 +82,8 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
         self.mlp = MLP(n_embd, n_inner or 4 * n_embd, act)
 
-    def forward(self, x, cache=None, mask=None, kv_len=None):
-        x = x + self.attn(self.ln_1(x), cache, mask, kv_len)
+    def forward(self, x, cache=None, mask=None, kv_len=None, validate=True):
+        x = x + self.attn(self.ln_1(x), cache, mask, kv_len, validate)
         return x + self.mlp(self.ln_2(x))
 
 

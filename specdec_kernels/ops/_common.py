@@ -10,13 +10,13 @@ import triton
 import triton.language as tl
 
 # Keep in sync with specdec_kernels.reference.rng (a test checks the draws are identical).
-GOLDEN: tl.constexpr = 0x9E3779B9
-POS_MULT: tl.constexpr = 0x85EBCA77
-PURPOSE_MULT: tl.constexpr = 0xC2B2AE3D
-INDEX_MULT: tl.constexpr = 0x27D4EB2F
-PURPOSE_ACCEPT: tl.constexpr = 0
-PURPOSE_SAMPLE: tl.constexpr = 1
-KEY_FLOOR: tl.constexpr = -2147483649  # below every float key: "keep everything"
+GOLDEN = tl.constexpr(0x9E3779B9)
+POS_MULT = tl.constexpr(0x85EBCA77)
+PURPOSE_MULT = tl.constexpr(0xC2B2AE3D)
+INDEX_MULT = tl.constexpr(0x27D4EB2F)
+PURPOSE_ACCEPT = tl.constexpr(0)
+PURPOSE_SAMPLE = tl.constexpr(1)
+KEY_FLOOR = tl.constexpr(-2147483649)  # below every float key: "keep everything"
 
 
 @triton.jit

@@ -37,6 +37,9 @@ from specdec_kernels.ops._common import (
 
 TILES_PER_CHUNK = 4
 NUM_PIVOTS = 16
+# No FMA contraction: every kernel then rounds the shared chunk arithmetic the same way, which the
+# identical-results promise between the two strategies relies on (and it tracks the reference).
+_COMPILE = {"enable_fp_fusion": False}
 
 
 @triton.jit
@@ -349,7 +352,7 @@ def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperatu
             vocab, k, nchunk,
             GREEDY_ONLY=greedy_only, HAS_Q=has_q, HAS_TOPK=has_topk, HAS_TOPP=has_topp,
             CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"], TBLOCK=cfg["TBLOCK"], NPIV=cfg["NPIV"],
-            BLOCK_K=block_k,
+            BLOCK_K=block_k, **_COMPILE,
         )
         return tokens, num_accepted
     if strategy != "split":
@@ -362,6 +365,7 @@ def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperatu
     _split_stats_kernel[(positions, nchunk)](
         target_logits, lb, lk, num_draft_tokens, temp, part_m, part_s, part_a,
         vocab, k, nchunk, GREEDY_ONLY=greedy_only, CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"],
+        **_COMPILE,
     )
     has_filter = (has_topk or has_topp) and not greedy_only
     kappa = torch.empty((positions,), dtype=torch.int64, device=device)
@@ -374,17 +378,20 @@ def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperatu
                 target_logits, lb, lk, num_draft_tokens, temp, topk_t, topp_t,
                 part_m, part_s, part_a, kappa, z, vocab, k, nchunk,
                 HAS_TOPK=has_topk, HAS_TOPP=has_topp, NPIV=cfg["NPIV"], TBLOCK=cfg["TBLOCK"],
+                **_COMPILE,
             )
         _split_race_kernel[(positions, nchunk)](
             target_logits, lb, lk, draft_tokens, db, q, stride_qb, stride_qk,
             num_draft_tokens, temp, seed_t, part_m, part_s, part_a, kappa, z, *race,
             vocab, k, nchunk,
             HAS_Q=has_q, HAS_FILTER=has_filter, CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"],
+            **_COMPILE,
         )
     _split_decide_kernel[(batch,)](
         target_logits, lb, lk, draft_tokens, db, q, stride_qb, stride_qk,
         num_draft_tokens, temp, seed_t, part_m, part_s, part_a, kappa, z, *race,
         tokens, num_accepted, vocab, k, nchunk,
         GREEDY_ONLY=greedy_only, HAS_Q=has_q, HAS_FILTER=has_filter, BLOCK_K=block_k,
+        **_COMPILE,
     )
     return tokens, num_accepted
