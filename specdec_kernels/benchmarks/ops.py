@@ -115,8 +115,10 @@ GRIDS = {
     "full": Grid(B=(1, 8, 64, 256), K=(4, 8), V=(32000, 128256), dtypes=("fp32", "bf16"),
                  acceptance=(0.0, 0.5, 0.9)),
     # What bench/gpu_check.sh runs: the shapes of the GPU targets, within its time budget.
-    "gpu": Grid(B=(1, 8, 64, 256), K=(4,), V=(32000, 128256), dtypes=("fp32", "bf16"),
-                acceptance=(0.0, 0.5, 0.9)),
+    # Largest shapes first (the targets are at B >= 64, V = 128256), bfloat16 (what serving
+    # uses); fp32 and K = 8 with --dtypes / --k.
+    "gpu": Grid(B=(256, 64, 8, 1), K=(4,), V=(128256, 32000), dtypes=("bf16",),
+                acceptance=(0.5, 0.9, 0.0)),
 }
 
 
@@ -126,19 +128,24 @@ def sampling_variants() -> list[tuple[bool, bool]]:
 
 
 def cases(grid: str | Grid = "smoke", ops: tuple[str, ...] = OPS) -> list[Case]:
-    """Every case of ``grid`` for ``ops``. ``accept_reject`` and ``kv_compact_`` ignore ``V``;
-    ``accept_reject`` also ignores the dtype (token ids)."""
+    """Every case of ``grid`` for ``ops``, shapes outermost (in the grid's order) and ops inner,
+    so that a run cut short (``--max-seconds``) has every op at the first shapes.
+    ``accept_reject`` and ``kv_compact_`` ignore ``V``; ``accept_reject`` also the dtype."""
     g = GRIDS[grid] if isinstance(grid, str) else grid
-    out: list[Case] = []
     for op in ops:
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}; choose from {OPS}")
-        vs = g.V if op.startswith("verify") else (0,)
-        dts = ("int64",) if op == "accept_reject" else g.dtypes
-        variants = sampling_variants() if op == "verify_sampling" else [(False, False)]
-        for (dp, tk), b, k, v, dt, a in itertools.product(variants, g.B, g.K, vs, dts,
-                                                            g.acceptance):
-            out.append(Case(op, b, k, v, dt, a, dp, tk))
+    out: list[Case] = []
+    seen: set[Case] = set()
+    for b, v, k, dt, a in itertools.product(g.B, g.V, g.K, g.dtypes, g.acceptance):
+        for op in ops:
+            variants = sampling_variants() if op == "verify_sampling" else [(False, False)]
+            for dp, tk in variants:
+                c = Case(op, b, k, v if op.startswith("verify") else 0,
+                         "int64" if op == "accept_reject" else dt, a, dp, tk)
+                if c not in seen:
+                    seen.add(c)
+                    out.append(c)
     return out
 
 
@@ -148,19 +155,20 @@ def full_requested() -> bool:
 
 
 # ----------------------------------------------------------------------------- inputs
-def _generator(case: Case) -> torch.Generator:
-    """A host generator seeded by the case's name: the same inputs on every run and machine."""
-    return torch.Generator(device="cpu").manual_seed(zlib.crc32(case.name.encode()))
+def _generator(case: Case, device: torch.device) -> torch.Generator:
+    """A generator on ``device`` seeded by the case's name: the same inputs on every run (inputs
+    are drawn on the device: drawing 10^8 numbers on the host would dominate a GPU run)."""
+    return torch.Generator(device=device).manual_seed(zlib.crc32(case.name.encode()))
 
 
 def _matches(case: Case, g: torch.Generator) -> torch.Tensor:
     """``[B, K]`` bool: draft position agrees with the target, independently with prob ``a``."""
-    return torch.rand(case.B, case.K, generator=g) < case.acceptance
+    return torch.rand(case.B, case.K, generator=g, device=g.device) < case.acceptance
 
 
 def _logits(case: Case, g: torch.Generator) -> torch.Tensor:
     """``[B, K+1, V]`` float32 logits, standard normal scaled to a realistic peakedness."""
-    return torch.randn(case.B, case.K + 1, case.V, generator=g) * 3.0
+    return torch.randn(case.B, case.K + 1, case.V, generator=g, device=g.device) * 3.0
 
 
 def _prefix_lengths(match: torch.Tensor) -> torch.Tensor:
@@ -187,14 +195,11 @@ def setup_verify_greedy(case: Case, device: torch.device) -> Bench:
     """Greedy verification: ``sk.verify_greedy`` vs the reference (and its compiled form)."""
     import specdec_kernels as sk
 
-    g = _generator(case)
-    logits32 = _logits(case, g)
-    dt = DTYPES[case.dtype]
-    logits = logits32.to(dt)
+    g = _generator(case, device)
+    logits = _logits(case, g).to(DTYPES[case.dtype])  # [B, K+1, V]
     target = logits.float().argmax(-1)  # [B, K+1], as the op sees the rounded values
     match = _matches(case, g)
     drafts = torch.where(match, target[:, :-1], (target[:, :-1] + 1) % case.V)  # [B, K]
-    logits, drafts = logits.to(device), drafts.to(device)
     nd = torch.full((case.B,), case.K, dtype=torch.int64, device=device)
     n = ref_greedy.verify_greedy(logits, drafts, nd)[1]
     esize = logits.element_size()
@@ -210,13 +215,13 @@ def setup_verify_greedy(case: Case, device: torch.device) -> Bench:
 
 def _sampling_inputs(case: Case, g: torch.Generator):
     """Logits, drafts and draft probabilities (or None) with acceptance ``case.acceptance``
-    (see the module docstring). Float32 on the host; cast and moved by the caller."""
+    (see the module docstring), float32 on ``g``'s device; cast by the caller."""
     B, K, V, a = case.B, case.K, case.V, case.acceptance
     logits = _logits(case, g)  # [B, K+1, V]
     match = _matches(case, g)  # [B, K]
     if not case.draft_probs:
         # p_j(x_j) = a: put logit log(a / (1 - a)) + logsumexp(others) on the draft token.
-        drafts = torch.randint(0, V, (B, K), generator=g)
+        drafts = torch.randint(0, V, (B, K), generator=g, device=g.device)
         rows = logits[:, :K]
         others = rows.scatter(-1, drafts[..., None], float("-inf")).logsumexp(-1)  # [B, K]
         a_ = min(max(a, 1e-6), 1 - 1e-6)
@@ -227,12 +232,12 @@ def _sampling_inputs(case: Case, g: torch.Generator):
         return logits, drafts, None
     # q = a * p + (1 - a) * onehot(y) with p(y) = 0: a junk token y per position.
     top = logits[:, :K].argmax(-1)  # [B, K]
-    junk = (top + 1 + torch.randint(0, V - 1, (B, K), generator=g)) % V
+    junk = (top + 1 + torch.randint(0, V - 1, (B, K), generator=g, device=g.device)) % V
     junk = torch.where(junk == top, (top + 1) % V, junk)
     logits[:, :K].scatter_(-1, junk[..., None], -1e4)
     p = logits[:, :K].softmax(-1)
     q = a * p
-    q.scatter_add_(-1, junk[..., None], torch.full((B, K, 1), 1 - a))
+    q.scatter_add_(-1, junk[..., None], torch.full((B, K, 1), 1 - a, device=g.device))
     drafts = torch.where(match, top, junk)
     return logits, drafts, q / q.sum(-1, keepdim=True)
 
@@ -242,11 +247,12 @@ def setup_verify_sampling(case: Case, device: torch.device) -> Bench:
     with or without top-k 50 / top-p 0.9."""
     import specdec_kernels as sk
 
-    g = _generator(case)
+    g = _generator(case, device)
     dt = DTYPES[case.dtype]
     logits32, drafts, q32 = _sampling_inputs(case, g)
-    logits, drafts = logits32.to(dt).to(device), drafts.to(device)
-    q = q32.to(dt).to(device) if q32 is not None else None
+    logits = logits32.to(dt)
+    q = q32.to(dt) if q32 is not None else None
+    del logits32, q32
     B, K, V = case.B, case.K, case.V
     nd = torch.full((B,), K, dtype=torch.int64, device=device)
     temp = torch.ones(B, dtype=torch.float32, device=device)
@@ -287,8 +293,8 @@ def setup_accept_reject(case: Case, device: torch.device) -> Bench:
     """The Edifice prefix-match count over ``[B, K]`` token tensors."""
     import specdec_kernels as sk
 
-    g = _generator(case)
-    verifier = torch.randint(0, 32000, (case.B, case.K), generator=g)
+    g = _generator(case, device)
+    verifier = torch.randint(0, 32000, (case.B, case.K), generator=g, device=device)
     draft = torch.where(_matches(case, g), verifier, verifier + 1)
     draft, verifier = draft.to(device), verifier.to(device)
     n = ref_accept_reject.accept_reject(draft, verifier)
@@ -306,16 +312,17 @@ def setup_kv_compact(case: Case, device: torch.device) -> Bench:
     through a token tree) and moves them to ``start .. start + keep - 1``."""
     from specdec_kernels import _extension  # registers torch.ops.specdec.kv_compact_
 
-    g = _generator(case)
+    g = _generator(case, device)
     B, K = case.B, case.K
     S = KV_PREFIX + K + 1
-    kv = torch.randn(KV_LAYERS, 2, B, KV_HEADS, S, KV_HEAD_DIM, generator=g).to(
-        DTYPES[case.dtype]).to(device)
-    keep = _prefix_lengths(_matches(case, g)) + 1  # [B] in 1..K+1
+    kv = torch.randn(KV_LAYERS, 2, B, KV_HEADS, S, KV_HEAD_DIM, generator=g, device=device).to(
+        DTYPES[case.dtype])
+    keep = (_prefix_lengths(_matches(case, g)) + 1).cpu()  # [B] in 1..K+1
+    # a sorted random subset of the K+1 candidates per row: rank random keys, keep the first
+    order = torch.rand(B, K + 1, generator=g, device=device).argsort(-1).cpu()
     src = torch.full((B, K + 1), KV_PREFIX, dtype=torch.int64)
     for b in range(B):
-        chosen = torch.randperm(K + 1, generator=g)[: int(keep[b])].sort().values
-        src[b, : len(chosen)] = KV_PREFIX + chosen
+        src[b, : int(keep[b])] = KV_PREFIX + order[b, : int(keep[b])].sort().values
     start = torch.full((B,), KV_PREFIX, dtype=torch.int64)
     src, keep, start = src.to(device), keep.to(device), start.to(device)
     moved = 2 * KV_LAYERS * int(keep.sum()) * KV_HEADS * KV_HEAD_DIM * kv.element_size()
