@@ -1,4 +1,5 @@
-"""``specdec``: the command line. ``specdec demo`` runs the bundled draft/target pair."""
+"""``specdec``: the command line. ``specdec demo`` runs the bundled draft/target pair;
+``specdec bench ops|e2e`` runs the benchmarks."""
 
 from __future__ import annotations
 
@@ -116,6 +117,9 @@ def main(argv=None) -> int:
                    help="torch threads (default 1: the bundled models are too small to gain "
                         "from more; 0 keeps torch's default)")
     d.set_defaults(func=demo)
+    from specdec_kernels.benchmarks.cli import add_bench_parser
+
+    add_bench_parser(sub)  # specdec bench ops|e2e ... (see bench/README.md)
     args = parser.parse_args(argv)
     if args.command == "demo":
         k = args.num_speculative_tokens
