@@ -67,7 +67,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e.add_argument("--repeats", type=int, default=None)
     e.add_argument("--systems", type=_csv(str), default=None,
                    help="comma-separated: specdec,target_only,hf_assisted,hf_target_only")
-    e.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    e.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: every system gets the same single core, "
+                   "which a shared machine can give; 0: torch's default)")
     e.add_argument("--assets", default=None,
                    help="a folder with target/draft .safetensors and heldout.txt "
                    "(default: the bundled pair)")
