@@ -18,8 +18,10 @@ Per row: ``tokens_per_second`` (generated tokens of all rows per wall second, pr
 ``acceptance_rate`` and ``mean_accepted`` (from the generator's statistics), ``cost_ratio``
 ``c`` = draft forward time / target forward time (one token per row, at the batch size, measured
 in this process), ``ideal_speedup`` = Leviathan et al.'s walltime improvement
-``(1 - a**(g+1)) / ((1 - a) (g c + 1))`` with ``a`` the measured acceptance rate and ``g`` the mean
-``K`` used, and ``speedup_vs_target_only`` against ``target_only`` at the same batch size and
+``(1 - a**(g+1)) / ((1 - a) (g c + 1))`` with ``g`` the mean ``K`` used and ``a`` = ``alpha``, the
+measured per-position acceptance probability (accepted drafts / (accepted drafts + first
+rejections)); ``acceptance_rate`` is the generator's accepted / drafted, which also counts the
+positions after a rejection and so is lower for larger ``K``, and ``speedup_vs_target_only`` against ``target_only`` at the same batch size and
 temperature. ``ideal_speedup_with_verify_cost`` also charges the target pass over ``K+1`` tokens
 at its measured cost (on a GPU that pass costs about one token's; on a CPU it does not).
 """
@@ -43,7 +45,7 @@ class E2EConfig:
     temperatures: tuple[float, ...] = (0.0, 1.0)
     max_new_tokens: int = 128
     prompt_len: int = 64
-    repeats: int = 2
+    repeats: int = 3
     systems: tuple[str, ...] = SYSTEMS
     seed: int = 0
 
@@ -154,8 +156,18 @@ def _run_specdec(target, draft, prompts, cfg, k, temperature, seed):
     out = gen.generate(prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
                        seed=seed)
     s = out.stats
-    passes = max(sum(s.accepted_histogram), 1)
-    return {"new_tokens": [seq[len(p):] for seq, p in zip(out.sequences, prompts)],
+    hist = s.accepted_histogram  # hist[n]: (row, pass) pairs that accepted n drafts
+    passes = max(sum(hist), 1)
+    # Leviathan's alpha is the per-position acceptance probability: accepted drafts over the
+    # positions actually tried (every accepted one, plus the first rejection of a pass).
+    # accepted / drafted (the generator's acceptance_rate) also counts the positions after a
+    # rejection, which were never tried, and understates alpha more the larger K is. With
+    # "auto", passes whose smaller k was fully accepted count as rejections here (a slight
+    # understatement).
+    rejections = passes - hist[-1]
+    alpha = s.accepted_tokens / max(s.accepted_tokens + rejections, 1)
+    return {"alpha": alpha,
+            "new_tokens": [seq[len(p):] for seq, p in zip(out.sequences, prompts)],
             "wall_seconds": s.wall_seconds, "generated_tokens": s.generated_tokens,
             "acceptance_rate": s.acceptance_rate, "mean_accepted": s.mean_accepted,
             "mean_k": s.drafted_tokens / passes, "target_forwards": s.target_forwards,
@@ -241,7 +253,7 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
             runs[(sys_, b, k, t)].append(r)
             log(f"[e2e] rep {rep} {sys_:>14} B={b:<2} K={str(k):>4} T={t}: "
                 f"{r['tokens_per_second']:7.1f} tok/s"
-                + (f", acceptance {r['acceptance_rate']:.2f}" if "acceptance_rate" in r else ""))
+                + (f", alpha {r['alpha']:.2f}" if "alpha" in r else ""))
     return _rows(cfg, runs, costs)
 
 
@@ -276,13 +288,14 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
         if t == 0 and b in greedy_ref:
             row["matches_target_only"] = all(r["new_tokens"] == greedy_ref[b] for r in rs)
         if sys_ == "specdec":
-            alpha = _median(rs, "acceptance_rate")
+            alpha = _median(rs, "alpha")
             gamma = _median(rs, "mean_k")
             w = (k + 1) if k != "auto" else min(9, round(gamma) + 1)  # tokens per target pass
             verify_ratio = costs[b].get(f"target_ms_{w}", costs[b]["target_ms_1"]) / \
                 costs[b]["target_ms_1"]
             ideal = leviathan_speedup(alpha, gamma, c)
-            row.update(acceptance_rate=round(alpha, 4),
+            row.update(acceptance_rate=round(_median(rs, "acceptance_rate"), 4),
+                       alpha=round(alpha, 4),
                        mean_accepted=round(_median(rs, "mean_accepted"), 4),
                        mean_k=round(gamma, 4), cost_ratio=round(c, 4),
                        ideal_speedup=round(ideal, 4),
@@ -380,7 +393,7 @@ def check_targets(rows: list[dict]) -> list[str]:
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table of the rows."""
-    head = ("| system | B | K | T | tokens/s | speedup vs target_only | acceptance | "
+    head = ("| system | B | K | T | tokens/s | speedup vs target_only | alpha | "
             "mean accepted | cost ratio | ideal speedup |")
     lines = [head, "|" + "---|" * 10]
 
@@ -392,7 +405,7 @@ def format_table(rows: list[dict]) -> str:
         k = r["num_speculative_tokens"]
         lines.append(f"| {r['system']} | {r['batch_size']} | {'' if k is None else k} | "
                      f"{r['temperature']:g} | {r['tokens_per_second']:.1f} | "
-                     f"{f(r['speedup_vs_target_only'], '.2f')} | {f(r['acceptance_rate'], '.2f')}"
+                     f"{f(r['speedup_vs_target_only'], '.2f')} | {f(r.get('alpha'), '.2f')}"
                      f" | {f(r['mean_accepted'], '.2f')} | {f(r['cost_ratio'], '.3f')} | "
                      f"{f(r['ideal_speedup'], '.2f')} |")
     return "\n".join(lines)

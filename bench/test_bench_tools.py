@@ -1,0 +1,103 @@
+"""Checks of the benchmark machinery itself (no timing): input construction hits the requested
+acceptance, the bytes-needed model, Leviathan's formula, the target checkers and the plots.
+Run with ``pytest bench/ --benchmark-disable`` (``--benchmark-only`` skips them)."""
+
+import json
+
+import pytest
+import torch
+
+from specdec_kernels.benchmarks import e2e, ops, plot, results
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("variant", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("acceptance", [0.0, 0.5, 0.9])
+def test_sampling_inputs_hit_the_acceptance(variant, acceptance):
+    # 4096 Bernoulli(a) draws per case: |mean - a| > 0.05 has probability < 1e-10 (Hoeffding).
+    case = ops.Case("verify_sampling", 1024, 4, 50, "fp32", acceptance, *variant)
+    g = ops._generator(case, CPU)
+    logits, drafts, q = ops._sampling_inputs(case, g)
+    p = logits[:, :4].softmax(-1)
+    px = p.gather(-1, drafts[..., None])[..., 0]
+    if q is None:
+        rate = px.mean() if not case.top_k_top_p else None
+        if rate is not None:
+            assert abs(float(rate) - acceptance) < 1e-3
+    else:
+        qx = q.gather(-1, drafts[..., None])[..., 0]
+        accept = torch.clamp(px / qx, max=1.0)
+        assert abs(float(accept.mean()) - acceptance) < 0.05
+        assert torch.allclose(q.sum(-1), torch.ones(1024, 4), atol=1e-5)
+
+
+@pytest.mark.parametrize("op", ["verify_greedy", "verify_sampling", "kv_compact_",
+                                "accept_reject"])
+def test_bytes_needed_grow_with_acceptance(op):
+    lo = ops.SETUP[op](ops.Case(op, 8, 4, 1000, "fp32", 0.0), CPU)
+    hi = ops.SETUP[op](ops.Case(op, 8, 4, 1000, "fp32", 0.9), CPU)
+    assert hi.num_accepted_mean > lo.num_accepted_mean
+    if op != "accept_reject":
+        assert hi.bytes_needed > lo.bytes_needed
+    if op == "verify_greedy":  # acceptance 0: exactly one logits row per row is needed
+        assert lo.num_accepted_mean == 0
+        assert lo.bytes_needed - 8 * 1000 * 4 < 8 * 100
+
+
+def test_providers_agree_on_cpu():
+    case = ops.Case("verify_sampling", 2, 4, 300, "fp32", 0.5, True, False)
+    bench = ops.SETUP["verify_sampling"](case, CPU)
+    ref = bench.fns["reference"]()
+    assert ref[0].shape == (2, 5)
+    assert "hf" in bench.skipped  # batch 2: transformers' function is batch 1 only
+
+
+def test_leviathan_formula():
+    assert e2e.leviathan_speedup(0.0, 4, 0.0) == pytest.approx(1.0)
+    assert e2e.leviathan_speedup(1.0, 4, 0.0) == pytest.approx(5.0)
+    # Leviathan et al. Table/Fig. 3 style point: alpha 0.8, gamma 3, c 0.05
+    assert e2e.leviathan_speedup(0.8, 3, 0.05) == pytest.approx((1 - 0.8**4) / 0.2 / 1.15)
+
+
+def test_grid_order_and_sizes():
+    gpu = ops.cases("gpu")
+    assert gpu[0].B == 256 and gpu[0].V == 128256
+    assert {c.op for c in gpu[:7]} == set(ops.OPS)
+    assert len(ops.cases("smoke")) <= 16
+
+
+def _fake_ops_rows():
+    rows = []
+    for prov, ms in (("triton", 1.0), ("torch_compile", 4.0)):
+        for tk, extra in ((False, 0.0), (True, 0.2)):
+            c = ops.Case("verify_sampling", 64, 4, 128256, "bf16", 0.5, False, tk)
+            rows.append({**c.__dict__, "case": c.name, "provider": prov,
+                         "median_ms": ms + extra, "bandwidth_gbs": 4000 / (ms + extra),
+                         "copy_bandwidth_gbs": 4800.0})
+    return rows
+
+
+def test_gpu_target_checker():
+    lines = ops.check_gpu_targets(_fake_ops_rows())
+    assert any("PASS" in ln and "4.00x vs torch.compile" in ln for ln in lines)
+    assert any(ln.startswith("PASS") and "1.20x the time" in ln for ln in lines)
+    assert any("MISS" in ln and "of copy bandwidth" in ln for ln in lines)  # 3333/4800 < 70%
+
+
+def test_plots_and_json_roundtrip(tmp_path):
+    rows = [{"run_id": "x", "kind": "e2e", "date": "2026-01-01", "commit": "abc",
+             "machine": {"cpu": "test"}, "system": s, "batch_size": b,
+             "num_speculative_tokens": k, "temperature": t, "tokens_per_second": 100.0,
+             "speedup_vs_target_only": 1.2, "ideal_speedup": 1.5}
+            for s, k in (("specdec", 2), ("specdec", "auto"), ("hf_assisted", 2))
+            for b in (1, 4) for t in (0.0, 1.0) if not (s == "hf_assisted" and b > 1)]
+    path = tmp_path / "e2e.json"
+    results.append_rows(str(path), rows)
+    results.append_rows(str(path), rows)
+    assert len(json.loads(path.read_text())) == 2 * len(rows)
+    plot.plot_e2e(results.latest_run(results.load_rows(str(path)), "e2e"),
+                  str(tmp_path / "e2e.png"))
+    plot.plot_ops(_fake_ops_rows(), str(tmp_path / "ops.png"))
+    assert (tmp_path / "e2e.png").stat().st_size > 1000
+    assert (tmp_path / "ops.png").stat().st_size > 1000
