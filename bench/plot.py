@@ -2,6 +2,7 @@
 
     python bench/plot.py                      # bench/results/{e2e,ops}.json -> *.png, latest runs
     python bench/plot.py --e2e PATH --out-e2e PNG --ops PATH --out-ops PNG
+    python bench/plot.py --markdown           # also print the README's results tables
 """
 
 import argparse
@@ -10,9 +11,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from specdec_kernels.benchmarks import plot, results  # noqa: E402
+from specdec_kernels.benchmarks import e2e, ops, plot, results  # noqa: E402
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def describe(rows) -> str:
+    """One line: where and when a run was measured."""
+    r = rows[0]
+    m = r["machine"]
+    where = m.get("gpu") or f"{m['cpu']}, {m.get('torch_threads')} torch thread(s)"
+    return (f"Measured on {where} ({m.get('cpu_count')} cores visible, load average "
+            f"{m.get('loadavg_1m')}), torch {m.get('torch')}, transformers "
+            f"{m.get('transformers', '-')}, commit {r['commit']}, {r['date']}.")
 
 
 def main(argv=None) -> int:
@@ -21,6 +32,8 @@ def main(argv=None) -> int:
     p.add_argument("--out-e2e", default=os.path.join(HERE, "e2e_cpu.png"))
     p.add_argument("--ops", default=os.path.join(HERE, "ops.json"))
     p.add_argument("--out-ops", default=os.path.join(HERE, "ops_cpu.png"))
+    p.add_argument("--markdown", action="store_true",
+                   help="print Markdown tables of the latest runs (for README.md)")
     args = p.parse_args(argv)
     for src, dst, kind, draw in ((args.e2e, args.out_e2e, "e2e", plot.plot_e2e),
                                  (args.ops, args.out_ops, "ops", plot.plot_ops)):
@@ -28,9 +41,16 @@ def main(argv=None) -> int:
             print(f"{src}: missing, skipped")
             continue
         rows = results.latest_run(results.load_rows(src), kind)
-        if rows:
-            draw(rows, dst)
-            print(f"{dst}: {len(rows)} rows of run {rows[0]['run_id']} ({rows[0]['date']})")
+        if not rows:
+            continue
+        draw(rows, dst)
+        print(f"{dst}: {len(rows)} rows of run {rows[0]['run_id']} ({rows[0]['date']})")
+        if args.markdown:
+            print(f"\n{describe(rows)}\n")
+            print(e2e.format_table(rows) if kind == "e2e" else ops.format_table(rows))
+            if kind == "e2e":
+                print("\n" + "\n".join(f"- {line.strip()}" for line in e2e.check_targets(rows)))
+            print()
     return 0
 
 

@@ -50,6 +50,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     o.add_argument("--acceptance", type=_csv(float), default=None, help="override the rates")
     o.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     o.add_argument("--budget", type=float, default=0.3, help="seconds of timing per provider")
+    o.add_argument("--threads", type=int, default=1,
+                   help="torch threads for CPU runs (default 1: on a shared machine, OpenMP "
+                   "threads waiting for a descheduled sibling turn microseconds into 8 ms "
+                   "scheduler slices; 0: torch's default)")
     o.add_argument("--no-cuda-graph", action="store_true", help="plain do_bench on CUDA")
     o.add_argument("--max-seconds", type=float, default=None,
                    help="stop starting new cases after this long (the rows so far are kept)")
@@ -85,6 +89,8 @@ def _ops(args) -> int:
     from specdec_kernels.benchmarks import ops, results
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.threads and device.type == "cpu":
+        torch.set_num_threads(args.threads)
     grid_name = args.grid or ("full" if args.full or ops.full_requested() else "smoke")
     g = ops.GRIDS[grid_name]
     g = ops.Grid(B=args.batch or g.B, K=args.k or g.K, V=args.vocab or g.V,

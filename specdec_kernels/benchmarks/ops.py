@@ -472,3 +472,23 @@ def check_gpu_targets(rows: list[dict], copy_gbs: float | None = None) -> list[s
             out.append(f"{mark(ratio <= 1.5)} {r['case']}: {ratio:.2f}x the time without "
                        f"top-k/top-p (<= 1.5x)")
     return out
+
+
+def format_table(rows: list[dict]) -> str:
+    """A Markdown table of one run: per case, each provider's median (20%-80% quantiles) and
+    effective bandwidth on bytes needed."""
+    provs = list(dict.fromkeys(r["provider"] for r in rows if "median_ms" in r))
+    lines = ["| case | bytes needed | " + " | ".join(f"{p} ms (GB/s)" for p in provs) + " |",
+             "|" + "---|" * (2 + len(provs))]
+    by_case: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["provider"]] = r
+    for name, pr in by_case.items():
+        cells = []
+        for p in provs:
+            r = pr.get(p)
+            cells.append(f"{r['median_ms']:.3g} ({r['bandwidth_gbs']:.3g})"
+                         if r and "median_ms" in r else "–")
+        nbytes = next(iter(pr.values()))["bytes_needed"]
+        lines.append(f"| {name} | {nbytes / 1e6:.3g} MB | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

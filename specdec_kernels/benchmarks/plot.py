@@ -55,7 +55,7 @@ def plot_e2e(rows: list[dict], path: str) -> None:
         ax.set_title(f"batch {b}")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("speedup vs target alone")
-    axes[0][-1].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7)
     fig.suptitle("End to end, bundled pair: " + _machine_label(rows), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
