@@ -281,7 +281,7 @@ class SpeculativeGenerator:
         gen = None
         if seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(seed)
-        base_seed = seed if seed is not None else int(torch.randint(0, 2**31, (1,)).item())
+        base_seed = seed if seed is not None or greedy else int(torch.randint(0, 2**31, (1,)))
         B, K = len(rows_in), self.max_k
         lens = [len(r) for r in rows_in]
         cap = max(lens) + max_new_tokens + K + 2

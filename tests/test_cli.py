@@ -84,3 +84,20 @@ def test_python_m_entry_point():
                          cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "acceptance rate" in res.stdout
+
+
+def test_docs_python_blocks_run():
+    """docs/models.md (the README's models section): every python block that needs no
+    downloaded checkpoint runs."""
+    import re
+
+    with open(os.path.join(ROOT, "docs", "models.md"), encoding="utf-8") as fh:
+        blocks = re.findall(r"```python\n(.*?)```", fh.read(), flags=re.S)
+    assert len(blocks) >= 4
+    ran = 0
+    for block in blocks:
+        if "from_pretrained" in block:
+            continue
+        exec(compile(block, "docs/models.md", "exec"), {})
+        ran += 1
+    assert ran >= 2

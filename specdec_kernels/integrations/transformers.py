@@ -176,7 +176,7 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
     if auto:  # the prior's choice until acceptance is measured
         k_next = best_num_draft_tokens(tracker.alpha(), cost, K)
     gen = torch.Generator(device=dev).manual_seed(seed) if seed is not None else None
-    base_seed = seed if seed is not None else int(torch.randint(0, 2**31, (1,)).item())
+    base_seed = seed if seed is not None or greedy else int(torch.randint(0, 2**31, (1,)))
     limit_ctx = ctx if ctx is not None else 2**62
 
     out = torch.full((B, max_new_tokens + K + 1), pad, dtype=torch.int64, device=dev)

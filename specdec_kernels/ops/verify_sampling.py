@@ -56,6 +56,18 @@ def _row_temperature(temp_ptr, b, GREEDY_ONLY: tl.constexpr):
 
 
 @triton.jit
+def _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY: tl.constexpr):
+    """(k_b clamped to [0, K], temperature, is-greedy flag, RNG row key) of row ``b``."""
+    kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
+    temp, greedy = _row_temperature(temp_ptr, b, GREEDY_ONLY)
+    if GREEDY_ONLY:
+        key = tl.zeros([], tl.uint32)
+    else:
+        key = row_key(tl.load(seed_ptr + b))
+    return kb, temp, greedy, key
+
+
+@triton.jit
 def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):
     big_m = tl.full([], float("-inf"), tl.float32)
     big_s = tl.zeros([], tl.float32)
@@ -89,12 +101,7 @@ def _verify_row_kernel(
     NPIV: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
-    temp, greedy = _row_temperature(temp_ptr, b, GREEDY_ONLY)
-    if GREEDY_ONLY:
-        key = tl.zeros([], tl.uint32)
-    else:
-        key = row_key(tl.load(seed_ptr + b))
+    kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
     top_k = 0
     top_p = 1.0
     if HAS_TOPK:
@@ -243,12 +250,7 @@ def _split_decide_kernel(
     BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
-    temp, greedy = _row_temperature(temp_ptr, b, GREEDY_ONLY)
-    if GREEDY_ONLY:
-        key = tl.zeros([], tl.uint32)
-    else:
-        key = row_key(tl.load(seed_ptr + b))
+    kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
     j = 0
     extra = 0
     go_on = kb >= 0
