@@ -18,6 +18,7 @@ of code, which is how the tests exercise it next to the C++ kernels.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 import threading
 import warnings
@@ -56,11 +57,11 @@ _FALLBACKS = {
 def _load():
     if os.environ.get(FORCE_FALLBACK_ENV, "0").lower() in ("1", "true", "yes", "on"):
         return None, f"{FORCE_FALLBACK_ENV} is set"
-    try:
-        from specdec_kernels import _C  # noqa: F401  (importing registers the ops)
+    try:  # importing registers the ops; import_module words a missing build plainly
+        module = importlib.import_module("specdec_kernels._C")
     except ImportError as exc:
         return None, f"specdec_kernels._C could not be imported ({exc})"
-    return _C, None
+    return module, None
 
 
 _C, _load_error = _load()
