@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 K_ORDER = (1, 2, 4, 8, "auto")
+PROVIDER_COLORS = {"triton": "tab:blue", "extension": "tab:blue", "reference": "tab:orange",
+                   "torch_compile": "tab:green", "hf": "tab:red"}
 
 
 def _plt():
@@ -75,9 +77,14 @@ def plot_ops(rows: list[dict], path: str) -> None:
         return "verify_sampling" + (" +q" if r["draft_probs"] else "") + (
             " +topk/p" if r["top_k_top_p"] else "")
     names = sorted({variant(r) for r in rows})
-    fig, axes = plt.subplots(1, len(names), figsize=(3.6 * len(names), 3.4), squeeze=False)
+    ncols = min(4, len(names))
+    nrows = -(-len(names) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.8 * ncols, 3.3 * nrows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax in flat[len(names):]:
+        ax.axis("off")
     copy = rows[0].get("copy_bandwidth_gbs")
-    for ax, name in zip(axes[0], names):
+    for ax, name in zip(flat, names):
         sel = [r for r in rows if variant(r) == name]
         v = max(r["V"] for r in sel)
         dt = sel[0]["dtype"]
@@ -85,17 +92,18 @@ def plot_ops(rows: list[dict], path: str) -> None:
         sel = [r for r in sel if r["V"] == v and r["dtype"] == dt and r["acceptance"] == acc]
         for prov in dict.fromkeys(r["provider"] for r in sel):
             pts = sorted((r["B"], r["bandwidth_gbs"]) for r in sel if r["provider"] == prov)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=prov)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=prov,
+                    color=PROVIDER_COLORS.get(prov))
         if copy:
             ax.axhline(copy, color="gray", ls=":", lw=0.8, label="copy bandwidth")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch B")
+        ax.set_ylabel("effective GB/s (bytes needed)", fontsize=8)
+        ax.legend(fontsize=6)
         ax.set_title(f"{name}\nV={v} {dt} acc={acc}" if v else f"{name}\n{dt} acc={acc}",
                      fontsize=8)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("effective GB/s (bytes needed)")
-    axes[0][-1].legend(fontsize=7)
     fig.suptitle("Kernels: " + _machine_label(rows), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
