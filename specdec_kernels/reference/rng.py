@@ -30,10 +30,13 @@ PURPOSE_SAMPLE = 1  # the per-token uniforms of the exponential race at position
 
 
 def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
-    """``(h * c) mod 2**32`` for ``0 <= h < 2**32`` in int64 without signed overflow."""
-    lo = h * (c & 0xFFFF)
-    hi = ((h * (c >> 16)) & 0xFFFF) << 16
-    return (lo + hi) & MASK32
+    """``(h * c) mod 2**32`` for ``0 <= h, c < 2**32`` held in int64.
+
+    The full product can pass 2**63; PyTorch's int64 multiply wraps around in two's complement
+    (on CPU and CUDA alike), which leaves the low 32 bits exact. The bit-equality test against
+    the kernels' uint32 arithmetic (tests/test_verify_sampling.py) guards this.
+    """
+    return (h * c) & MASK32
 
 
 def fmix32(h: torch.Tensor) -> torch.Tensor:

@@ -63,10 +63,11 @@ def filtered_probs(target_logits: torch.Tensor, temperature: torch.Tensor,
     return e / e.sum(dim=-1, keepdim=True)
 
 
-def race_uniforms(seeds: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """The ``[B, V]`` uniforms of the resampling race of each row at ``position[b]``."""
-    stream = rng.stream_key(rng.row_key(seeds), position, rng.PURPOSE_SAMPLE)  # [B]
-    index = torch.arange(vocab_size, device=seeds.device)
+def race_uniforms(key: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """The ``[B, V]`` uniforms of the resampling race of each row (``key = rng.row_key(seeds)``)
+    at ``position[b]``."""
+    stream = rng.stream_key(key, position, rng.PURPOSE_SAMPLE)  # [B]
+    index = torch.arange(vocab_size, device=key.device)
     return rng.uniform(stream[:, None], index[None, :])
 
 
@@ -123,7 +124,7 @@ def verify_sampling(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         residual = (p_extra - q_extra).clamp(min=0)
     else:
         residual = torch.zeros_like(p_extra)
-    exponential = -torch.log(race_uniforms(seeds, num_accepted, v))  # [B, V]
+    exponential = -torch.log(race_uniforms(key, num_accepted, v))  # [B, V]
     residual_score = residual / exponential
     plain_score = p_extra / exponential
     residual_best, residual_token = residual_score.max(dim=-1)
