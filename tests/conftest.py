@@ -14,6 +14,15 @@ def _seed_everything():
     yield
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run faster on one thread, and the CI machine is shared (2 cores)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)

@@ -24,13 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STATED_ACCEPTANCE = 0.65  # measured 0.697 (README.md); the issue asks for >= 0.6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models here are tiny: one thread is faster, and the CI machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_bundled_pair_loads_offline():

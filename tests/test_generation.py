@@ -14,18 +14,7 @@ from specdec_kernels.ngram import ngram_draft
 VOCAB = 37
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models here are tiny: one thread is faster, and the CI machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_pair(vocab=VOCAB, n_positions=96, dtype=torch.float64, seed=0):

@@ -14,18 +14,7 @@ from specdec_kernels.integrations.transformers import (  # noqa: E402
 VOCAB, PAD, EOS = 61, 0, 7
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models here are tiny: one thread is faster, and the CI machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def gpt2_pair(n_positions=64, seed=0):

@@ -9,18 +9,7 @@ from specdec_kernels.models import CausalLM, CausalLMConfig
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(autouse=True)
-def _seed():
-    torch.manual_seed(0)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The models here are tiny: one thread is faster, and the CI machine is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def assert_close_verbose(actual, expected, atol, rtol, what=""):
