@@ -216,3 +216,23 @@ def test_filtered_probs_match_transformers_warpers():
                               None if p is None else torch.full((4,), p))
         assert_same(ours > 0, expected > 0, f"kept set T={t} k={k} p={p} ({tf.__version__})")
         torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_int32_inputs_low_precision_row_params_and_no_drafts(k):
+    """int32 drafts / num_draft_tokens / top_k, bf16 temperature, fp16 top_p, and K = 0 (only
+    the bonus token) give the same tokens on both backends, within the contract."""
+    b, v = 4, 50
+    logits = torch.randn(b, k + 1, v)
+    drafts = logits.argmax(-1)[:, :k].to(torch.int32)
+    nd = torch.tensor([3, 1, 0, 2], dtype=torch.int32).clamp(max=k)
+    kwargs = dict(num_draft_tokens=nd, seed=torch.arange(b),
+                  temperature=torch.tensor([0.0, 1.0, 0.5, 2.0], dtype=torch.bfloat16),
+                  top_k=torch.tensor([0, 3, 5, 1], dtype=torch.int32),
+                  top_p=torch.tensor([0.5, 1.0, 0.9, 0.7], dtype=torch.float16))
+    ref = sk.verify_sampling(logits, drafts, backend="reference", **kwargs)
+    tri = sk.verify_sampling(logits, drafts, backend="triton", **kwargs)
+    assert_verification_equal(tri, ref, f"K={k}")
+    assert ref.tokens.shape == (b, k + 1)
+    assert bool((ref.num_accepted <= nd.long()).all())
+    assert bool((ref.tokens[:, 0] >= 0).all())
