@@ -25,9 +25,12 @@ POINTER_TYPES = {
     "kappa_ptr": "*i64", "temp_ptr": "*fp32", "topp_ptr": "*fp32", "part_m_ptr": "*fp32",
     "part_s_ptr": "*fp32", "z_ptr": "*fp32", "race_rb_ptr": "*fp32", "race_pb_ptr": "*fp32",
     "part_a_ptr": "*i32", "race_ri_ptr": "*i32", "race_pi_ptr": "*i32", "out_ptr": "*i64",
-    "verifier_ptr": "*i32",
+    "verifier_ptr": "*i32", "m_ptr": "*fp32", "lo_ptr": "*i64", "hi_ptr": "*i64",
+    "floor_ptr": "*i64", "mass_ptr": "*fp32", "target_ptr": "*fp32", "active_ptr": "*i32",
+    "pcount_ptr": "*i64", "pmass_ptr": "*fp32",
 }
-FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
+FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "USE_MASS")
+MODES = {"PHASE": (0, 1, 2)}  # non-boolean mode constexprs and their values
 
 
 def _signature(fn, constexprs):
@@ -55,14 +58,18 @@ def kernels():
     sizes = {"CHUNK": cfg["CHUNK"], "BLOCK": cfg["BLOCK"], "TBLOCK": cfg["TBLOCK"],
              "NPIV": cfg["NPIV"], "BLOCK_K": 16}
     for fn in (verify_sampling._verify_row_kernel, verify_sampling._split_stats_kernel,
-               verify_sampling._split_threshold_kernel, verify_sampling._split_race_kernel,
+               verify_sampling._split_search_phase_kernel,
+               verify_sampling._split_search_partial_kernel,
+               verify_sampling._split_search_update_kernel, verify_sampling._split_race_kernel,
                verify_sampling._split_decide_kernel, accept_reject._accept_reject_kernel):
         flags = [f for f in FLAGS if f in fn.arg_names]
+        modes = [m for m in MODES if m in fn.arg_names]
         fixed = {k: v for k, v in sizes.items() if k in fn.arg_names}
         if "BLOCK_K" in fn.arg_names and fn is accept_reject._accept_reject_kernel:
             fixed["BLOCK_K"] = 64
-        for values in itertools.product((False, True), repeat=len(flags)):
-            yield fn, {**fixed, **dict(zip(flags, values))}
+        choices = [(False, True)] * len(flags) + [MODES[m] for m in modes]
+        for values in itertools.product(*choices):
+            yield fn, {**fixed, **dict(zip(flags + modes, values))}
 
 
 def main(archs):
@@ -70,7 +77,7 @@ def main(archs):
     for arch in archs:
         target = GPUTarget("cuda", int(arch), 32)
         for fn, constexprs in kernels():
-            flags = {k: v for k, v in constexprs.items() if k in FLAGS}
+            flags = {k: v for k, v in constexprs.items() if k in FLAGS or k in MODES}
             try:
                 compiled = _compile(fn, constexprs, target)
                 ok = "cubin" in compiled.asm

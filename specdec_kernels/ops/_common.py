@@ -17,6 +17,9 @@ INDEX_MULT = tl.constexpr(0x27D4EB2F)
 PURPOSE_ACCEPT = tl.constexpr(0)
 PURPOSE_SAMPLE = tl.constexpr(1)
 KEY_FLOOR = tl.constexpr(-2147483649)  # below every float key: "keep everything"
+# Rounds that always finish a threshold search over 32-bit keys with 16 pivots a round
+# (the range shrinks to at most ceil(range / 17) per round: 2**32 + 1 -> 1 in 8; one spare).
+SEARCH_ROUNDS = 9
 
 
 @triton.jit
@@ -119,13 +122,15 @@ def chunk_stats(row_ptr, chunk_start, V, temp, NEED_SUM: tl.constexpr,
 
 
 @triton.jit
-def _pivot_pass(row_ptr, V, temp, m, floor_key, pivots, NPIV: tl.constexpr, BLOCK: tl.constexpr):
-    """For each pivot: count and unnormalised mass of tokens with ``floor <= key > pivot``."""
-    offs = tl.arange(0, BLOCK)
+def chunk_pivot_pass(row_ptr, chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
+                     CHUNK: tl.constexpr, TBLOCK: tl.constexpr):
+    """Over one chunk, for each pivot: the count and unnormalised mass ``exp(x - m)`` of the
+    tokens with ``key >= floor_key`` and ``key > pivot``."""
+    offs = tl.arange(0, TBLOCK)
     counts = tl.zeros([NPIV], tl.int64)
     masses = tl.zeros([NPIV], tl.float32)
-    for start in range(0, V, BLOCK):
-        idx = start + offs
+    for t in range(0, CHUNK, TBLOCK):
+        idx = chunk_start + t + offs
         mask = idx < V
         x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
         key = float_key(x)
@@ -138,38 +143,66 @@ def _pivot_pass(row_ptr, V, temp, m, floor_key, pivots, NPIV: tl.constexpr, BLOC
 
 
 @triton.jit
+def search_pivots(lo, hi, NPIV: tl.constexpr):
+    """``NPIV`` pivots spread over ``(lo, hi)``; with ``hi - lo >= 2`` one lies strictly inside."""
+    steps = tl.arange(0, NPIV).to(tl.int64) + 1
+    return lo + ((hi - lo) * steps) // (NPIV + 1)
+
+
+@triton.jit
+def search_step(lo, hi, mass_lo, pivots, counts, masses, target_count, target_mass,
+                USE_MASS: tl.constexpr):
+    """One narrowing step of the threshold search from the pivots' counts / masses.
+
+    Keeps the invariant ``f(lo) >= target > f(hi)`` (``f`` = count or mass above a key) and the
+    mass above ``lo``; the range shrinks at least ``NPIV + 1``-fold (rounded up).
+    """
+    if USE_MASS:
+        good = masses < target_mass
+    else:
+        good = counts < target_count
+    new_lo = tl.max(tl.where(good, lo, pivots), axis=0)
+    new_hi = tl.min(tl.where(good, pivots, hi), axis=0)
+    moved = tl.max(tl.where(pivots == new_lo, masses, -1.0), axis=0)
+    mass_lo = tl.where(new_lo == lo, mass_lo, moved)
+    return new_lo, new_hi, mass_lo
+
+
+@triton.jit
 def _search(row_ptr, V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
-            USE_MASS: tl.constexpr, NPIV: tl.constexpr, BLOCK: tl.constexpr):
+            USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+            TBLOCK: tl.constexpr, NCHUNK):
     """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
 
     Invariant: ``f(lo) >= target > f(hi)``. Each pass over the row tests ``NPIV`` pivots, so the
-    search takes ``ceil(32 / log2(NPIV + 1))`` passes at most. Returns the key and the mass of
-    the tokens kept (those with ``key >= k``).
+    search takes at most ``SEARCH_ROUNDS`` passes. The per-pivot sums are taken chunk by chunk
+    and added in chunk order, exactly as the split strategy adds its per-chunk partials. Returns
+    the key and the mass of the tokens kept (those with ``key >= k``).
     """
-    steps = tl.arange(0, NPIV).to(tl.int64) + 1
     while hi - lo > 1:
-        pivots = lo + ((hi - lo) * steps) // (NPIV + 1)
-        counts, masses = _pivot_pass(row_ptr, V, temp, m, floor_key, pivots, NPIV, BLOCK)
-        if USE_MASS:
-            good = masses < target_mass
-        else:
-            good = counts < target_count
-        new_lo = tl.max(tl.where(good, lo, pivots), axis=0)
-        new_hi = tl.min(tl.where(good, pivots, hi), axis=0)
-        moved = tl.max(tl.where(pivots == new_lo, masses, -1.0), axis=0)
-        mass_lo = tl.where(new_lo == lo, mass_lo, moved)
-        lo = new_lo
-        hi = new_hi
+        pivots = search_pivots(lo, hi, NPIV)
+        counts = tl.zeros([NPIV], tl.int64)
+        masses = tl.zeros([NPIV], tl.float32)
+        for c in range(0, NCHUNK):
+            cc, cm = chunk_pivot_pass(row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV,
+                                      CHUNK, TBLOCK)
+            counts += cc
+            masses += cm
+        lo, hi, mass_lo = search_step(lo, hi, mass_lo, pivots, counts, masses, target_count,
+                                      target_mass, USE_MASS)
     return hi, mass_lo
 
 
 @triton.jit
 def thresholds(row_ptr, V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
-               HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, BLOCK: tl.constexpr):
+               HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+               TBLOCK: tl.constexpr, NCHUNK):
     """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
 
     Tokens with ``float_key(x) >= kappa`` are kept; ``p(x) = exp(x - m) / Z`` on them. Without
-    an active filter ``kappa`` keeps everything and ``Z = s``.
+    an active filter ``kappa`` keeps everything and ``Z = s``. Top-k: the smallest key with fewer
+    than ``k`` tokens above it (ties at the k-th value kept). Top-p, on the top-k survivors: the
+    smallest key whose strictly-larger mass is below ``top_p * Z_k``.
     """
     kappa = tl.full([], KEY_FLOOR, tl.int64)
     z = s
@@ -177,11 +210,11 @@ def thresholds(row_ptr, V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
     if HAS_TOPK:
         if (top_k > 0) & (top_k < V):
             kappa, z = _search(row_ptr, V, temp, m, KEY_FLOOR, kappa, max_key, z, top_k, 0.0,
-                               False, NPIV, BLOCK)
+                               False, NPIV, CHUNK, TBLOCK, NCHUNK)
     if HAS_TOPP:
         if top_p < 1.0:
             kappa, z = _search(row_ptr, V, temp, m, kappa, kappa - 1, max_key, z, 0, top_p * z,
-                               True, NPIV, BLOCK)
+                               True, NPIV, CHUNK, TBLOCK, NCHUNK)
     return kappa, z
 
 
