@@ -3,7 +3,8 @@
 Each case replicates one verification problem over N independent rows (per-row seeds) and checks:
 * at every position j, the tokens emitted there (rows that reached j) follow the target
   distribution p_j (chi-square, bins with expected count < 5 merged; tokens outside p's support
-  must never appear);
+  must never appear). Merging means a bias confined to tokens with expected count < 5 (p < 5/n)
+  moves only the merged bin's total and is otherwise not seen;
 * at every draft position, the fraction of accepted drafts is sum_x min(p_j, q_j) (binomial z).
 
 False-failure rate: every check uses a two-sided level of ALPHA = 1e-7; a run makes fewer than 10
