@@ -109,6 +109,49 @@ def check_scalar_ranges(temperature, top_k, top_p) -> None:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
 
+def probs_tolerance(dtype: torch.dtype) -> float:
+    """How far from 1 a valid probability row of ``dtype`` may sum: ``max(1e-3, eps(dtype))``.
+
+    Rounding each entry of an exact distribution to ``dtype`` moves the sum by at most the unit
+    roundoff ``eps / 2`` (relative, summed over entries whose total is 1), so ``eps`` leaves a
+    factor of two: bfloat16 ``torch.softmax`` rows (off by up to ~2e-3) pass, float32 keeps 1e-3.
+    """
+    return max(1e-3, torch.finfo(dtype).eps)
+
+
+def check_logit_values(target_logits: torch.Tensor) -> None:
+    """NaN and ``+inf`` logits are bad values, and so is a row with no finite entry; ``-inf``
+    marks a masked token (transformers' warpers produce them) and is valid."""
+    bad = torch.isnan(target_logits) | (target_logits == float("inf"))
+    if bool(bad.any()):
+        row, pos, tok = _first(bad)
+        raise ValueError(f"target_logits must not hold NaN or +inf (-inf masks a token), got "
+                         f"target_logits[{row}, {pos}, {tok}] = "
+                         f"{float(target_logits[row, pos, tok])}")
+    empty = ~torch.isfinite(target_logits).any(dim=-1)
+    if bool(empty.any()):
+        row, pos = _first(empty)
+        raise ValueError(f"target_logits[{row}, {pos}] has no finite entry (every token is "
+                         f"masked with -inf): there is nothing to emit")
+
+
+def check_temperature_range(target_logits: torch.Tensor, temperature: torch.Tensor) -> None:
+    """Reject a temperature so small that ``logits / temperature`` overflows float32.
+
+    The kernels compute ``x = logit / T`` in float32; where that is ``+-inf`` the max and the
+    filters are meaningless. ``T = 0`` is the greedy row and always fine.
+    """
+    finite = torch.isfinite(target_logits)
+    biggest = torch.where(finite, target_logits.float().abs(), 0.0).amax(dim=(1, 2))  # [B]
+    temp = temperature.float()
+    overflow = (temp > 0) & torch.isinf(biggest / torch.where(temp > 0, temp, 1.0))
+    if bool(overflow.any()):
+        (row,) = _first(overflow)
+        raise ValueError(f"temperature[{row}] = {float(temperature[row]):.3g} is so small that "
+                         f"logits / temperature overflows float32 (max |logit| in row {row} is "
+                         f"{float(biggest[row]):.4g}); use temperature 0 for greedy decoding")
+
+
 def _first(mask: torch.Tensor) -> tuple:
     return tuple(int(i) for i in mask.nonzero()[0])
 
@@ -130,16 +173,14 @@ def check_values(target_logits, draft_tokens, num_draft_tokens, draft_probs=None
         raise ValueError(f"draft_tokens[{row}, {pos}] = {int(draft_tokens[row, pos])} is outside "
                          f"[0, V) with V = {v} (positions < num_draft_tokens[{row}] = "
                          f"{int(num_draft_tokens[row])} must be real token ids)")
-    finite = torch.isfinite(target_logits)
-    if not bool(finite.all()):
-        row, pos, tok = _first(~finite)
-        raise ValueError(f"target_logits must be finite, got target_logits[{row}, {pos}, {tok}] = "
-                         f"{float(target_logits[row, pos, tok])}")
+    check_logit_values(target_logits)
     if draft_probs is not None:
+        tol = probs_tolerance(draft_probs.dtype)
         negative = (draft_probs < 0).any(dim=-1) & live
         sums = draft_probs.float().sum(dim=-1)
-        off = ((sums - 1).abs() > 1e-3) & live | ~torch.isfinite(sums) & live
-        for bad, what in ((negative, "has negative entries"), (off, "does not sum to 1 (tolerance 1e-3)")):
+        off = ((sums - 1).abs() > tol) & live | ~torch.isfinite(sums) & live
+        for bad, what in ((negative, "has negative entries"),
+                          (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})")):
             if bool(bad.any()):
                 row, pos = _first(bad)
                 raise ValueError(f"draft_probs[{row}, {pos}] {what}: sum = {float(sums[row, pos]):.6g}, "
@@ -149,6 +190,7 @@ def check_values(target_logits, draft_tokens, num_draft_tokens, draft_probs=None
         if bool(bad.any()):
             (row,) = _first(bad)
             raise ValueError(f"temperature must be finite and >= 0, got temperature[{row}] = {float(temperature[row])}")
+        check_temperature_range(target_logits, temperature)
     if top_k is not None:
         bad = top_k < 0
         if bool(bad.any()):

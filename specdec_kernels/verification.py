@@ -120,7 +120,8 @@ def verify_greedy(target_logits: Tensor, draft_tokens: Tensor, *,
         ``None``: Triton for CUDA tensors, the reference for CPU tensors, unless the environment
         variable ``SPECDEC_BACKEND`` says otherwise. ``"triton"`` on CPU runs Triton's interpreter.
     validate : bool
-        Check values (ids in ``[0, V)``, finite logits, ``k_b`` in ``[0, K]``) before any work;
+        Check values (ids in ``[0, V)``, no NaN or ``+inf`` logits and a finite entry in every
+        row, ``k_b`` in ``[0, K]``) before any work; ``-inf`` logits mask tokens (never emitted);
         this synchronises. With ``False`` nothing synchronises (CUDA-graph safe) and bad values
         still never cause out-of-bounds accesses or ids outside ``[0, V)`` other than ``-1``.
 
@@ -188,7 +189,9 @@ def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Te
         Scalar or `[B]` int; ``0``/``None`` is off. Ties at the k-th value are kept.
     top_p : float or Tensor, optional
         Scalar or `[B]` float in ``(0, 1]``; ``1``/``None`` is off. Keeps the tokens whose
-        strictly-more-probable mass is below ``top_p`` (at least the most probable one).
+        strictly-more-probable mass is below ``top_p`` (at least the most probable one). All
+        tokens tied at the threshold are kept; transformers' ``TopPLogitsWarper`` keeps only the
+        ones its sort puts last, so the two differ exactly there (and agree without ties).
     num_draft_tokens : Tensor, optional
         `[B]` integer in ``[0, K]``; default ``K``.
     seed : int or Tensor, optional
@@ -198,8 +201,10 @@ def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Te
         Draws the per-row seeds when ``seed`` is None (default: torch's default generator).
     backend, validate
         As in :func:`verify_greedy`. ``validate`` also checks that ``draft_probs`` rows at live
-        positions are non-negative and sum to 1 (tolerance 1e-3), ``temperature >= 0`` and
-        ``top_p`` in ``(0, 1]``.
+        positions are non-negative and sum to 1 (tolerance ``max(1e-3, eps(dtype))``: bfloat16
+        softmax rows pass), ``temperature >= 0`` and not so small that ``logits / temperature``
+        overflows float32 (with ``validate=False`` such a row gives some in-bounds token), and
+        ``top_p`` in ``(0, 1]``. ``-inf`` logits are valid (masked tokens, never emitted).
 
     Returns
     -------

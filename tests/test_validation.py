@@ -66,8 +66,10 @@ def test_backend_from_environment(monkeypatch):
 @pytest.mark.parametrize("case, kwargs, pattern", [
     ("draft id >= V", {}, r"draft_tokens\[1, 2\] = 50 is outside \[0, V\) with V = 50"),
     ("negative draft id", {}, r"draft_tokens\[0, 0\] = -3 is outside"),
-    ("nan logits", {}, r"target_logits must be finite, got target_logits\[2, 1, 7\] = nan"),
-    ("inf logits", {}, r"target_logits must be finite, got target_logits\[0, 4, 0\] = -inf"),
+    ("nan logits", {}, r"target_logits must not hold NaN or \+inf \(-inf masks a token\), got target_logits\[2, 1, 7\] = nan"),
+    ("+inf logits", {}, r"target_logits must not hold NaN or \+inf .*got target_logits\[0, 4, 0\] = inf"),
+    ("all -inf row", {}, r"target_logits\[1, 2\] has no finite entry"),
+    ("overflowing temperature", {"temperature": torch.tensor([1.0, 1e-38, 1.0])}, r"temperature\[1\] = 1e-38 is so small that logits / temperature overflows float32"),
     ("num_draft_tokens > K", {"num_draft_tokens": torch.tensor([4, 5, 0])}, r"num_draft_tokens must lie in \[0, K\] = \[0, 4\], got num_draft_tokens\[1\] = 5"),
     ("num_draft_tokens < 0", {"num_draft_tokens": torch.tensor([4, 1, -1])}, r"num_draft_tokens\[2\] = -1"),
     ("negative temperature", {"temperature": torch.tensor([1.0, -0.5, 1.0])}, r"temperature must be finite and >= 0, got temperature\[1\] = -0.5"),
@@ -84,8 +86,12 @@ def test_value_errors(case, kwargs, pattern):
         drafts[0, 0] = -3
     if case == "nan logits":
         logits[2, 1, 7] = float("nan")
-    if case == "inf logits":
-        logits[0, 4, 0] = float("-inf")
+    if case == "+inf logits":
+        logits[0, 4, 0] = float("inf")
+    if case == "all -inf row":
+        logits[1, 2] = float("-inf")
+    if case == "overflowing temperature":
+        logits[1, 0, 0] = 5.0
     before = (logits.clone(), drafts.clone())
     with pytest.raises(ValueError, match=pattern):
         sk.verify_sampling(logits, drafts, **kwargs)
@@ -110,7 +116,7 @@ def test_bad_draft_probs(pattern):
         match = r"draft_probs\[1, 3\] has negative entries"
     else:
         q[2, 0] *= 1.01
-        match = r"draft_probs\[2, 0\] does not sum to 1 \(tolerance 1e-3\): sum = 1.01"
+        match = r"draft_probs\[2, 0\] does not sum to 1 \(tolerance 0.001 for torch.float32\): sum = 1.01"
     with pytest.raises(ValueError, match=match):
         sk.verify_sampling(logits, drafts, q)
     # rows at positions >= k_b are not checked (padding may be anything)
@@ -147,3 +153,57 @@ def test_garbage_with_validate_false_stays_in_bounds(backend, trial):
             assert torch.equal(res.num_emitted, res.num_accepted + 1)
             pos = torch.arange(k + 1)[None, :]
             assert bool((tokens[pos < res.num_emitted[:, None]] >= 0).all())
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_minus_inf_logits_are_masked_tokens(backend):
+    """-inf is valid input (transformers' warpers produce it) and is never emitted; greedy and
+    sampling agree with the same logits where the masked tokens hold a very low finite value."""
+    logits, drafts, q = _good()
+    masked = torch.rand(logits.shape, generator=torch.Generator().manual_seed(3)) < 0.5
+    masked[..., 0] = False  # keep a finite entry per row
+    x = logits.masked_fill(masked, float("-inf"))
+    out = sk.verify_sampling(x, drafts, q, temperature=0.8, top_k=20, top_p=0.9, seed=5,
+                             backend=backend)
+    emitted = out.tokens[:, None, :].expand(-1, x.shape[1], -1)
+    rows = torch.arange(x.shape[1])[None, :, None].expand_as(emitted)
+    pos = torch.arange(x.shape[1])[None, None, :].expand_as(emitted)
+    live = (emitted >= 0) & (rows == pos)
+    assert not bool(masked.gather(-1, emitted.clamp_min(0))[live].any()), "a masked token came out"
+    greedy = sk.verify_greedy(x, drafts, backend=backend)
+    assert torch.equal(greedy.tokens, sk.verify_greedy(logits.masked_fill(masked, -1e30), drafts,
+                                                       backend=backend).tokens)
+
+
+def test_tiny_temperatures():
+    """Logits [0, 5, 1]: T = 1e-30 still picks token 1; T = 1e-38 overflows logits / T and is
+    rejected (it used to pick token 0); unvalidated it stays in bounds."""
+    logits = torch.tensor([[[0.0, 5.0, 1.0]]])
+    none = torch.zeros(1, 0, dtype=torch.int64)
+    for backend in ("reference", "triton"):
+        out = sk.verify_sampling(logits, none, temperature=1e-30, seed=0, backend=backend)
+        assert out.tokens.tolist() == [[1]]
+        with pytest.raises(ValueError, match="temperature.*overflows float32"):
+            sk.verify_sampling(logits, none, temperature=1e-38, seed=0, backend=backend)
+        out = sk.verify_sampling(logits, none, temperature=1e-38, seed=0, backend=backend,
+                                 validate=False)
+        assert 0 <= int(out.tokens[0, 0]) < 3
+    huge = sk.verify_sampling(logits, none, temperature=1e4, seed=0)  # nearly uniform, valid
+    assert 0 <= int(huge.tokens[0, 0]) < 3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_softmax_rows_are_valid_draft_probs(dtype):
+    """torch.softmax in bfloat16 sums to 1 only within ~2e-3: such rows must pass, and the
+    tolerance still catches a row that is off by more than the dtype's rounding."""
+    b, k, v = 64, 4, 1000
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(b, k + 1, v, generator=g)
+    q = torch.softmax((torch.randn(b, k, v, generator=g) * 5).to(dtype), dim=-1)  # peaked rows
+    worst = float((q.float().sum(-1) - 1).abs().max())
+    assert worst > 1e-3 or dtype == torch.float16  # the case that used to be rejected
+    drafts = torch.multinomial(q.float().reshape(-1, v), 1, generator=g).reshape(b, k)
+    sk.verify_sampling(logits, drafts, q, seed=0)
+    q[3, 1] *= 1.05
+    with pytest.raises(ValueError, match=r"draft_probs\[3, 1\] does not sum to 1"):
+        sk.verify_sampling(logits, drafts, q, seed=0)

@@ -20,6 +20,9 @@ KEY_FLOOR = tl.constexpr(-2147483649)  # below every float key: "keep everything
 # Rounds that always finish a threshold search over 32-bit keys with 16 pivots a round
 # (the range shrinks to at most ceil(range / 17) per round: 2**32 + 1 -> 1 in 8; one spare).
 SEARCH_ROUNDS = 9
+UNIFORM_SHIFT = tl.constexpr(9)  # u = ((r >> 9) + 0.5) * 2**-23: exact, in [2**-24, 1 - 2**-24]
+UNIFORM_SCALE = tl.constexpr(2.0 ** -23)
+EXP_FLOOR = tl.constexpr(2.0 ** -25)
 
 
 @triton.jit
@@ -50,14 +53,19 @@ def stream_key(key, position, PURPOSE: tl.constexpr):
 
 
 @triton.jit
+def unit_interval(r):
+    """uint32 draws to float32 ``((r >> 9) + 0.5) * 2**-23``: exact, in ``[2**-24, 1 - 2**-24]``."""
+    return ((r >> UNIFORM_SHIFT).to(tl.float32) + 0.5) * UNIFORM_SCALE
+
+
+@triton.jit
 def _unit(r, stream):
-    r = fmix32(r + stream)
-    return ((r >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return unit_interval(fmix32(r + stream))
 
 
 @triton.jit
 def uniform(stream, index):
-    """Float32 uniforms in (0, 1) of ``stream`` at integer tensor ``index``."""
+    """Float32 uniforms in ``[2**-24, 1 - 2**-24]`` of ``stream`` at integer tensor ``index``."""
     return _unit(fmix32(stream ^ (index.to(tl.uint32) * INDEX_MULT)), stream)
 
 
@@ -247,9 +255,14 @@ def chunk_race(row_ptr, q_ptr, draft, chunk_start, V, temp, m, z, kappa, stream,
             q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
         else:
             q = tl.where(idx == draft, 1.0, 0.0)
-        exponential = -tl.log(uniform(stream, idx))
-        r_best, r_idx = merge_best(r_best, r_idx, tl.maximum(p - q, 0.0) / exponential, idx)
-        p_best, p_idx = merge_best(p_best, p_idx, tl.where(mask, p / exponential, -1.0), idx)
+        exponential = tl.maximum(-tl.log(uniform(stream, idx)), EXP_FLOOR)
+        residual = p - q
+        # Zero (or NaN) weights score 0 / -1 and never beat the initial values: a token with no
+        # mass cannot win, whatever the inputs.
+        r_best, r_idx = merge_best(r_best, r_idx,
+                                   tl.where(residual > 0.0, residual / exponential, 0.0), idx)
+        p_best, p_idx = merge_best(p_best, p_idx,
+                                   tl.where(mask & (p > 0.0), p / exponential, -1.0), idx)
     rb = tl.max(r_best, axis=0)
     ri = tl.min(tl.where(r_best == rb, r_idx, 2147483647), axis=0)
     pb = tl.max(p_best, axis=0)

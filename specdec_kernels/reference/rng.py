@@ -11,8 +11,17 @@ launch grid or on a global generator, so
 * no state is advanced, so nothing synchronises with the host.
 
 The mixer is MurmurHash3's 32-bit finaliser (``fmix32``), a bijection with full avalanche, applied
-to the key words in sequence. Uniforms take the top 24 bits: ``u = (r >> 8 + 0.5) / 2**24``, which
-lies strictly inside ``(0, 1)`` and is exact in float32.
+to the key words in sequence. Uniforms take the top 23 bits of the 32-bit draw ``r``:
+
+    u = ((r >> 9) + 0.5) * 2**-23,   so   2**-24 <= u <= 1 - 2**-24.
+
+``(r >> 9) + 0.5`` needs at most 24 significant bits, so every step is exact in float32 and ``u``
+lies strictly inside ``(0, 1)`` on every backend. (Keeping 24 bits, ``((r >> 8) + 0.5) / 2**24``,
+is *not* exact: ``2**24 - 1 + 0.5`` rounds to ``2**24`` and ``u`` becomes exactly 1.)
+
+The exponential of the resampling race is ``E = max(-log(u), EXP_FLOOR)``: with a correctly
+rounded ``log`` the floor never binds (``-log(1 - 2**-24) ~ 5.96e-8``); it keeps ``E > 0`` under
+approximate GPU logarithms.
 """
 
 from __future__ import annotations
@@ -24,6 +33,10 @@ GOLDEN = 0x9E3779B9  # added to the high seed word before mixing
 POS_MULT = 0x85EBCA77  # position multiplier
 PURPOSE_MULT = 0xC2B2AE3D  # purpose multiplier
 INDEX_MULT = 0x27D4EB2F  # vocabulary-index multiplier
+
+UNIFORM_SHIFT = 9  # keep the top 32 - 9 = 23 bits
+UNIFORM_SCALE = 2.0 ** -23
+EXP_FLOOR = 2.0 ** -25  # lower bound of the race's exponentials
 
 PURPOSE_ACCEPT = 0  # the uniform of the accept test at position j
 PURPOSE_SAMPLE = 1  # the per-token uniforms of the exponential race at position j
@@ -63,11 +76,20 @@ def stream_key(key: torch.Tensor, position: torch.Tensor | int, purpose: int) ->
 
 
 def uniform(stream: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
-    """Float32 uniforms in ``(0, 1)`` for ``index`` (broadcast against ``stream``)."""
+    """Float32 uniforms in ``[2**-24, 1 - 2**-24]`` for ``index`` (broadcast against ``stream``)."""
     index = torch.as_tensor(index, dtype=torch.int64, device=stream.device)
     r = fmix32(stream ^ _mul32(index & MASK32, INDEX_MULT))
-    r = fmix32((r + stream) & MASK32)
-    return ((r >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    return unit_interval(fmix32((r + stream) & MASK32))
+
+
+def unit_interval(r: torch.Tensor) -> torch.Tensor:
+    """Map 32-bit draws ``r`` (int64 holding uint32) to float32 ``((r >> 9) + 0.5) * 2**-23``."""
+    return ((r >> UNIFORM_SHIFT).to(torch.float32) + 0.5) * UNIFORM_SCALE
+
+
+def exponential(u: torch.Tensor) -> torch.Tensor:
+    """The race's Exp(1) draws ``max(-log(u), EXP_FLOOR)``: always finite and ``> 0``."""
+    return (-torch.log(u)).clamp(min=EXP_FLOOR)
 
 
 def seeds_for_batch(batch_size: int, device: torch.device, seed=None,

@@ -84,7 +84,7 @@ def verify_sampling(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     Draft token ``x_j`` is accepted when ``u_j * q_j(x_j) < p_j(x_j)`` with ``u_j`` the accept
     uniform of ``(seed, j)``: probability ``min(1, p/q)``, and never when ``p`` or ``q`` is 0.
     At the first rejection ``J`` the extra token is ``argmax_x w(x) / E_x`` with
-    ``w = max(0, p_J - q_J)`` and ``E_x = -log(u_x)`` exponential (the exponential race, which
+    ``w = max(0, p_J - q_J)`` and ``E_x = -log(u_x)`` exponential (:func:`rng.exponential`) (the exponential race, which
     samples ``x`` with probability ``w(x) / sum w``); if ``w`` has no mass, ``w = p_J``. After
     ``k_b`` acceptances ``w = p_{k_b}`` (the bonus token).
     """
@@ -124,9 +124,11 @@ def verify_sampling(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
         residual = (p_extra - q_extra).clamp(min=0)
     else:
         residual = torch.zeros_like(p_extra)
-    exponential = -torch.log(race_uniforms(key, num_accepted, v))  # [B, V]
-    residual_score = residual / exponential
-    plain_score = p_extra / exponential
+    exponential = rng.exponential(race_uniforms(key, num_accepted, v))  # [B, V], > 0
+    # Only tokens with positive weight score above the floor (0 / -1), so a token with no mass
+    # never wins a race; the comparisons are false for NaN, as in the kernels.
+    residual_score = torch.where(residual > 0, residual / exponential, 0.0)
+    plain_score = torch.where(p_extra > 0, p_extra / exponential, -1.0)
     residual_best, residual_token = residual_score.max(dim=-1)
     plain_token = plain_score.argmax(dim=-1)
     use_residual = rejected & (residual_best > 0)

@@ -1,0 +1,135 @@
+"""A token of probability 0 is never emitted, on every backend, whatever the seed.
+
+Regression tests of the uniform that could be exactly 1.0 (``float32(2**24 - 1) + 0.5`` rounds up),
+which made ``-log(u) = -0`` and ``0 / -0 = NaN`` win the reference's race (seed 858079 hit it at
+token 2 of position 0), and of the NaN-safe race comparisons.
+"""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+import specdec_kernels as sk
+from specdec_kernels.ops import _common
+from specdec_kernels.reference import rng
+
+from conftest import assert_same
+
+BACKENDS = ["reference", "triton"]
+SEED = 858079  # its race uniform for token 2 at position 0 was exactly 1.0 with 24-bit uniforms
+
+
+def _all_top_bits(low: int) -> torch.Tensor:
+    """Every 32-bit draw whose low 9 bits equal ``low``: all 2**23 values the mapping can see."""
+    return (torch.arange(2**23, dtype=torch.int64) << 9) | low
+
+
+def test_reference_uniforms_strictly_inside_exhaustively():
+    for low in (0, 511):  # the smallest and largest draw of each output value
+        u = rng.unit_interval(_all_top_bits(low))
+        assert float(u.min()) == 2.0**-24 and float(u.max()) == 1 - 2.0**-24
+        assert bool((u > 0).all() and (u < 1).all())
+        assert u.unique().numel() == 2**23  # exact: no two draws collapse into one value
+    e = rng.exponential(rng.unit_interval(_all_top_bits(511)))
+    assert bool((e > 0).all() and torch.isfinite(e).all())
+
+
+@triton.jit
+def _unit_kernel(r_ptr, out_ptr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    r = tl.load(r_ptr + offs).to(tl.uint32)
+    tl.store(out_ptr + offs, _common.unit_interval(r))
+
+
+@pytest.mark.parametrize("low", [0, 511])
+def test_kernel_uniforms_equal_reference_exhaustively(low):
+    r = _all_top_bits(low)
+    out = torch.empty(r.shape, dtype=torch.float32)
+    block = 2**20
+    _unit_kernel[(r.numel() // block,)](r.to(torch.int32), out, BLOCK=block)
+    assert_same(out, rng.unit_interval(r), "unit_interval")
+    assert bool((out > 0).all() and (out < 1).all())
+
+
+def _k0(logits_row, **kw):
+    logits = torch.tensor([[logits_row]], dtype=torch.float32)  # [1, 1, V]: K = 0
+    return logits, torch.zeros(1, 0, dtype=torch.int64), kw
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ["top_k=1", "top_p=1e-9", "-inf", "-inf unvalidated"])
+def test_seed_858079_emits_the_only_possible_token(backend, case):
+    row = [5.0, 1, 0, 0, 0, 0, 0, 0]
+    kw = {"top_k=1": dict(top_k=1), "top_p=1e-9": dict(top_p=1e-9)}.get(case, {})
+    if case.startswith("-inf"):
+        row = [5.0, 1, float("-inf"), float("-inf"), float("-inf"), float("-inf"),
+               float("-inf"), float("-inf")]
+        kw["validate"] = case == "-inf"
+    logits, drafts, kw = _k0(row, **kw)
+    out = sk.verify_sampling(logits, drafts, seed=SEED, backend=backend, **kw)
+    if case.startswith("-inf"):
+        assert int(out.tokens[0, 0]) in (0, 1)
+    else:
+        assert out.tokens.tolist() == [[0]]
+
+
+# The interpreter runs a program at a time (~40 ms each), so the Triton case is small; the exhaustive
+# mapping test above already proves its uniforms equal the reference's.
+@pytest.mark.parametrize("backend, rows", [("reference", 20_000), ("triton", 96)])
+def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
+    """``q = 0.5`` on tokens 2 and 7, ``p`` uniform over 8: after rejecting draft 2 the residual
+    ``max(0, p - q)`` is 0 at 2 and 7, so neither may follow a rejection. P(reject) = 3/4, so about
+    ``0.75 * rows`` rows exercise the race."""
+    v = 8
+    logits = torch.zeros(rows, 2, v)
+    q = torch.zeros(rows, 1, v)
+    q[:, 0, 2] = q[:, 0, 7] = 0.5
+    drafts = torch.full((rows, 1), 2)
+    seeds = torch.arange(rows, dtype=torch.int64) * 104_729 + 17
+    seeds[0] = SEED
+    out = sk.verify_sampling(logits, drafts, q, seed=seeds, backend=backend)
+    rejected = out.num_accepted == 0
+    assert int(rejected.sum()) > rows // 2
+    first = out.tokens[rejected, 0]
+    assert not bool(((first == 2) | (first == 7)).any()), \
+        f"{int(((first == 2) | (first == 7)).sum())} rejected rows emitted a zero-residual token"
+    if rows >= 10_000:  # the other six tokens share the residual evenly (6-sigma bounds)
+        counts = torch.bincount(first, minlength=v).float()
+        expected = rejected.sum() / 6
+        assert bool(((counts[[0, 1, 3, 4, 5, 6]] - expected).abs() < 6 * expected.sqrt()).all())
+
+
+@pytest.mark.parametrize("backend, rows, chunk", [("reference", 200_000, 25_000),
+                                                  ("triton", 16, 16)])
+def test_top_k_1_always_emits_the_argmax(backend, rows, chunk):
+    """``top_k = 1`` leaves one token of probability 1 at every position. With 24-bit uniforms
+    about ``(V - 1) / 2**24`` of the draws picked another token: ~12 expected in 200k rows at
+    V = 1000 (15 were seen), so the reference case failed with probability ~1 - e**-12 before the
+    fix; the interpreter's 16 rows check the kernel's path end to end."""
+    v = 1000
+    g = torch.Generator().manual_seed(7)
+    for start in range(0, rows, chunk):
+        logits = torch.randn(chunk, 1, v, generator=g) * 3
+        seeds = torch.arange(start, start + chunk, dtype=torch.int64)
+        out = sk.verify_sampling(logits, torch.zeros(chunk, 0, dtype=torch.int64), top_k=1,
+                                 seed=seeds, backend=backend)
+        assert_same(out.tokens[:, 0], logits[:, 0].argmax(-1), f"rows {start}..")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_weights_never_win_a_race(backend):
+    """Garbage in (NaN logits, negative q; validate=False): only in-bounds ids come out, and a
+    finite-logit row next to a NaN one still emits only tokens of positive probability."""
+    v = 16
+    logits = torch.full((4, 2, v), float("-inf"))
+    logits[:, :, 3] = 1.0
+    logits[0, :, 5] = float("nan")
+    q = torch.zeros(4, 1, v)
+    q[:, 0, 9] = 1.0
+    q[1, 0, 4] = float("nan")
+    drafts = torch.full((4, 1), 9)
+    out = sk.verify_sampling(logits, drafts, q, seed=torch.arange(4), backend=backend,
+                             validate=False)
+    assert bool(((out.tokens >= 0) & (out.tokens < v) | (out.tokens == -1)).all())
+    assert out.tokens[2:, 0].tolist() == [3, 3]  # rows without garbage: the only live token
