@@ -82,3 +82,39 @@ class AcceptanceTracker:
     def select(self, rows: torch.Tensor) -> "AcceptanceTracker":
         return AcceptanceTracker(self.accepted[rows], self.drafted[rows], self.prior,
                                  self.prior_weight)
+
+
+def measure_cost_ratio(target, draft, *, context: int = 64, repeats: int = 5) -> float:
+    """Time one draft token against one target pass on this machine: a ``cost_ratio`` for
+    ``SpeculativeGenerator(..., num_speculative_tokens="auto", cost_ratio=...)``.
+
+    The generator never times anything itself (its output must not depend on timings); call this
+    once and pass the figure. Both models are ``sk.models.CausalLM``; each pass feeds one token
+    after a ``context``-token prefix; the median of ``repeats`` passes is taken.
+
+    Returns
+    -------
+    float
+        Median draft time per token over median target time per pass.
+    """
+    import time
+
+    def median_pass(model) -> float:
+        device = next(model.parameters()).device
+        cache = model.new_cache(1, context + repeats + 1)
+        with torch.inference_mode():
+            model.hidden_states(torch.zeros(1, context, dtype=torch.int64, device=device), cache,
+                                context)
+            cache.advance(context)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                model(torch.zeros(1, 1, dtype=torch.int64, device=device), cache,
+                      kv_len=int(cache.lengths.max()) + 1, validate=False)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                times.append(time.perf_counter() - t0)
+                cache.advance(1)
+        return sorted(times)[len(times) // 2]
+
+    return median_pass(draft) / max(median_pass(target), 1e-9)

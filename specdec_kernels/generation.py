@@ -181,13 +181,16 @@ class SpeculativeGenerator:
     num_speculative_tokens : int or "auto"
         Draft tokens per pass ``K >= 1``, or ``"auto"``: per row, the
         ``K <= max_speculative_tokens`` that maximises expected tokens per unit of cost (see
-        :mod:`specdec_kernels.adaptive`), from the row's measured acceptance and the measured
-        draft/target cost ratio.
+        :mod:`specdec_kernels.adaptive`), from the row's measured acceptance and the draft/target
+        cost ratio ``cost_ratio``. The choice depends only on the tokens accepted so far, never on
+        timings, so the same seed gives the same output on every call.
     max_speculative_tokens : int
         Upper bound of ``K`` for ``"auto"`` (default 8).
     cost_ratio : float, optional
-        Draft cost per token over target cost per pass, for ``"auto"``. Default: measured on
-        CPU, estimated from multiply-adds elsewhere.
+        Draft cost per token over target cost per pass, for ``"auto"``, fixed for the object's
+        life. Default: the ratio of multiply-adds per token (:func:`cost_per_token`).
+        :func:`specdec_kernels.adaptive.measure_cost_ratio` times the two models once on this
+        machine, for a value to pass here.
     ngram_size : int
         Longest n-gram matched by the ``"ngram"`` drafter.
 
@@ -233,10 +236,10 @@ class SpeculativeGenerator:
         self.device, self.auto = tp.device, auto
         self.max_k = max_speculative_tokens if auto else num_speculative_tokens
         self.ngram_size = ngram_size
-        self._fixed_cost = cost_ratio
-        self._cost = cost_ratio if cost_ratio is not None else (
+        if cost_ratio is not None and not cost_ratio >= 0:
+            raise ValueError(f"cost_ratio must be >= 0, got {cost_ratio}")
+        self.cost_ratio = cost_ratio if cost_ratio is not None else (
             0.0 if self.ngram else cost_per_token(draft) / cost_per_token(target))
-        self._measure = cost_ratio is None and not self.ngram and tp.device.type == "cpu"
 
     # ------------------------------------------------------------------------ public
     @torch.inference_mode()
@@ -293,7 +296,7 @@ class SpeculativeGenerator:
                    num_draft=torch.full((B,), K, dtype=torch.int64, device=dev))
         tracker = AcceptanceTracker.new(B, dev)
         if self.auto:  # the prior's choice until acceptance is measured
-            st.num_draft = best_num_draft_tokens(tracker.alpha(), self._cost, K)
+            st.num_draft = best_num_draft_tokens(tracker.alpha(), self.cost_ratio, K)
         hist = torch.zeros(K + 1, dtype=torch.int64, device=dev)
         accepted = torch.zeros((), dtype=torch.int64, device=dev)
         drafted = torch.zeros((), dtype=torch.int64, device=dev)
@@ -333,7 +336,6 @@ class SpeculativeGenerator:
                 if dcache is not None:
                     dcache = _select_cache(self.draft, dcache, keep_t, host_max_len)
             # ---- draft
-            t0 = time.perf_counter()
             k = st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))  # [B]
             if self.ngram:
                 drafts, found = ngram_draft(st.tokens, st.seq_len, K, self.ngram_size)
@@ -343,7 +345,6 @@ class SpeculativeGenerator:
                 drafts, draft_probs = self._draft(dcache, st, k_loop, host_max_len, greedy,
                                                   temperature, top_k, top_p, gen)
                 stats.draft_forwards += k_loop
-            t1 = time.perf_counter()
             # ---- target pass over [last token, drafts]
             cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
             feed = torch.cat([cur, drafts.clamp_min(0)], 1)  # [B, k_loop+1]
@@ -359,7 +360,6 @@ class SpeculativeGenerator:
                                       top_k=top_k, top_p=top_p, num_draft_tokens=k,
                                       seed=_row_seeds(base_seed, st.ids, st.seq_len),
                                       validate=False)
-            t2 = time.perf_counter()
             n, e = ver.num_accepted, ver.num_emitted  # [B]
             tcache.advance(n + 1, validate=False)
             if dcache is not None:
@@ -383,10 +383,7 @@ class SpeculativeGenerator:
             drafted += k.sum()
             tracker.update(n, k)
             if self.auto:
-                if self._measure and k_loop > 0:
-                    ratio = (t1 - t0) / max(k_loop, 1) / max(t2 - t1, 1e-9)
-                    self._cost = 0.8 * self._cost + 0.2 * ratio
-                st.num_draft = best_num_draft_tokens(tracker.alpha(), self._cost, K)
+                st.num_draft = best_num_draft_tokens(tracker.alpha(), self.cost_ratio, K)
             done = eos_hit | (st.seq_len >= st.limit)
             # ---- the one host sync of the pass
             host = torch.stack([done.long(), st.seq_len, st.num_draft]).tolist()
@@ -473,8 +470,13 @@ def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperatur
         model.hidden_states(_pad([r[:-1] for r in rows], mx - 1, dev), cache, mx - 1)
     cache.advance(seq_len - 1)
     done = seq_len >= limit
-    steps, host_max = 0, mx
-    while not bool(done.all()):
+    steps = 0
+    while True:
+        # the one host sync of a step: are all rows done, and the longest row (the attention span)
+        host_done, host_len = torch.stack([done.long(), seq_len]).tolist()
+        if all(host_done):
+            break
+        host_max = max(host_len)
         cur = tokens.gather(1, (seq_len - 1)[:, None])  # [B, 1]
         logits = model(cur, cache, logits_index=torch.zeros(B, dtype=torch.int64, device=dev),
                        kv_len=host_max, validate=False)  # [B, V]
@@ -489,7 +491,6 @@ def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperatur
         seq_len = seq_len + live.long()
         hit = live & (x == eos_token_id) if eos_token_id is not None else torch.zeros_like(live)
         done = done | hit | (seq_len >= limit)
-        host_max += 1
         if progress is not None:
             progress(int((seq_len.sum())) - sum(lens), B)
     wall = time.perf_counter() - start

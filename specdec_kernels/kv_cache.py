@@ -271,11 +271,12 @@ class KVCache:
             ``n[b] < 0`` or ``lengths[b] + n[b] > max_seq_len`` (names the row).
         """
         n = _per_row("advance", "n", n, self.batch_size, self.device)
-        new = self._lengths + n
+        # |n| is bounded before adding, so no value of n can wrap lengths around int64
+        new = self._lengths + n.clamp(-self.max_seq_len, self.max_seq_len)
         if not validate:
             self._lengths = new.clamp(0, self.max_seq_len)
             return
-        b = _first_bad((n < 0) | (new > self.max_seq_len))
+        b = _first_bad((n < 0) | (n > self.max_seq_len - self._lengths))
         if b is not None:
             raise ValueError(f"advance: row {b} holds {int(self._lengths[b])} tokens; cannot "
                              f"advance by {int(n[b])} (max_seq_len = {self.max_seq_len})")
@@ -301,11 +302,11 @@ class KVCache:
             ``n[b] < 0`` or ``n[b] > lengths[b]`` (names the row).
         """
         n = _per_row("rollback", "n", n, self.batch_size, self.device)
-        new = self._lengths - n
+        new = self._lengths - n.clamp(-self.max_seq_len, self.max_seq_len)  # no int64 wrap
         if not validate:
             self._lengths = new.clamp(0, self.max_seq_len)
             return
-        b = _first_bad((n < 0) | (new < 0))
+        b = _first_bad((n < 0) | (n > self._lengths))
         if b is not None:
             raise ValueError(f"rollback: row {b} holds {int(self._lengths[b])} tokens; cannot "
                              f"roll back {int(n[b])}")

@@ -169,6 +169,50 @@ def test_sampling_seeded_reproducible(pair):
     assert all(0 <= t < VOCAB for s in a.sequences for t in s)
 
 
+def test_top_k_1_sampling_is_greedy_decoding(pair):
+    """top_k = 1 leaves one token of probability 1: sampling must reproduce greedy decoding for
+    every seed (seed 85331 used to differ: a zero-probability token won the resampling race)."""
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    gen = sk.SpeculativeGenerator(target, draft, 4)
+    want = gen.generate(prompts, 24).sequences
+    for seed in (85331, 0, 1, 2):
+        got = gen.generate(prompts, 24, temperature=1.0, top_k=1, seed=seed).sequences
+        assert_rows_equal(got, want)
+
+
+def test_auto_k_is_reproducible_and_ignores_wall_clock(pair, monkeypatch):
+    """num_speculative_tokens="auto": the same seed gives the same tokens on every call, on one
+    object or two, even when the clock says wildly different things (it used to feed timings
+    into K)."""
+    import itertools
+    import time
+
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    kwargs = dict(max_new_tokens=20, temperature=1.0, top_k=20, seed=11)
+    gen = sk.SpeculativeGenerator(target, draft, "auto", max_speculative_tokens=6)
+    first = gen.generate(prompts, **kwargs).sequences
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) ** 3 * 1e-3)
+    assert gen.generate(prompts, **kwargs).sequences == first
+    other = sk.SpeculativeGenerator(target, draft, "auto", max_speculative_tokens=6)
+    assert other.generate(prompts, **kwargs).sequences == first
+    with pytest.raises(ValueError, match="cost_ratio"):
+        sk.SpeculativeGenerator(target, draft, "auto", cost_ratio=-1.0)
+
+
+def test_autoregressive_ragged_batch_near_the_context_limit():
+    """A row at the context limit next to a short row: the attention span follows the longest
+    live row instead of growing past the cache (used to raise a size mismatch)."""
+    target, _ = tiny_pair(n_positions=24)
+    prompts = [[5] * 23, [5]]
+    out = autoregressive_generate(target, prompts, max_new_tokens=5)
+    assert [len(s) for s in out.sequences] == [24, 6]
+    assert out.sequences == [autoregressive_generate(target, [p], 5).sequences[0]
+                             for p in prompts]
+
+
 # ---------------------------------------------------------------- stats, adaptive K, n-gram
 def test_stats_consistent(pair):
     target, draft = pair

@@ -170,3 +170,77 @@ def test_bad_input(pair):
     with pytest.raises(ValueError, match="context"):
         speculative_generate(target, draft, torch.ones(1, 65, dtype=torch.int64),
                              max_new_tokens=3)
+
+
+def test_drop_in_inside_real_assisted_generation(pair, monkeypatch):
+    """Patched into transformers, the drop-in runs inside a real ``generate(...,
+    assistant_model=...)`` with sampling and warpers (whose ``-inf`` logits it used to reject),
+    and its first token follows the same distribution as transformers' own function.
+
+    Statistics: the first emitted token of each call follows ``p = softmax(new_logits[0, 0])``
+    (speculative sampling is lossless). 40,000 replicated rows of the captured call (ours) and
+    4,000 calls of transformers' function are each chi-square tested against ``p`` (bins with
+    expected count < 5 merged) at level 1e-6; tokens with ``p = 0`` must never appear. Power:
+    moving 5% of the mass between the two most likely tokens is detected with probability
+    > 0.99 at either sample size (noncentral chi-square, checked below)."""
+    from scipy import stats
+    from transformers.generation import utils
+
+    target, draft = pair
+    captured = []
+
+    def spy(*args, **kwargs):
+        captured.append(args)
+        return speculative_sampling(*args, **kwargs)
+
+    monkeypatch.setattr(utils, "_speculative_sampling", spy)
+    ids = torch.tensor([[8, 9, 10, 11, 12]])
+    torch.manual_seed(0)
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                          do_sample=True, temperature=0.9, top_k=10, top_p=0.9,
+                          max_new_tokens=12, pad_token_id=PAD)
+    assert captured, "generate() never called the patched _speculative_sampling"
+    assert out.shape[0] == 1 and 5 < out.shape[1] <= 5 + 12
+    assert ((out >= 0) & (out < VOCAB)).all()
+    torch.manual_seed(1)  # no explicit top_k: GenerationConfig's default top_k = 50 masks too
+    target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
+                    do_sample=True, max_new_tokens=6, pad_token_id=PAD)
+
+    cand, cand_logits, gamma, new_logits = captured[0][:4]
+    assert bool(torch.isinf(new_logits).any()), "the warpers should have masked tokens"
+    # The first emitted token follows p_0 when the first candidate is drawn from q_0 (as the
+    # assistant drew it): redraw it per row, keep the later candidates.
+    p = new_logits[0, 0].double().softmax(-1)
+    q0 = cand_logits[0, 0].double().softmax(-1)
+    n_ours, n_theirs = 40_000, 4_000
+    g = torch.Generator().manual_seed(2)
+
+    def candidates(n):
+        c = cand.expand(n, -1).clone()
+        c[:, -gamma] = torch.multinomial(q0, n, replacement=True, generator=g)
+        return c
+
+    rep = lambda t: t.expand(n_ours, *t.shape[1:]).contiguous()  # noqa: E731
+    tokens, _ = speculative_sampling(candidates(n_ours), rep(cand_logits), gamma, rep(new_logits))
+    monkeypatch.undo()  # transformers' own function again
+    theirs = torch.tensor([int(utils._speculative_sampling(c[None], cand_logits, gamma,
+                                                            new_logits)[0][0, 0])
+                           for c in candidates(n_theirs)])
+    for name, first in (("specdec drop-in", tokens[:, 0]), ("transformers", theirs)):
+        counts = torch.bincount(first, minlength=VOCAB).double()
+        assert counts[p == 0].sum() == 0, f"{name}: a masked token was emitted"
+        expected = p * len(first)
+        big = expected >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([expected[big], expected[~big].sum()[None]])
+        obs, exp = obs[exp > 0], exp[exp > 0]
+        chi2 = float(((obs - exp) ** 2 / exp).sum())
+        df = len(obs) - 1
+        assert stats.chi2.sf(chi2, df) > 1e-6, f"{name}: chi2 = {chi2:.1f} with {df} dof"
+        top2 = p.topk(2).indices
+        shifted = p.clone()
+        shifted[top2[0]] -= 0.05
+        shifted[top2[1]] += 0.05
+        lam = float(((shifted - p)[p > 0] ** 2 / p[p > 0]).sum()) * len(first)
+        power = stats.ncx2.sf(stats.chi2.isf(1e-6, df), df, lam)
+        assert power > 0.99, f"{name}: power {power:.3f} too low at n = {len(first)}"

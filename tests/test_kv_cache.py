@@ -361,6 +361,10 @@ def test_kvcache_bad_input_raises_and_leaves_cache_unchanged(impl):
         (lambda: cache.rollback(-1), "row 0 .* cannot roll back -1"),
         (lambda: cache.advance(torch.tensor([0, 0, 11])),
          "row 2 holds 0 tokens; cannot advance by 11"),
+        (lambda: cache.advance(torch.tensor([2**63 - 1, 0, 0])),
+         "row 0 holds 5 tokens; cannot advance by 9223372036854775807"),
+        (lambda: cache.rollback(torch.tensor([-(2**63), 0, 0])),
+         "row 0 holds 5 tokens; cannot roll back -9223372036854775808"),
         (lambda: cache.advance(torch.tensor([1, 2])), r"must be an int or have shape \[3\]"),
         (lambda: cache.advance(1.5), "must be an int or an integer tensor"),
         (lambda: cache.write(0, k_ok, k_ok), "row 0 holds 5 tokens; writing 6 more passes "
