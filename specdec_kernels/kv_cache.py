@@ -312,6 +312,56 @@ class KVCache:
                              f"roll back {int(n[b])}")
         self._lengths = new
 
+    def select_rows(self, order: torch.Tensor, num_positions: int | None = None) -> None:
+        """Keep only the rows ``order`` (new row ``i`` is old row ``order[i]``), in place.
+
+        Rows already in their new slot are not touched: with ``order`` from a swap-remove (fill
+        each freed slot with a row from the tail) only as many rows move as were removed, so
+        retiring a finished row costs one row's copy per layer, not a new cache. The buffer
+        keeps its allocation; ``kv`` becomes a view of the first ``len(order)`` rows. Reads
+        ``order`` on the host (one sync).
+
+        Parameters
+        ----------
+        order : Tensor
+            `[B']` int64 on the cache's device, distinct old row indices, ``1 <= B' <= B``.
+        num_positions : int, optional
+            Copy only positions ``< num_positions`` of moved rows (an upper bound of their
+            lengths); default all ``max_seq_len``.
+
+        Examples
+        --------
+        >>> cache = KVCache(1, 3, 1, 1, 2)
+        >>> cache.write(0, torch.tensor([1.0, 2.0, 3.0]).view(3, 1, 1, 1), torch.zeros(3, 1, 1, 1))
+        >>> cache.advance(torch.tensor([1, 0, 1]))
+        >>> cache.select_rows(torch.tensor([0, 2]))
+        >>> cache.batch_size, cache.lengths.tolist(), cache.key(0)[:, 0, 0, 0].tolist()
+        (2, [1, 1], [1.0, 3.0])
+        """
+        if not isinstance(order, torch.Tensor) or order.dim() != 1 or order.dtype != torch.int64:
+            raise ValueError("select_rows: order must be a [B'] int64 tensor")
+        n = order.numel()
+        if not 1 <= n <= self.batch_size:
+            raise ValueError(f"select_rows: order must keep between 1 and {self.batch_size} "
+                             f"rows, got {n}")
+        stop = self.max_seq_len if num_positions is None else min(num_positions,
+                                                                   self.max_seq_len)
+        rows = order.tolist()  # one host read
+        if len(set(rows)) != n or not all(0 <= r < self.batch_size for r in rows):
+            raise ValueError(f"select_rows: order must hold distinct rows in [0, "
+                             f"{self.batch_size}), got {rows}")
+        moves = [(d, s) for d, s in enumerate(rows) if d != s]
+        if any(s < n for _, s in moves):  # a source is also a destination: copy sources first
+            src = self.kv[:, :, [s for _, s in moves], :, :stop].clone()
+            moves = [(d, src[:, :, i]) for i, (d, _) in enumerate(moves)]
+        else:
+            moves = [(d, self.kv[:, :, s, :, :stop]) for d, s in moves]
+        for d, rows in moves:  # a plain strided copy per moved row
+            self.kv[:, :, d, :, :stop].copy_(rows)
+        self._lengths = self._lengths[order]
+        self.kv = self.kv[:, :, :n]
+        self.batch_size = n
+
     def compact(self, src_positions: torch.Tensor, num_keep: int | torch.Tensor,
                 start: int | torch.Tensor, *, validate: bool = True) -> None:
         """Tree verification: move each row's accepted entries to a contiguous run, in place.

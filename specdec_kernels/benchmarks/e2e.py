@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_kernels.adaptive import expected_tokens
+
 SYSTEMS = ("specdec", "target_only", "hf_assisted", "hf_target_only")
 
 
@@ -110,7 +112,8 @@ def leviathan_speedup(alpha: float, gamma: float, c: float, verify_ratio: float 
     """Expected walltime improvement (Leviathan et al. 2023, Theorem 3.8 / eq. 1):
     ``(1 - a**(g+1)) / ((1 - a) (g c + 1))``; ``verify_ratio`` replaces the ``1`` (the target
     pass over ``g+1`` tokens, in units of a one-token pass) where that pass costs more."""
-    tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    tokens = float(expected_tokens(torch.tensor(alpha, dtype=torch.float64),
+                                   torch.tensor(gamma, dtype=torch.float64)))
     return tokens / (gamma * c + verify_ratio)
 
 

@@ -92,6 +92,27 @@ def exponential(u: torch.Tensor) -> torch.Tensor:
     return (-torch.log(u)).clamp(min=EXP_FLOOR)
 
 
+def step_seeds(seed: int, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The ``[B]`` verification seeds of one decoding step: a pure function of
+    ``(seed, rows[b], positions[b])``, in ``[0, 2**63)``.
+
+    The generation loops key each row's draws by the call's seed, the row's index in the caller's
+    batch and the number of tokens the row holds before the step, so a row's tokens never depend
+    on which other rows share the batch or when they finished.
+
+    Examples
+    --------
+    >>> a = step_seeds(7, torch.tensor([0, 1]), torch.tensor([5, 5]))
+    >>> b = step_seeds(7, torch.tensor([1]), torch.tensor([5]))
+    >>> bool(a[1] == b[0]), bool(a[0] != a[1])
+    (True, True)
+    """
+    s = torch.as_tensor(int(seed) & 0x7FFFFFFFFFFFFFFF, dtype=torch.int64, device=rows.device)
+    lo = fmix32((s & MASK32) ^ _mul32(rows.to(torch.int64) & MASK32, GOLDEN))
+    hi = fmix32(((s >> 32) ^ _mul32(positions.to(torch.int64) & MASK32, POS_MULT)) & MASK32)
+    return (hi << 31) ^ lo
+
+
 def seeds_for_batch(batch_size: int, device: torch.device, seed=None,
                     generator: torch.Generator | None = None) -> torch.Tensor:
     """Turn the user's ``seed`` / ``generator`` into one int64 seed per row, on ``device``.

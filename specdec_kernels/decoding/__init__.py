@@ -1,0 +1,27 @@
+"""The one speculative decoding loop under every generation entry point.
+
+``Decoder`` runs draft -> one target pass -> verify (``sk.verify_*``, the only acceptance rule)
+-> commit -> retire over a batch of rows, each with its own length, budget and seed. It talks to
+models through a small adapter protocol (:class:`~specdec_kernels.decoding.adapters.CachedModel`:
+append tokens and get logits, roll back, keep rows) and to drafters through one interface
+(:class:`~specdec_kernels.decoding.drafters.Drafter`), so ``sk.SpeculativeGenerator``,
+``autoregressive_generate`` and the ``transformers`` integration are thin wrappers::
+
+    from specdec_kernels.decoding import Decoder, Sampling, CausalLMAdapter, ModelDrafter
+
+    target = CausalLMAdapter(target_lm)                  # or HFAdapter(hf_model)
+    drafter = ModelDrafter(CausalLMAdapter(draft_lm))    # or NgramDrafter(3), or None
+    decoder = Decoder(target, drafter, num_speculative_tokens=4)
+    result = decoder.run(prompts,                        # list of token-id lists, ragged
+                         max_new_tokens=64,
+                         sampling=Sampling(temperature=0.8, top_k=50, top_p=0.9),
+                         eos_token_id=None, seed=0)
+    result.sequences, result.from_draft, result.stats    # per row, prompt included
+"""
+
+from specdec_kernels.decoding.adapters import CachedModel, CausalLMAdapter, HFAdapter
+from specdec_kernels.decoding.core import Decoder, DecodeResult, GenerationStats, Sampling
+from specdec_kernels.decoding.drafters import Drafter, ModelDrafter, NgramDrafter
+
+__all__ = ["CachedModel", "CausalLMAdapter", "DecodeResult", "Decoder", "Drafter",
+           "GenerationStats", "HFAdapter", "ModelDrafter", "NgramDrafter", "Sampling"]

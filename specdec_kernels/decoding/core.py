@@ -1,0 +1,376 @@
+"""The decoding loop: draft -> one target pass -> verify -> commit -> retire.
+
+Vocabulary of this file: a *row* is one sequence of the caller's batch; *live* rows are still
+generating; a *step* is one target pass; ``k_loop`` (host int) is the number of draft slots of a
+step, ``k`` (``[B]``) the real draft tokens of each row (``<= k_loop``); *committed* tokens are
+the prompt and everything emitted so far (``tokens[b, :seq_len[b]]``).
+
+Every row keeps its own length, budget (``limit``), draft count and seed; finished rows are
+retired from the batch (caches included), so they cost no more work. The loop synchronises with
+the device once per step, to learn which rows are done and the next ``k_loop``.
+
+References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al. 2023
+(https://arxiv.org/abs/2302.01318); gpt-fast's ``speculative_decode``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec_kernels.adaptive import AcceptanceTracker, best_num_draft_tokens
+from specdec_kernels.reference import rng
+from specdec_kernels.reference.verify_sampling import filtered_probs
+from specdec_kernels.verification import verify_greedy, verify_sampling
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How tokens are chosen: ``temperature == 0`` is greedy; otherwise temperature, then
+    top-k, then top-p (``transformers``' warper order), the same filter for draft and target."""
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self):
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+            raise ValueError(f"top_k must be None or an int >= 0, got {self.top_k!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Filtered probabilities ``[B, V]`` (float32) of logits ``[B, V]``: the reference's
+        filter (:func:`specdec_kernels.reference.verify_sampling.filtered_probs`)."""
+        b = logits.shape[0]
+        dev = logits.device
+        per_row = lambda v, dtype: None if v is None else torch.full((b,), v, dtype=dtype,  # noqa: E731
+                                                                     device=dev)
+        return filtered_probs(logits[:, None], per_row(self.temperature, torch.float32),
+                              per_row(self.top_k or None, torch.int64),
+                              per_row(self.top_p, torch.float32))[:, 0]
+
+    def draw(self, logits: torch.Tensor, generator: torch.Generator | None):
+        """One token per row of ``logits`` ``[B, V]`` and the distribution it was drawn from
+        (``None`` when greedy), without a host sync: ``argmax(p / E)``, ``E ~ Exp(1)``."""
+        if self.greedy:
+            return logits.argmax(-1), None
+        p = self.probs(logits)
+        e = torch.empty_like(p).exponential_(1, generator=generator).clamp_min(1e-30)
+        return torch.where(p > 0, p / e, -1.0).argmax(-1), p
+
+
+@dataclass
+class GenerationStats:
+    """What a generation call did.
+
+    ``target_forwards`` / ``draft_forwards`` count decoding passes (prefill excluded);
+    ``acceptance_rate`` = accepted draft tokens / drafted tokens; ``mean_accepted`` = mean
+    accepted drafts per row and target pass; ``accepted_histogram[n]`` = how many (row, pass)
+    pairs accepted ``n`` drafts; ``tokens_per_second`` counts generated tokens of all rows.
+    """
+
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    mean_accepted: float = 0.0
+    acceptance_rate: float = 0.0
+    accepted_histogram: list[int] = field(default_factory=list)
+    tokens_per_second: float = 0.0
+    wall_seconds: float = 0.0
+    generated_tokens: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def mean_emitted(self) -> float:
+        """Mean tokens committed per row and target pass (``mean_accepted + 1``)."""
+        return self.mean_accepted + 1.0
+
+
+@dataclass
+class DecodeResult:
+    """Per row of the caller's batch: ``sequences[b]`` (prompt + generated tokens),
+    ``from_draft[b][i]`` (generated token ``i`` was an accepted draft), and the statistics."""
+
+    sequences: list[list[int]]
+    from_draft: list[list[bool]]
+    stats: GenerationStats
+
+
+@dataclass
+class _Rows:
+    """Device state of the live rows (all tensors share the batch dim)."""
+
+    ids: torch.Tensor  # [B] int64: row index in the caller's batch
+    tokens: torch.Tensor  # [B, cap] int64: committed tokens in [:seq_len]
+    from_draft: torch.Tensor  # [B, cap] bool
+    seq_len: torch.Tensor  # [B] int64
+    prompt_len: torch.Tensor  # [B] int64
+    limit: torch.Tensor  # [B] int64: seq_len at which the row is done
+    num_draft: torch.Tensor  # [B] int64: draft tokens wanted next step
+
+    def select(self, order: torch.Tensor) -> "_Rows":
+        return _Rows(*(t[order] for t in (self.ids, self.tokens, self.from_draft, self.seq_len,
+                                           self.prompt_len, self.limit, self.num_draft)))
+
+
+def swap_remove_order(done: list[bool]) -> list[int]:
+    """Rows to keep, as an order in which each freed slot takes a kept row from the tail: only
+    as many rows move as were removed.
+
+    >>> swap_remove_order([False, True, False, False, True])
+    [0, 3, 2]
+    """
+    keep = [i for i, d in enumerate(done) if not d]
+    n = len(keep)
+    order = list(range(n))
+    tail = [i for i in keep if i >= n]
+    for slot in range(n):
+        if done[slot]:
+            order[slot] = tail.pop()
+    return order
+
+
+class Decoder:
+    """Batched, lossless speculative decoding over a model adapter and a drafter.
+
+    Parameters
+    ----------
+    target : CachedModel
+        The model whose distribution is produced (:mod:`specdec_kernels.decoding.adapters`).
+    drafter : Drafter or None
+        Where drafts come from; ``None`` decodes with the target alone (one token per pass,
+        through the same verification ops with ``K = 0``).
+    num_speculative_tokens : int or "auto"
+        ``K >= 1``, or ``"auto"``: per row, the ``K <= max_speculative_tokens`` maximising
+        expected tokens per unit of cost (:mod:`specdec_kernels.adaptive`) from the row's
+        accepted counts and the fixed ``cost_ratio``; never from timings, so the same seed gives
+        the same tokens on every call.
+    cost_ratio : float
+        Draft cost per token over target cost per pass (``"auto"`` only).
+    """
+
+    def __init__(self, target, drafter=None, num_speculative_tokens: int | str = 4, *,
+                 max_speculative_tokens: int = 8, cost_ratio: float = 0.0):
+        auto = num_speculative_tokens == "auto"
+        if not auto and (not isinstance(num_speculative_tokens, int)
+                         or isinstance(num_speculative_tokens, bool)
+                         or num_speculative_tokens < 1):
+            raise ValueError("num_speculative_tokens must be an int >= 1 or 'auto', got "
+                             f"{num_speculative_tokens!r}")
+        if auto and (not isinstance(max_speculative_tokens, int) or max_speculative_tokens < 1):
+            raise ValueError(f"max_speculative_tokens must be an int >= 1, got "
+                             f"{max_speculative_tokens!r}")
+        if not cost_ratio >= 0:
+            raise ValueError(f"cost_ratio must be >= 0, got {cost_ratio}")
+        self.target, self.drafter, self.auto = target, drafter, auto
+        self.max_k = 0 if drafter is None else (
+            max_speculative_tokens if auto else num_speculative_tokens)
+        self.cost_ratio = cost_ratio
+
+    # ------------------------------------------------------------------------------ checks
+    def check_prompts(self, prompts) -> list[list[int]]:
+        """Token-id lists of ``prompts`` (lists or a ``[B, T]`` tensor); ``ValueError`` for an
+        empty batch or row, ids outside the vocabulary, rows longer than the context."""
+        if isinstance(prompts, torch.Tensor):
+            if prompts.dim() != 2:
+                raise ValueError(f"prompts tensor must be [B, T], got {list(prompts.shape)}")
+            prompts = prompts.tolist()
+        if not isinstance(prompts, (list, tuple)) or not prompts:
+            raise ValueError("prompts must be a non-empty list of token-id lists or a [B, T] "
+                             "tensor")
+        rows = [list(map(int, p)) for p in prompts]
+        v, ctx = self.target.vocab_size, self.target.max_seq_len
+        for b, row in enumerate(rows):
+            if not row:
+                raise ValueError(f"prompt {b} is empty")
+            if ctx is not None and len(row) > ctx:
+                raise ValueError(f"prompt {b} has {len(row)} tokens, more than the model's "
+                                 f"context of {ctx}")
+            bad = [t for t in row if not 0 <= t < v]
+            if bad:
+                raise ValueError(f"prompt {b} has token ids outside [0, {v}): {bad[:5]}")
+        return rows
+
+    # ------------------------------------------------------------------------------ run
+    @torch.inference_mode()
+    def run(self, prompts, max_new_tokens: int, sampling: Sampling = Sampling(), *,
+            eos_token_id: int | None = None, seed: int | None = None,
+            progress=None) -> DecodeResult:
+        """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc)."""
+        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
+                or max_new_tokens <= 0:
+            raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        v = self.target.vocab_size
+        if eos_token_id is not None and not 0 <= eos_token_id < v:
+            raise ValueError(f"eos_token_id {eos_token_id} is outside [0, {v})")
+        rows_in = self.check_prompts(prompts)
+        start = time.perf_counter()
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        base_seed = seed if seed is not None or sampling.greedy else \
+            int(torch.randint(0, 2**62, (1,)))
+        st, tracker = self._start(rows_in, max_new_tokens)
+        stats = GenerationStats()
+        counts = torch.zeros(2 + self.max_k + 1, dtype=torch.int64, device=st.ids.device)
+        results: dict[int, tuple[list[int], list[bool]]] = {}
+        done_tokens = 0  # generated tokens of retired rows
+        kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results)
+        k_loop = self.max_k
+        while kept is not None:
+            st, tracker, _ = kept
+            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed,
+                              generator)
+            stats.target_forwards += 1
+            if self.drafter is not None:
+                stats.draft_forwards += self.drafter.forwards_per_step(k_loop)
+            counts[0] += n.sum()
+            counts[1] += k.sum()
+            counts[2:] += torch.bincount(n, minlength=self.max_k + 1)[: self.max_k + 1]
+            # ---- the one host sync of the step
+            dvalue = self.drafter.sync_value() if self.drafter is not None else None
+            parts = [st.seq_len >= st.limit, st.num_draft, st.seq_len - st.prompt_len,
+                     self.target.sync_value()] + ([] if dvalue is None else [dvalue])
+            host = torch.stack([x.long() for x in parts]).tolist()
+            done_tokens += sum(g for g, d in zip(host[2], host[0]) if d)
+            kept = self._retire(st, tracker, host[0], results)
+            if kept is None:
+                break
+            order = kept[2]
+            self.target.on_sync([host[3][i] for i in order])
+            if dvalue is not None:
+                self.drafter.on_sync([host[4][i] for i in order])
+            k_loop = max(host[1][i] for i in order) if self.max_k else 0
+            if progress is not None:
+                progress(done_tokens + sum(host[2][i] for i in order), len(order))
+        return self._finish(rows_in, results, counts, stats, start)
+
+    # ------------------------------------------------------------------------------ verbs
+    def _start(self, rows_in: list[list[int]], max_new_tokens: int):
+        """Per-row state and both caches prefilled with all but each prompt's last token."""
+        dev, b, k = self.target.device, len(rows_in), self.max_k
+        ctx = self.target.max_seq_len
+        lens = [len(r) for r in rows_in]
+        cap = max(lens) + max_new_tokens + k + 2
+        tokens = torch.zeros(b, cap, dtype=torch.int64)
+        for i, r in enumerate(rows_in):
+            tokens[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+        limits = [n + max_new_tokens if ctx is None else min(n + max_new_tokens, ctx)
+                  for n in lens]
+        st = _Rows(ids=torch.arange(b, device=dev), tokens=tokens.to(dev),
+                   from_draft=torch.zeros(b, cap, dtype=torch.bool, device=dev),
+                   seq_len=torch.tensor(lens, device=dev), prompt_len=torch.tensor(lens, device=dev),
+                   limit=torch.tensor(limits, device=dev),
+                   num_draft=torch.full((b,), k, dtype=torch.int64, device=dev))
+        tracker = AcceptanceTracker.new(b, dev)
+        if self.auto:  # the prior's choice until acceptance is measured
+            st.num_draft = best_num_draft_tokens(tracker.alpha(), self.cost_ratio, k)
+        capacity = (ctx or max(limits)) + k + 2
+        self.target.prefill([r[:-1] for r in rows_in], capacity)
+        if self.drafter is not None:
+            self.drafter.prefill(rows_in, capacity)
+        return st, tracker
+
+    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed,
+              generator):
+        """Draft, one target pass, verify, commit. Returns ``(num_accepted, k)``."""
+        dev = st.ids.device
+        ctx = self.target.max_seq_len
+        room = st.num_draft if ctx is None else \
+            st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))
+        k = room.clamp(max=k_loop)  # [B]
+        q = None
+        if self.drafter is not None and k_loop > 0:
+            drafts, k, q = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling,
+                                                generator)
+        else:
+            drafts = torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev)
+        cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
+        logits = self.target.extend(torch.cat([cur, drafts.clamp_min(0)], 1), k + 1)
+        logits = _verifiable(logits)  # [B, k_loop+1, V]
+        if sampling.greedy:
+            ver = verify_greedy(logits, drafts, num_draft_tokens=k, validate=False)
+        else:
+            ver = verify_sampling(logits, drafts, _verifiable(q),
+                                  temperature=sampling.temperature, top_k=sampling.top_k,
+                                  top_p=sampling.top_p, num_draft_tokens=k,
+                                  seed=rng.step_seeds(base_seed, st.ids, st.seq_len),
+                                  validate=False)
+        n = ver.num_accepted  # [B]
+        self.target.rollback(k - n)
+        if self.drafter is not None and k_loop > 0:
+            self.drafter.accept(n, k_loop)
+        self._commit(st, ver, eos)
+        tracker.update(n, k)
+        if self.auto:
+            st.num_draft = best_num_draft_tokens(tracker.alpha(), self.cost_ratio, self.max_k)
+        return n, k
+
+    @staticmethod
+    def _commit(st: _Rows, ver, eos) -> None:
+        """Append the emitted tokens, cut at the row's limit and at its first eos (after which
+        the row is done: ``limit`` drops to its length)."""
+        width = ver.tokens.shape[1]
+        j = torch.arange(width, device=st.ids.device)
+        keep = torch.minimum(ver.num_emitted, st.limit - st.seq_len)  # [B]
+        if eos is not None:
+            is_eos = (ver.tokens == eos) & (j[None] < keep[:, None])
+            first = torch.where(is_eos, j[None], width).amin(-1)
+            hit = first < keep
+            keep = torch.where(hit, first + 1, keep)
+            st.limit = torch.where(hit, st.seq_len + keep, st.limit)
+        pos = st.seq_len[:, None] + j  # [B, width]
+        st.tokens.scatter_(1, pos, ver.tokens.clamp_min(0))
+        st.from_draft.scatter_(1, pos, j[None] < ver.num_accepted[:, None])
+        st.seq_len = st.seq_len + keep
+
+    def _retire(self, st: _Rows, tracker, done: list, results: dict):
+        """Collect finished rows and keep the others (caches included). Returns
+        ``(state, tracker, order)``, or ``None`` when no row is left."""
+        if not any(done):
+            return st, tracker, list(range(len(done)))
+        gone = torch.tensor([i for i, d in enumerate(done) if d], device=st.ids.device)
+        ids, toks, fd, sl = (t.tolist() for t in (st.ids[gone], st.tokens[gone],
+                                                   st.from_draft[gone], st.seq_len[gone]))
+        for i, row in enumerate(ids):
+            results[row] = (toks[i][: sl[i]], fd[i][: sl[i]])
+        if all(done):
+            return None
+        order = swap_remove_order([bool(d) for d in done])
+        order_t = torch.tensor(order, device=st.ids.device)
+        self.target.select(order_t)
+        if self.drafter is not None:
+            self.drafter.select(order_t)
+        return st.select(order_t), tracker.select(order_t), order
+
+    def _finish(self, rows_in, results, counts, stats: GenerationStats, start) -> DecodeResult:
+        accepted, drafted, *hist = counts.tolist()
+        lens = [len(r) for r in rows_in]
+        seqs = [results[b][0] for b in range(len(rows_in))]
+        from_draft = [results[b][1][lens[b]:] for b in range(len(rows_in))]
+        stats.wall_seconds = time.perf_counter() - start
+        stats.accepted_histogram = hist
+        stats.accepted_tokens, stats.drafted_tokens = accepted, drafted
+        passes = sum(hist)
+        stats.mean_accepted = accepted / max(passes, 1)
+        stats.acceptance_rate = accepted / max(drafted, 1)
+        stats.generated_tokens = sum(len(s) - n for s, n in zip(seqs, lens))
+        stats.tokens_per_second = stats.generated_tokens / max(stats.wall_seconds, 1e-9)
+        return DecodeResult(seqs, from_draft, stats)
+
+
+def _verifiable(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` as the verification ops take it: float32/bfloat16/float16 pass through, other
+    floats (float64 test models) are cast to float32."""
+    if x is None or x.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return x
+    return x.float()

@@ -1,0 +1,118 @@
+"""Drafters: where the draft tokens of a step come from.
+
+A :class:`Drafter` proposes up to ``k_loop`` tokens for every live row and is told how many the
+target accepted; the decoding loop treats every drafter alike.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from specdec_kernels.ngram import ngram_draft
+
+
+class Drafter(Protocol):
+    """What :class:`specdec_kernels.decoding.Decoder` asks of a drafter.
+
+    ``prefill(prompts, capacity)``: start on the rows' committed prompts.
+    ``propose(tokens, seq_len, num_draft, k_loop, sampling, generator)`` ->
+    ``(drafts [B, k_loop], num_draft [B], draft_probs [B, k_loop, V] or None)``: ``num_draft``
+    may shrink (a lookup that found fewer tokens); ``draft_probs`` are the distributions the
+    drafts were sampled from, ``None`` for deterministic drafts.
+    ``accept(num_accepted, k_loop)``: the target kept ``num_accepted[b]`` drafts of row ``b``.
+    ``select(order)``, ``sync_value()``, ``on_sync(values)``: as for model adapters.
+    ``forwards_per_step(k_loop)``: model passes of one ``propose`` (statistics).
+    """
+
+    def prefill(self, prompts: list[list[int]], capacity: int) -> None: ...
+
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator): ...
+
+    def accept(self, num_accepted: torch.Tensor, k_loop: int) -> None: ...
+
+    def select(self, order: torch.Tensor) -> None: ...
+
+    def sync_value(self) -> torch.Tensor | None: ...
+
+    def on_sync(self, values: list[int]) -> None: ...
+
+    def forwards_per_step(self, k_loop: int) -> int: ...
+
+
+class ModelDrafter:
+    """A smaller causal LM behind any model adapter, sampling its drafts autoregressively.
+
+    The drafter's cache lags the committed sequence by one or two tokens (the last committed
+    token, and the last accepted draft when all were accepted); ``propose`` first feeds those
+    (one ragged pass), then one token per further draft.
+    """
+
+    def __init__(self, model):
+        self.model = model  # a CachedModel
+
+    def prefill(self, prompts, capacity):
+        self.model.prefill([r[:-1] for r in prompts], capacity)
+
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
+        dev = tokens.device
+        behind = seq_len - self.model.lengths  # [B]: 1 or 2 committed tokens not yet fed
+        at = (self.model.lengths[:, None] + torch.arange(2, device=dev)).clamp(
+            max=tokens.shape[1] - 1)
+        logits = self.model.extend(tokens.gather(1, at), behind, logits_index=behind - 1)
+        drafts, probs = [], []
+        for i in range(k_loop):
+            x, p = sampling.draw(logits, generator)  # [B], [B, V] or None
+            drafts.append(x)
+            probs.append(p)
+            if i + 1 < k_loop:
+                ones = torch.ones_like(x)
+                logits = self.model.extend(x[:, None], ones, logits_index=ones - 1)
+        q = None if sampling.greedy else torch.stack(probs, 1)  # [B, k_loop, V]
+        return torch.stack(drafts, 1), num_draft, q
+
+    def accept(self, num_accepted, k_loop):
+        # fed: the catch-up, then drafts 1 .. k_loop-1; keep the accepted ones
+        self.model.rollback((k_loop - 1 - num_accepted).clamp_min(0))
+
+    def select(self, order):
+        self.model.select(order)
+
+    def sync_value(self):
+        return self.model.sync_value()
+
+    def on_sync(self, values):
+        self.model.on_sync(values)
+
+    def forwards_per_step(self, k_loop):
+        return k_loop
+
+
+class NgramDrafter:
+    """Prompt lookup (n-gram) drafting: no model; deterministic drafts (``q`` one-hot)."""
+
+    def __init__(self, ngram_size: int = 3):
+        self.ngram_size = ngram_size
+
+    def prefill(self, prompts, capacity):
+        pass
+
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
+        drafts, found = ngram_draft(tokens, seq_len, k_loop, self.ngram_size)
+        return drafts, torch.minimum(num_draft, found), None
+
+    def accept(self, num_accepted, k_loop):
+        pass
+
+    def select(self, order):
+        pass
+
+    def sync_value(self):
+        return None
+
+    def on_sync(self, values):
+        pass
+
+    def forwards_per_step(self, k_loop):
+        return 0

@@ -1,0 +1,117 @@
+"""The decoding core (specdec_kernels.decoding): row retirement, the adapters' verbs, the seed
+function, and that every entry point runs through it."""
+
+import random
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels.decoding import CausalLMAdapter, Decoder, ModelDrafter, Sampling
+from specdec_kernels.decoding.core import swap_remove_order
+from specdec_kernels.reference import rng
+
+from test_generation import ragged_prompts, tiny_pair
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("trial", range(20))
+def test_swap_remove_moves_only_as_many_rows_as_were_removed(trial):
+    r = random.Random(trial)
+    done = [r.random() < 0.4 for _ in range(r.randint(1, 20))]
+    if all(done):
+        done[0] = False
+    order = swap_remove_order(done)
+    assert sorted(order) == [i for i, d in enumerate(done) if not d]
+    assert sum(i != o for i, o in enumerate(order)) <= sum(done)
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_select_rows_matches_indexing(trial):
+    """Random keep orders (overlapping permutations included) against plain indexing."""
+    g = torch.Generator().manual_seed(trial)
+    b = 2 + trial
+    cache = sk.KVCache(2, b, 2, 3, 9)
+    for layer in range(2):
+        x = torch.randn(b, 2, 9, 3, generator=g)
+        cache.write(layer, x, -x)
+    cache.advance(torch.randint(0, 9, (b,), generator=g))  # room for one more write
+    keep = torch.randperm(b, generator=g)[: int(torch.randint(1, b + 1, (1,), generator=g))]
+    want = [(cache.key(i)[keep].clone(), cache.value(i)[keep].clone()) for i in range(2)]
+    want_len = cache.lengths[keep]
+    cache.select_rows(keep)
+    assert cache.batch_size == len(keep) and torch.equal(cache.lengths, want_len)
+    for i, (k, v) in enumerate(want):
+        assert torch.equal(cache.key(i), k) and torch.equal(cache.value(i), v)
+    x = torch.randn(len(keep), 2, 1, 3, generator=g)  # the narrowed cache still takes writes
+    cache.write(0, x, x, validate=False)
+
+
+def test_select_rows_rejects_bad_orders():
+    cache = sk.KVCache(1, 3, 1, 1, 4)
+    for order in ([0, 0], [3], []):
+        with pytest.raises(ValueError, match="select_rows"):
+            cache.select_rows(torch.tensor(order, dtype=torch.int64))
+    assert cache.batch_size == 3
+
+
+def test_retiring_rows_allocates_no_new_cache():
+    """Rows finishing at different times are retired in place: each model allocates its cache
+    once per call, and the outputs still equal row-by-row greedy decoding."""
+    target, draft = tiny_pair()
+    prompts = ragged_prompts(6)
+    made = {"target": 0, "draft": 0}
+    for name, model in (("target", target), ("draft", draft)):
+        orig = model.new_cache
+        model.new_cache = lambda *a, _o=orig, _n=name, **k: made.__setitem__(
+            _n, made[_n] + 1) or _o(*a, **k)
+    try:
+        eos = 3
+        out = sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 30, eos_token_id=eos)
+    finally:
+        del target.new_cache, draft.new_cache
+    assert made == {"target": 1, "draft": 1}
+    lengths = {len(s) - len(p) for s, p in zip(out.sequences, prompts)}
+    assert len(lengths) > 1, "rows should finish at different times"
+    want = [sk.autoregressive_generate(target, [p], 30, eos_token_id=eos).sequences[0]
+            for p in prompts]
+    assert out.sequences == want
+
+
+def test_step_seeds_depend_only_on_seed_row_and_position():
+    rows, pos = torch.tensor([0, 1, 2, 1]), torch.tensor([5, 5, 5, 6])
+    s = rng.step_seeds(3, rows, pos)
+    assert len(set(s.tolist())) == 4 and bool((s >= 0).all())
+    assert torch.equal(rng.step_seeds(3, rows[[2, 0]], pos[[2, 0]]), s[[2, 0]])
+    assert not bool((rng.step_seeds(4, rows, pos) == s).any())
+    assert int(rng.step_seeds(2**70 + 3, rows, pos)[0]) == int(s[0])  # 63-bit seeds: mod 2**63
+
+
+def test_autoregressive_sampling_follows_the_target():
+    """Decoder without a drafter samples through verify_sampling with K = 0: the first token of
+    8000 identical rows follows softmax(logits / T) (chi-square, false-failure rate 1e-6)."""
+    from scipy.stats import chisquare
+
+    target, _ = tiny_pair(vocab=11, dtype=torch.float32, seed=4)
+    prompt = [1, 4, 2]
+    with torch.no_grad():
+        p = (target(torch.tensor([prompt]))[0, -1].double() / 0.7).softmax(-1)
+    out = Decoder(CausalLMAdapter(target)).run([prompt] * 8000, 1, Sampling(0.7), seed=9)
+    first = torch.tensor([s[-1] for s in out.sequences])
+    counts = torch.bincount(first, minlength=11).double()
+    assert chisquare(counts.numpy(), (p * 8000).numpy()).pvalue > 1e-6
+    assert out.stats.target_forwards == 1 and out.stats.draft_forwards == 0
+
+
+def test_decoder_checks_arguments():
+    target, draft = tiny_pair()
+    for k in (0, "fast", True, -2):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            Decoder(CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), k)
+    with pytest.raises(ValueError, match="top_p"):
+        Sampling(1.0, top_p=0.0)
+    with pytest.raises(ValueError, match="temperature"):
+        Sampling(-1.0)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        Decoder(CausalLMAdapter(target)).run([[1]], 2, eos_token_id=10**6)
