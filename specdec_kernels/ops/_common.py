@@ -105,7 +105,8 @@ def merge_best(best, index, cand, cand_index):
 
 
 @triton.jit
-def chunk_stats(row_ptr, chunk_start, V, temp, NEED_SUM: tl.constexpr,
+def chunk_stats(row_ptr,  # [V] one logits row
+                chunk_start, V, temp, NEED_SUM: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk."""
     offs = tl.arange(0, BLOCK)
@@ -130,7 +131,8 @@ def chunk_stats(row_ptr, chunk_start, V, temp, NEED_SUM: tl.constexpr,
 
 
 @triton.jit
-def chunk_pivot_pass(row_ptr, chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
+def chunk_pivot_pass(row_ptr,  # [V] one logits row
+                     chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
                      CHUNK: tl.constexpr, TBLOCK: tl.constexpr):
     """Over one chunk, for each pivot: the count and unnormalised mass ``exp(x - m)`` of the
     tokens with ``key >= floor_key`` and ``key > pivot``."""
@@ -177,7 +179,8 @@ def search_step(lo, hi, mass_lo, pivots, counts, masses, target_count, target_ma
 
 
 @triton.jit
-def _search(row_ptr, V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
+def _search(row_ptr,  # [V] one logits row
+            V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
             USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
             TBLOCK: tl.constexpr, NCHUNK):
     """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
@@ -202,7 +205,8 @@ def _search(row_ptr, V, temp, m, floor_key, lo, hi, mass_lo, target_count, targe
 
 
 @triton.jit
-def thresholds(row_ptr, V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
+def thresholds(row_ptr,  # [V] one logits row
+               V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
                HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
                TBLOCK: tl.constexpr, NCHUNK):
     """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
@@ -233,7 +237,9 @@ def target_prob(x, m, z, kappa):
 
 
 @triton.jit
-def chunk_race(row_ptr, q_ptr, draft, chunk_start, V, temp, m, z, kappa, stream, q_len,
+def chunk_race(row_ptr,  # [V] one logits row
+               q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+               draft, chunk_start, V, temp, m, z, kappa, stream, q_len,
                HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Exponential race over one chunk, for the residual ``max(0, p - q)`` and for ``p``.
 
@@ -271,7 +277,9 @@ def chunk_race(row_ptr, q_ptr, draft, chunk_start, V, temp, m, z, kappa, stream,
 
 
 @triton.jit
-def accept_draft(row_ptr, q_ptr, draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr):
+def accept_draft(row_ptr,  # [V] one logits row
+                 q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+                 draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr):
     """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)

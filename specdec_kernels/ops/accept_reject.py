@@ -6,8 +6,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _accept_reject_kernel(draft_ptr, stride_d, verifier_ptr, stride_v, out_ptr, K,
-                          BLOCK_K: tl.constexpr):
+def _accept_reject_kernel(
+    draft_ptr, stride_d,  # [B, K] draft token ids
+    verifier_ptr, stride_v,  # [B, K] verifier token ids
+    out_ptr,  # [B] int64 out: common-prefix lengths
+    K, BLOCK_K: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
     first_mismatch = tl.full([], K, tl.int32)

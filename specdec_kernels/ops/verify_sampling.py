@@ -49,7 +49,7 @@ _COMPILE = {"enable_fp_fusion": False}
 
 
 @triton.jit
-def _row_temperature(temp_ptr, b, GREEDY_ONLY: tl.constexpr):
+def _row_temperature(temp_ptr, b, GREEDY_ONLY: tl.constexpr):  # temp_ptr: [B]
     """(temperature used for x = logit / T, is this a greedy row)."""
     if GREEDY_ONLY:
         t = tl.full([], 1.0, tl.float32)
@@ -62,7 +62,7 @@ def _row_temperature(temp_ptr, b, GREEDY_ONLY: tl.constexpr):
 
 
 @triton.jit
-def _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY: tl.constexpr):
+def _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY: tl.constexpr):  # [B] each
     """(k_b clamped to [0, K], temperature, is-greedy flag, RNG row key) of row ``b``."""
     kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
     temp, greedy = _row_temperature(temp_ptr, b, GREEDY_ONLY)
@@ -74,7 +74,7 @@ def _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY: tl.constexpr):
 
 
 @triton.jit
-def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):
+def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):  # [B*(K+1), NCHUNK]
     big_m = tl.full([], float("-inf"), tl.float32)
     big_s = tl.zeros([], tl.float32)
     big_a = tl.zeros([], tl.int32)
@@ -86,7 +86,9 @@ def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):
 
 
 @triton.jit
-def _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, extra, V, K,
+def _write_row(draft_ptr, stride_db,  # [B, K] draft token ids
+               tokens_ptr, nacc_ptr,  # [B, K+1] int64 out, [B] int64 out
+               b, n_acc, extra, V, K,
                BLOCK_K: tl.constexpr):
     """tokens[b] = accepted drafts, then the extra token, then -1."""
     offs = tl.arange(0, BLOCK_K)
@@ -99,8 +101,14 @@ def _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, extra, V, K
 
 @triton.jit
 def _verify_row_kernel(
-    logits_ptr, stride_lb, stride_lk, draft_ptr, stride_db, q_ptr, stride_qb, stride_qk,
-    nd_ptr, temp_ptr, topk_ptr, topp_ptr, seed_ptr, tokens_ptr, nacc_ptr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr, stride_db,  # [B, K] draft token ids
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    nd_ptr,  # [B] num_draft_tokens
+    temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
+    seed_ptr,  # [B] int64 seeds
+    tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
+    nacc_ptr,  # [B] int64 out: num_accepted
     V, K, NCHUNK,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
@@ -164,7 +172,9 @@ def _verify_row_kernel(
 
 @triton.jit
 def _split_stats_kernel(
-    logits_ptr, stride_lb, stride_lk, nd_ptr, temp_ptr, part_m_ptr, part_s_ptr, part_a_ptr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    nd_ptr, temp_ptr,  # [B] num_draft_tokens, temperature
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
     V, K, NCHUNK,
     GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -185,8 +195,11 @@ def _split_stats_kernel(
 
 @triton.jit
 def _split_search_phase_kernel(
-    nd_ptr, temp_ptr, topk_ptr, topp_ptr, part_m_ptr, part_s_ptr, part_a_ptr,
-    kappa_ptr, z_ptr, m_ptr, lo_ptr, hi_ptr, mass_ptr, floor_ptr, target_ptr, active_ptr,
+    nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] per-row arguments
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr, z_ptr,  # [B*(K+1)] in/out: key threshold, kept mass
+    m_ptr, lo_ptr, hi_ptr, mass_ptr,  # [B*(K+1)] search state: max, bracket, mass above lo
+    floor_ptr, target_ptr, active_ptr,  # [B*(K+1)] search state: key floor, target, active
     V, K, NCHUNK,
     PHASE: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
 ):
@@ -246,8 +259,10 @@ def _split_search_phase_kernel(
 
 @triton.jit
 def _split_search_partial_kernel(
-    logits_ptr, stride_lb, stride_lk, temp_ptr, m_ptr, lo_ptr, hi_ptr, floor_ptr,
-    pcount_ptr, pmass_ptr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    temp_ptr,  # [B] temperature
+    m_ptr, lo_ptr, hi_ptr, floor_ptr,  # [B*(K+1)] search state
+    pcount_ptr, pmass_ptr,  # [B*(K+1), NCHUNK, NPIV] out: per-pivot count / mass per chunk
     V, K, NCHUNK,
     NPIV: tl.constexpr, CHUNK: tl.constexpr, TBLOCK: tl.constexpr,
 ):
@@ -271,7 +286,9 @@ def _split_search_partial_kernel(
 
 @triton.jit
 def _split_search_update_kernel(
-    topk_ptr, lo_ptr, hi_ptr, mass_ptr, target_ptr, pcount_ptr, pmass_ptr,
+    topk_ptr,  # [B] top_k
+    lo_ptr, hi_ptr, mass_ptr, target_ptr,  # [B*(K+1)] in/out: search state
+    pcount_ptr, pmass_ptr,  # [B*(K+1), NCHUNK, NPIV] per-pivot partials
     K, NCHUNK,
     USE_MASS: tl.constexpr, NPIV: tl.constexpr,
 ):
@@ -302,9 +319,14 @@ def _split_search_update_kernel(
 
 @triton.jit
 def _split_race_kernel(
-    logits_ptr, stride_lb, stride_lk, draft_ptr, stride_db, q_ptr, stride_qb, stride_qk,
-    nd_ptr, temp_ptr, seed_ptr, part_m_ptr, part_s_ptr, part_a_ptr, kappa_ptr, z_ptr,
-    race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr, stride_db,  # [B, K] draft token ids
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
+    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best score, token
+    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
     V, K, NCHUNK,
     HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
@@ -337,9 +359,16 @@ def _split_race_kernel(
 
 @triton.jit
 def _split_decide_kernel(
-    logits_ptr, stride_lb, stride_lk, draft_ptr, stride_db, q_ptr, stride_qb, stride_qk,
-    nd_ptr, temp_ptr, seed_ptr, part_m_ptr, part_s_ptr, part_a_ptr, kappa_ptr, z_ptr,
-    race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr, tokens_ptr, nacc_ptr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr, stride_db,  # [B, K] draft token ids
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
+    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials
+    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
+    tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
+    nacc_ptr,  # [B] int64 out: num_accepted
     V, K, NCHUNK,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr,
