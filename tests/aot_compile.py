@@ -5,11 +5,23 @@ Triton's interpreter (how CPU CI runs the kernels) accepts code that the real co
 back end (TTIR -> TTGIR -> LLVM -> PTX -> cubin with the bundled ptxas) for each kernel and each
 combination of its mode flags. Run it in a process where TRITON_INTERPRET is unset:
 ``python tests/aot_compile.py 90 80``. Prints one line per kernel; exits non-zero on an error.
+
+``--report PATH`` also writes the static resource usage of every variant (registers per thread,
+spill stores / loads, shared memory), read from ``ptxas -v`` on the PTX that Triton produced
+(the ptxas Triton itself picks for the target, so the same one that built the cubin; no GPU
+needed). ``--fail-on-spills``
+exits non-zero when any variant spills registers.
 """
 
+import argparse
+import datetime
 import itertools
+import json
 import os
+import re
+import subprocess
 import sys
+import tempfile
 
 os.environ.pop("TRITON_INTERPRET", None)
 
@@ -26,11 +38,9 @@ POINTER_TYPES = {
     "part_s_ptr": "*fp32", "z_ptr": "*fp32", "race_rb_ptr": "*fp32", "race_pb_ptr": "*fp32",
     "part_a_ptr": "*i32", "race_ri_ptr": "*i32", "race_pi_ptr": "*i32", "out_ptr": "*i64",
     "verifier_ptr": "*i32", "m_ptr": "*fp32", "lo_ptr": "*i64", "hi_ptr": "*i64",
-    "floor_ptr": "*i64", "mass_ptr": "*fp32", "target_ptr": "*fp32", "active_ptr": "*i32",
-    "pcount_ptr": "*i64", "pmass_ptr": "*fp32",
 }
-FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "USE_MASS")
-MODES = {"PHASE": (0, 1, 2)}  # non-boolean mode constexprs and their values
+FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
+MODES = {}  # non-boolean mode constexprs and their values
 
 
 def _signature(fn, constexprs):
@@ -50,7 +60,7 @@ def _signature(fn, constexprs):
 def _compile(fn, constexprs, target):
     src = ASTSource(fn, _signature(fn, constexprs),
                     constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
-    return triton.compile(src, target=target, options={"enable_fp_fusion": False})
+    return triton.compile(src, target=target, options=verify_sampling.compile_options(fn))
 
 
 def kernels():
@@ -58,9 +68,7 @@ def kernels():
     sizes = {"CHUNK": cfg["CHUNK"], "BLOCK": cfg["BLOCK"], "TBLOCK": cfg["TBLOCK"],
              "NPIV": cfg["NPIV"], "BLOCK_K": 16}
     for fn in (verify_sampling._verify_row_kernel, verify_sampling._split_stats_kernel,
-               verify_sampling._split_search_phase_kernel,
-               verify_sampling._split_search_partial_kernel,
-               verify_sampling._split_search_update_kernel, verify_sampling._split_race_kernel,
+               verify_sampling._split_threshold_kernel, verify_sampling._split_race_kernel,
                verify_sampling._split_decide_kernel, accept_reject._accept_reject_kernel):
         flags = [f for f in FLAGS if f in fn.arg_names]
         modes = [m for m in MODES if m in fn.arg_names]
@@ -72,8 +80,35 @@ def kernels():
             yield fn, {**fixed, **dict(zip(flags + modes, values))}
 
 
-def main(archs):
+def ptxas_resources(ptx: str, arch: str) -> dict:
+    """Registers, spills and shared memory of the kernel in ``ptx`` from ``ptxas -v``."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    ptxas = get_ptxas(int(arch)).path  # the ptxas Triton itself uses for this target
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "k.ptx")
+        with open(src, "w") as f:
+            f.write(ptx)
+        target = re.search(r"\.target\s+(sm_\w+)", ptx)  # e.g. sm_90a: as Triton built it
+        arch = target.group(1) if target else f"sm_{arch}"
+        out = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o",
+                              os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
+                             check=True).stderr
+
+    def number(pattern):
+        m = re.search(pattern, out)
+        return int(m.group(1)) if m else 0
+
+    return {"registers": number(r"Used (\d+) registers"),
+            "spill_stores_bytes": number(r"(\d+) bytes spill stores"),
+            "spill_loads_bytes": number(r"(\d+) bytes spill loads"),
+            "stack_frame_bytes": number(r"(\d+) bytes stack frame"),
+            "shared_bytes_ptxas": number(r"(\d+) bytes smem")}
+
+
+def main(archs, report=None, fail_on_spills=False):
     failures = 0
+    rows = []
     for arch in archs:
         target = GPUTarget("cuda", int(arch), 32)
         for fn, constexprs in kernels():
@@ -81,13 +116,37 @@ def main(archs):
             try:
                 compiled = _compile(fn, constexprs, target)
                 ok = "cubin" in compiled.asm
-                print(f"sm_{arch} {fn.__name__} {flags}: {'ok' if ok else 'NO CUBIN'}")
+                line = f"sm_{arch} {fn.__name__} {flags}: {'ok' if ok else 'NO CUBIN'}"
                 failures += not ok
+                if report is not None or fail_on_spills:
+                    res = ptxas_resources(compiled.asm["ptx"], arch)
+                    res.update(kernel=fn.__name__, arch=f"sm_{arch}", flags=flags,
+                               num_warps=compiled.metadata.num_warps,
+                               shared_bytes=compiled.metadata.shared)
+                    rows.append(res)
+                    spills = res["spill_stores_bytes"] + res["spill_loads_bytes"]
+                    line += f" ({res['registers']} regs, {spills} spill bytes)"
+                    if fail_on_spills and spills:
+                        line += " SPILLS"
+                        failures += 1
+                print(line)
             except Exception as exc:  # report every failure, then fail
                 print(f"sm_{arch} {fn.__name__} {flags}: FAILED {type(exc).__name__}: {exc}")
                 failures += 1
+    if report is not None:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+        with open(report, "w") as f:
+            json.dump({"date": datetime.date.today().isoformat(), "commit": commit.strip(),
+                       "triton": triton.__version__, "vocab_size": 128256,
+                       "kernels": rows}, f, indent=1)
     return failures
 
 
 if __name__ == "__main__":
-    sys.exit(1 if main(sys.argv[1:] or ["90", "80"]) else 0)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("archs", nargs="*", default=["90", "80"])
+    parser.add_argument("--report", help="write the resource report (JSON) here")
+    parser.add_argument("--fail-on-spills", action="store_true")
+    args = parser.parse_args()
+    sys.exit(1 if main(args.archs, args.report, args.fail_on_spills) else 0)

@@ -57,6 +57,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     o.add_argument("--no-cuda-graph", action="store_true", help="plain do_bench on CUDA")
     o.add_argument("--max-seconds", type=float, default=None,
                    help="stop starting new cases after this long (the rows so far are kept)")
+    o.add_argument("--launches", action="store_true",
+                   help="count Triton launches per public call (any machine: the interpreter "
+                        "counts on a CPU) instead of timing; batch sizes from --batch")
     o.add_argument("--json", default=DEFAULT_OPS_JSON, help="append rows here ('' for none)")
     o.add_argument("--plot", default=None, help="draw the run's PNG here")
     o.set_defaults(bench_func=_ops)
@@ -89,6 +92,17 @@ def _ops(args) -> int:
     from specdec_kernels.benchmarks import ops, results
 
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if args.launches:
+        from specdec_kernels.benchmarks import launches
+
+        rows = launches.launch_table(tuple(args.batch or (1, 8, 64, 128)),
+                                     k=(args.k or [4])[0], v=(args.vocab or [1000])[0],
+                                     device=device)
+        print(launches.markdown(rows))
+        over = [r for r in rows if r["launches"] > r["budget"]]
+        for r in over:
+            print(f"over budget: {r['op']} at B={r['batch']}: {r['launches']} > {r['budget']}")
+        return 1 if over else 0
     if args.threads and device.type == "cpu":
         torch.set_num_threads(args.threads)
     grid_name = args.grid or ("full" if args.full or ops.full_requested() else "smoke")

@@ -19,7 +19,7 @@ PURPOSE_SAMPLE = tl.constexpr(1)
 KEY_FLOOR = tl.constexpr(-2147483649)  # below every float key: "keep everything"
 # Rounds that always finish a threshold search over 32-bit keys with 16 pivots a round
 # (the range shrinks to at most ceil(range / 17) per round: 2**32 + 1 -> 1 in 8; one spare).
-SEARCH_ROUNDS = 9
+SEARCH_ROUNDS = tl.constexpr(9)
 UNIFORM_SHIFT = tl.constexpr(9)  # u = ((r >> 9) + 0.5) * 2**-23: exact, in [2**-24, 1 - 2**-24]
 UNIFORM_SCALE = tl.constexpr(2.0 ** -23)
 EXP_FLOOR = tl.constexpr(2.0 ** -25)
@@ -190,17 +190,18 @@ def _search(row_ptr,  # [V] one logits row
     and added in chunk order, exactly as the split strategy adds its per-chunk partials. Returns
     the key and the mass of the tokens kept (those with ``key >= k``).
     """
-    while hi - lo > 1:
-        pivots = search_pivots(lo, hi, NPIV)
-        counts = tl.zeros([NPIV], tl.int64)
-        masses = tl.zeros([NPIV], tl.float32)
-        for c in range(0, NCHUNK):
-            cc, cm = chunk_pivot_pass(row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV,
-                                      CHUNK, TBLOCK)
-            counts += cc
-            masses += cm
-        lo, hi, mass_lo = search_step(lo, hi, mass_lo, pivots, counts, masses, target_count,
-                                      target_mass, USE_MASS)
+    for _ in range(SEARCH_ROUNDS):
+        if hi - lo > 1:
+            pivots = search_pivots(lo, hi, NPIV)
+            counts = tl.zeros([NPIV], tl.int64)
+            masses = tl.zeros([NPIV], tl.float32)
+            for c in range(0, NCHUNK):
+                cc, cm = chunk_pivot_pass(row_ptr, c * CHUNK, V, temp, m, floor_key, pivots,
+                                          NPIV, CHUNK, TBLOCK)
+                counts += cc
+                masses += cm
+            lo, hi, mass_lo = search_step(lo, hi, mass_lo, pivots, counts, masses,
+                                          target_count, target_mass, USE_MASS)
     return hi, mass_lo
 
 

@@ -8,9 +8,9 @@ and merged in chunk order. Two launch strategies use that helper:
 ``row``   grid ``(B,)``: a program walks its row's positions in order and stops at the first
           rejection, so logits rows after it are never read. Best when B fills the GPU.
 ``split`` grid ``(B * (K+1), NCHUNK)``: every position's vocabulary is split across programs
-          (statistics, then the rounds of the top-k/top-p threshold search, then the resampling
-          race), and a small ``(B,)`` kernel makes the decisions from the partials. Best for
-          small batches.
+          for the statistics and the resampling race; with top-k/top-p one ``(B * (K+1),)``
+          launch in between runs each position's threshold search; a small ``(B,)`` kernel makes
+          the decisions from the partials. Best for small batches. At most 4 launches.
 
 Both merge the same partial values in the same order, so their results are identical. Nothing is
 materialised beyond ``[B, K+1, NCHUNK]`` partials; the only large cost is reading logits (and the
@@ -26,17 +26,12 @@ import triton.language as tl
 from specdec_kernels.ops._common import (
     KEY_FLOOR,
     PURPOSE_SAMPLE,
-    SEARCH_ROUNDS,
     accept_draft,
-    chunk_pivot_pass,
     chunk_race,
     chunk_stats,
-    float_key,
     merge_best,
     merge_stats,
     row_key,
-    search_pivots,
-    search_step,
     stream_key,
     thresholds,
 )
@@ -46,6 +41,15 @@ NUM_PIVOTS = 16
 # No FMA contraction: every kernel then rounds the shared chunk arithmetic the same way, which the
 # identical-results promise between the two strategies relies on (and it tracks the reference).
 _COMPILE = {"enable_fp_fusion": False}
+# The row kernel keeps a position's statistics, filter state and race state live at once; under
+# ptxas's default budget (128 registers at 4 warps) some variants spill. 192 registers remove
+# every spill at sm_80 and sm_90 (tests/aot_compile.py --fail-on-spills); 2 programs fit an SM.
+_ROW_COMPILE = {**_COMPILE, "maxnreg": 192}
+
+
+def compile_options(kernel) -> dict:
+    """The compile options a kernel of this module is launched with (for the AOT checks)."""
+    return _ROW_COMPILE if kernel is _verify_row_kernel else _COMPILE
 
 
 @triton.jit
@@ -126,47 +130,48 @@ def _verify_row_kernel(
     j = 0
     extra = 0
     go_on = kb >= 0
-    while go_on:
-        row = logits_ptr + b * stride_lb + j.to(tl.int64) * stride_lk
-        q_row = q_ptr + b * stride_qb + j.to(tl.int64) * stride_qk
-        big_m = tl.full([], float("-inf"), tl.float32)
-        big_s = tl.zeros([], tl.float32)
-        big_a = tl.zeros([], tl.int32)
-        for c in range(0, NCHUNK):
-            m, s, a = chunk_stats(row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK)
-            big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
-        draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
-        kappa = tl.full([], KEY_FLOOR, tl.int64)
-        z = big_s
-        if not GREEDY_ONLY:
-            if greedy == 0:
-                kappa, z = thresholds(row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK,
-                                      HAS_TOPP, NPIV, CHUNK, TBLOCK, NCHUNK)
-        accepted = draft == big_a
-        if not GREEDY_ONLY:
-            if (greedy == 0) & (j < kb):
-                accepted = accept_draft(row, q_row, draft, V, temp, big_m, z, kappa, key, j,
-                                        HAS_Q)
-        accepted = accepted & (j < kb)
-        if accepted:
-            j += 1
-        else:
-            extra = big_a
+    for _ in range(0, K + 1):  # each position accepts (and moves on) or stops the row
+        if go_on:
+            row = logits_ptr + b * stride_lb + j.to(tl.int64) * stride_lk
+            q_row = q_ptr + b * stride_qb + j.to(tl.int64) * stride_qk
+            big_m = tl.full([], float("-inf"), tl.float32)
+            big_s = tl.zeros([], tl.float32)
+            big_a = tl.zeros([], tl.int32)
+            for c in range(0, NCHUNK):
+                m, s, a = chunk_stats(row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK)
+                big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
+            draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
+            kappa = tl.full([], KEY_FLOOR, tl.int64)
+            z = big_s
             if not GREEDY_ONLY:
                 if greedy == 0:
-                    stream = stream_key(key, j, PURPOSE_SAMPLE)
-                    r_best = tl.zeros([], tl.float32)
-                    r_idx = tl.zeros([], tl.int32)
-                    p_best = tl.full([], -1.0, tl.float32)
-                    p_idx = tl.zeros([], tl.int32)
-                    for c in range(0, NCHUNK):
-                        rb, ri, pb, pi = chunk_race(row, q_row, draft, c * CHUNK, V, temp, big_m,
-                                                    z, kappa, stream, tl.where(j < kb, V, 0), HAS_Q,
-                                                    CHUNK, BLOCK)
-                        r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
-                        p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
-                    extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
-            go_on = False
+                    kappa, z = thresholds(row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK,
+                                          HAS_TOPP, NPIV, CHUNK, TBLOCK, NCHUNK)
+            accepted = draft == big_a
+            if not GREEDY_ONLY:
+                if (greedy == 0) & (j < kb):
+                    accepted = accept_draft(row, q_row, draft, V, temp, big_m, z, kappa, key, j,
+                                            HAS_Q)
+            accepted = accepted & (j < kb)
+            if accepted:
+                j += 1
+            else:
+                extra = big_a
+                if not GREEDY_ONLY:
+                    if greedy == 0:
+                        stream = stream_key(key, j, PURPOSE_SAMPLE)
+                        r_best = tl.zeros([], tl.float32)
+                        r_idx = tl.zeros([], tl.int32)
+                        p_best = tl.full([], -1.0, tl.float32)
+                        p_idx = tl.zeros([], tl.int32)
+                        for c in range(0, NCHUNK):
+                            rb, ri, pb, pi = chunk_race(row, q_row, draft, c * CHUNK, V, temp, big_m,
+                                                        z, kappa, stream, tl.where(j < kb, V, 0), HAS_Q,
+                                                        CHUNK, BLOCK)
+                            r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
+                            p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
+                        extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+                go_on = False
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
 
 
@@ -194,127 +199,40 @@ def _split_stats_kernel(
 
 
 @triton.jit
-def _split_search_phase_kernel(
-    nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] per-row arguments
+def _split_threshold_kernel(
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
-    kappa_ptr, z_ptr,  # [B*(K+1)] in/out: key threshold, kept mass
-    m_ptr, lo_ptr, hi_ptr, mass_ptr,  # [B*(K+1)] search state: max, bracket, mass above lo
-    floor_ptr, target_ptr, active_ptr,  # [B*(K+1)] search state: key floor, target, active
+    kappa_ptr, z_ptr,  # [B*(K+1)] out: key threshold, kept mass
     V, K, NCHUNK,
-    PHASE: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+    HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+    TBLOCK: tl.constexpr,
 ):
-    """Between the rounds of the chunk-parallel threshold search, one program per position.
-
-    PHASE 0: merge the statistics, set ``kappa`` / ``Z`` to "no filter", start the top-k search.
-    PHASE 1: finish the top-k search, start the top-p search. PHASE 2: finish the top-p search.
-    The state (``lo``, ``hi``, mass above ``lo``, floor, target) follows ``_common.thresholds``
-    step for step, so the split strategy ends where the row strategy's search ends.
-    """
+    """The top-k / top-p threshold of one position, in one program: the same search as the row
+    strategy (``_common.thresholds``, chunk partials added in chunk order) started from the
+    merged chunk statistics, so both strategies find the same ``kappa`` and ``Z``. One launch
+    for every filter and every round (a launch per round cost 36 launches)."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // (K + 1)
     j = pid % (K + 1)
     kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
     temp, greedy = _row_temperature(temp_ptr, b, False)
+    big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK,
+                                        NCHUNK)
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z = big_s
     if (j <= kb) & (greedy == 0):
-        if PHASE == 0:
-            big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr,
-                                                pid * NCHUNK, NCHUNK)
-            tl.store(m_ptr + pid, big_m)
-            tl.store(kappa_ptr + pid, tl.full([], KEY_FLOOR, tl.int64))
-            tl.store(z_ptr + pid, big_s)
-            active = tl.full([], 0, tl.int32)
-            if HAS_TOPK:
-                top_k = tl.load(topk_ptr + b)
-                active = ((top_k > 0) & (top_k < V)).to(tl.int32)
-            hi = float_key(big_m)
-            # an inactive search starts finished (lo == hi)
-            tl.store(lo_ptr + pid, tl.where(active != 0, KEY_FLOOR, hi))
-            tl.store(hi_ptr + pid, hi)
-            tl.store(mass_ptr + pid, big_s)
-            tl.store(floor_ptr + pid, tl.full([], KEY_FLOOR, tl.int64))
-            tl.store(active_ptr + pid, active)
-        else:
-            if tl.load(active_ptr + pid) != 0:  # the search just run was live: take its result
-                tl.store(kappa_ptr + pid, tl.load(hi_ptr + pid))
-                tl.store(z_ptr + pid, tl.load(mass_ptr + pid))
-            if PHASE == 1:
-                active = tl.full([], 0, tl.int32)
-                if HAS_TOPP:
-                    active = (tl.load(topp_ptr + b).to(tl.float32) < 1.0).to(tl.int32)
-                kappa = tl.load(kappa_ptr + pid)
-                z = tl.load(z_ptr + pid)
-                hi = float_key(tl.load(m_ptr + pid))
-                tl.store(lo_ptr + pid, tl.where(active != 0, kappa - 1, hi))
-                tl.store(hi_ptr + pid, hi)
-                tl.store(mass_ptr + pid, z)
-                tl.store(floor_ptr + pid, kappa)
-                if HAS_TOPP:
-                    tl.store(target_ptr + pid, tl.load(topp_ptr + b).to(tl.float32) * z)
-                tl.store(active_ptr + pid, active)
-    else:
-        tl.store(active_ptr + pid, 0)
-        tl.store(lo_ptr + pid, 0)
-        tl.store(hi_ptr + pid, 0)
-
-
-@triton.jit
-def _split_search_partial_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    temp_ptr,  # [B] temperature
-    m_ptr, lo_ptr, hi_ptr, floor_ptr,  # [B*(K+1)] search state
-    pcount_ptr, pmass_ptr,  # [B*(K+1), NCHUNK, NPIV] out: per-pivot count / mass per chunk
-    V, K, NCHUNK,
-    NPIV: tl.constexpr, CHUNK: tl.constexpr, TBLOCK: tl.constexpr,
-):
-    """One round of the threshold search: pivot counts and masses of one chunk of a position."""
-    pid = tl.program_id(0).to(tl.int64)
-    c = tl.program_id(1)
-    lo = tl.load(lo_ptr + pid)
-    hi = tl.load(hi_ptr + pid)
-    if hi - lo > 1:
-        b = pid // (K + 1)
-        j = pid % (K + 1)
-        temp, greedy = _row_temperature(temp_ptr, b, False)
+        top_k = 0
+        top_p = 1.0
+        if HAS_TOPK:
+            top_k = tl.load(topk_ptr + b)
+        if HAS_TOPP:
+            top_p = tl.load(topp_ptr + b).to(tl.float32)
         row = logits_ptr + b * stride_lb + j * stride_lk
-        pivots = search_pivots(lo, hi, NPIV)
-        counts, masses = chunk_pivot_pass(row, c * CHUNK, V, temp, tl.load(m_ptr + pid),
-                                          tl.load(floor_ptr + pid), pivots, NPIV, CHUNK, TBLOCK)
-        out = (pid * NCHUNK + c) * NPIV + tl.arange(0, NPIV)
-        tl.store(pcount_ptr + out, counts)
-        tl.store(pmass_ptr + out, masses)
-
-
-@triton.jit
-def _split_search_update_kernel(
-    topk_ptr,  # [B] top_k
-    lo_ptr, hi_ptr, mass_ptr, target_ptr,  # [B*(K+1)] in/out: search state
-    pcount_ptr, pmass_ptr,  # [B*(K+1), NCHUNK, NPIV] per-pivot partials
-    K, NCHUNK,
-    USE_MASS: tl.constexpr, NPIV: tl.constexpr,
-):
-    """One round of the threshold search: add the chunk partials in chunk order, narrow."""
-    pid = tl.program_id(0).to(tl.int64)
-    lo = tl.load(lo_ptr + pid)
-    hi = tl.load(hi_ptr + pid)
-    if hi - lo > 1:
-        pivots = search_pivots(lo, hi, NPIV)
-        counts = tl.zeros([NPIV], tl.int64)
-        masses = tl.zeros([NPIV], tl.float32)
-        for c in range(0, NCHUNK):
-            at = (pid * NCHUNK + c) * NPIV + tl.arange(0, NPIV)
-            counts += tl.load(pcount_ptr + at)
-            masses += tl.load(pmass_ptr + at)
-        target_count = 0
-        target_mass = 0.0
-        if USE_MASS:
-            target_mass = tl.load(target_ptr + pid)
-        else:
-            target_count = tl.load(topk_ptr + pid // (K + 1))
-        lo, hi, mass_lo = search_step(lo, hi, tl.load(mass_ptr + pid), pivots, counts, masses,
-                                      target_count, target_mass, USE_MASS)
-        tl.store(lo_ptr + pid, lo)
-        tl.store(hi_ptr + pid, hi)
-        tl.store(mass_ptr + pid, mass_lo)
+        kappa, z = thresholds(row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP,
+                              NPIV, CHUNK, TBLOCK, NCHUNK)
+    tl.store(kappa_ptr + pid, kappa)
+    tl.store(z_ptr + pid, z)
 
 
 @triton.jit
@@ -417,48 +335,6 @@ def _split_decide_kernel(
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
 
 
-def _threshold_search(target_logits, num_draft_tokens, temp, topk_t, topp_t, part_m, part_s,
-                      part_a, kappa, z, has_topk, has_topp, cfg):
-    """Split strategy's top-k/top-p thresholds: ``SEARCH_ROUNDS`` rounds per filter, each a
-    ``(positions, NCHUNK)`` pivot-count launch and a ``(positions,)`` narrowing launch. A fixed
-    number of launches (no host sync); positions whose search is done skip their work."""
-    batch, k1, vocab = target_logits.shape
-    positions, nchunk, npiv = batch * k1, cfg["NCHUNK"], cfg["NPIV"]
-    device = target_logits.device
-    m = torch.empty((positions,), dtype=torch.float32, device=device)
-    lo, hi, floor = (torch.empty((positions,), dtype=torch.int64, device=device) for _ in range(3))
-    mass, target = (torch.empty((positions,), dtype=torch.float32, device=device) for _ in range(2))
-    active = torch.empty((positions,), dtype=torch.int32, device=device)
-    pcount = torch.empty((positions, nchunk, npiv), dtype=torch.int64, device=device)
-    pmass = torch.empty((positions, nchunk, npiv), dtype=torch.float32, device=device)
-    lb, lk = target_logits.stride(0), target_logits.stride(1)
-    k = k1 - 1
-
-    def phase(number):
-        _split_search_phase_kernel[(positions,)](
-            num_draft_tokens, temp, topk_t, topp_t, part_m, part_s, part_a, kappa, z, m, lo, hi,
-            mass, floor, target, active, vocab, k, nchunk,
-            PHASE=number, HAS_TOPK=has_topk, HAS_TOPP=has_topp, **_COMPILE)
-
-    def rounds(use_mass):
-        for _ in range(SEARCH_ROUNDS):
-            _split_search_partial_kernel[(positions, nchunk)](
-                target_logits, lb, lk, temp, m, lo, hi, floor, pcount, pmass, vocab, k, nchunk,
-                NPIV=npiv, CHUNK=cfg["CHUNK"], TBLOCK=cfg["TBLOCK"], **_COMPILE)
-            _split_search_update_kernel[(positions,)](
-                topk_t, lo, hi, mass, target, pcount, pmass, k, nchunk,
-                USE_MASS=use_mass, NPIV=npiv, **_COMPILE)
-
-    phase(0)
-    if has_topk:
-        rounds(False)
-    phase(1)
-    if has_topp:
-        rounds(True)
-        phase(2)
-
-
-@functools.lru_cache(maxsize=None)
 def _row_strategy_min_batch(device: torch.device) -> int:
     """Batch size from which one program per row keeps the device busy."""
     if device.type == "cuda":
@@ -519,7 +395,7 @@ def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperatu
             vocab, k, nchunk,
             GREEDY_ONLY=greedy_only, HAS_Q=has_q, HAS_TOPK=has_topk, HAS_TOPP=has_topp,
             CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"], TBLOCK=cfg["TBLOCK"], NPIV=cfg["NPIV"],
-            BLOCK_K=block_k, **_COMPILE,
+            BLOCK_K=block_k, **_ROW_COMPILE,
         )
         return tokens, num_accepted
     if strategy != "split":
@@ -541,8 +417,12 @@ def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperatu
             for dt in (torch.float32, torch.int32, torch.float32, torch.int32)]
     if not greedy_only:
         if has_filter:
-            _threshold_search(target_logits, num_draft_tokens, temp, topk_t, topp_t, part_m,
-                              part_s, part_a, kappa, z, has_topk, has_topp, cfg)
+            _split_threshold_kernel[(positions,)](
+                target_logits, lb, lk, num_draft_tokens, temp, topk_t, topp_t, part_m, part_s,
+                part_a, kappa, z, vocab, k, nchunk,
+                HAS_TOPK=has_topk, HAS_TOPP=has_topp, NPIV=cfg["NPIV"], CHUNK=cfg["CHUNK"],
+                TBLOCK=cfg["TBLOCK"], **_COMPILE,
+            )
         _split_race_kernel[(positions, nchunk)](
             target_logits, lb, lk, draft_tokens, db, q, stride_qb, stride_qk,
             num_draft_tokens, temp, seed_t, part_m, part_s, part_a, kappa, z, *race,

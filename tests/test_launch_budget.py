@@ -1,0 +1,100 @@
+"""GPU readiness on a CPU: launches per public call stay within budget at every batch size, and
+with ``validate=False`` no public op synchronises with the device (CUDA-graph capture safety)."""
+
+import contextlib
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels.benchmarks.launches import BUDGET, count_launches, launch_table
+
+from helpers import make_draft_probs, make_inputs
+
+
+@pytest.mark.parametrize("batch", [1, 64])  # the split strategy below 64 rows on CPU, row from 64
+def test_launches_per_call_within_budget(batch):
+    rows = launch_table(batch_sizes=(batch,), k=3, v=37, device="cpu")
+    assert {r["op"] for r in rows} == set(BUDGET)
+    for r in rows:
+        assert 1 <= r["launches"] <= r["budget"], r
+
+
+def test_counter_counts_every_launch():
+    """The counter is not vacuous: the split strategy's greedy call is exactly stats + decide."""
+    logits, drafts, _ = make_inputs(2, 3, 37)
+    with count_launches() as launches:
+        sk.verify_greedy(logits, drafts, backend="triton")
+    assert launches == {"_split_stats_kernel": 1, "_split_decide_kernel": 1}
+    with count_launches() as launches:
+        sk.verify_greedy(logits, drafts, backend="reference")
+    assert sum(launches.values()) == 0
+
+
+_SYNCS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__",
+          "__index__")
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Every Tensor method that reads values on the host raises inside the block."""
+    saved = {name: getattr(torch.Tensor, name) for name in _SYNCS}
+
+    def forbid(name):
+        def raise_(*args, **kwargs):
+            raise AssertionError(f"host synchronisation: Tensor.{name}")
+        return raise_
+
+    try:
+        for name in _SYNCS:
+            setattr(torch.Tensor, name, forbid(name))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.Tensor, name, fn)
+
+
+@contextlib.contextmanager
+def kernels_stubbed():
+    """Launch no Triton kernel (the interpreter itself reads tensors on the host): what remains
+    is the launcher's own host code, which must not synchronise."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    saved = {cls: cls.run for cls in (JITFunction, InterpretedFunction)}
+    try:
+        for cls in saved:
+            cls.run = lambda self, *a, **k: None
+        yield
+    finally:
+        for cls, fn in saved.items():
+            cls.run = fn
+
+
+def _calls(backend):
+    b, k, v = 4, 3, 50
+    logits, drafts, nd = make_inputs(b, k, v, ragged=True)
+    q, _ = make_draft_probs(b, k, v)
+    temp = torch.tensor([0.0, 0.7, 1.0, 1.3])
+    kw = dict(backend=backend, validate=False, num_draft_tokens=nd)
+    return [
+        lambda: sk.verify_greedy(logits, drafts, **kw),
+        lambda: sk.verify_sampling(logits, drafts, q, temperature=temp, seed=torch.arange(b),
+                                   **kw),
+        lambda: sk.verify_sampling(logits, drafts, None, temperature=0.8, top_k=5, top_p=0.9,
+                                   seed=3, **kw),
+        lambda: sk.verify_sampling(logits, drafts, q, top_k=torch.tensor([0, 3, 5, 50]),
+                                   top_p=torch.tensor([1.0, 0.5, 0.9, 0.99]), **kw),
+        lambda: sk.accept_reject(drafts, drafts, backend=backend),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_validate_false_never_synchronises(backend):
+    for call in _calls(backend):
+        stub = kernels_stubbed() if backend == "triton" else contextlib.nullcontext()
+        with stub, no_host_sync():
+            call()
+    # and the guard really trips on a synchronising call
+    with pytest.raises(AssertionError, match="host synchronisation"), no_host_sync():
+        sk.verify_greedy(*make_inputs(2, 2, 9)[:2], validate=True)
