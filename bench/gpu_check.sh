@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check of issue 5, in one accelerator session (about 8 minutes on one H200):
 #   1. build the CUDA extension in place,
-#   2. run the test suite's CUDA cases,
+#   2. run the test suite's CUDA cases, count launches per call, capture a call in a CUDA graph,
 #   3. run `specdec bench ops` on the GPU (triton.testing.do_bench, CUDA graphs where the op can
 #      be captured) over the "gpu" grid, write JSON + PNG, and check the kernel targets.
 # Everything (log, JSON, PNG, summary) goes to OUTDIR. Each step has its own time limit so a
@@ -45,6 +45,29 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log it, remember a 
 step build "${BUILD_SECONDS}" env MAX_JOBS="${MAX_JOBS:-16}" "${PYTHON}" setup.py build_ext --inplace
 step extension "30" "${PYTHON}" -c "import specdec_kernels as sk, torch; print('extension', sk.extension_available()); assert sk.extension_available(); print(torch.ops.specdec.kv_compact_)"
 step tests "${TEST_SECONDS}" "${PYTHON}" -m pytest tests -q -x -m "not slow" -k "cuda" -p no:cacheprovider
+# Launches per public call with the compiled kernels (the CPU CI counts them under the
+# interpreter; this confirms the same figures on the device) and CUDA-graph capture of the ops.
+step launches "60" "${PYTHON}" -m specdec_kernels.benchmarks ops --launches --device cuda \
+  --batch 1,8,64,128,256
+step capture "60" "${PYTHON}" - <<'PY'
+import torch, specdec_kernels as sk
+b, k, v = 8, 4, 32000
+logits = torch.randn(b, k + 1, v, device="cuda")
+drafts = torch.randint(0, v, (b, k), device="cuda")
+q = torch.softmax(torch.randn(b, k, v, device="cuda"), -1)
+seeds = torch.arange(b, device="cuda")
+call = lambda: sk.verify_sampling(logits, drafts, q, top_k=50, top_p=0.9, seed=seeds,
+                                  validate=False)
+want = call()
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    got = call()
+graph.replay()
+torch.cuda.synchronize()
+assert torch.equal(got.tokens, want.tokens), "graph replay differs from the eager call"
+print("CUDA graph capture and replay of verify_sampling (top-k + top-p): ok")
+PY
 step bench_ops "${BENCH_SECONDS}" "${PYTHON}" -m specdec_kernels.benchmarks ops --grid gpu --device cuda \
   --budget 0.05 --max-seconds "$((BENCH_SECONDS - 30))" \
   --json "${OUT}/ops_gpu.json" --plot "${OUT}/ops_gpu.png"
