@@ -16,7 +16,7 @@ import specdec_kernels as sk
 from specdec_kernels import _extension
 from specdec_kernels.reference import kv_cache as ref
 from kv_helpers import (DEVICES, assert_same, compaction, disjoint_block_tables, implementation,
-                        random_values)
+                        no_host_sync, random_values)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 IMPLS = ["native", "fallback"]
@@ -405,16 +405,19 @@ def test_kvcache_without_validation_never_syncs_and_clamps(impl, device):
     """validate=False: same results for valid input; lengths clamped to [0, max_seq_len]."""
     cache = sk.KVCache(2, 2, 3, 4, 6, device=device)
     k = random_values((2, 3, 4, 4), torch.float32, device)
-    cache.write(0, k, -k, validate=False)
-    cache.advance(torch.tensor([4, 2], device=device), validate=False)
-    cache.compact(torch.tensor([[3, 1], [0, 0]], device=device),
-                  torch.tensor([2, 1], device=device), torch.tensor([1, 1], device=device),
-                  validate=False)
+    args = [torch.tensor(x, device=device) for x in ([4, 2], [[3, 1], [0, 0]], [2, 1], [1, 1],
+                                                     [5, 1])]
+    with no_host_sync():
+        cache.write(0, k, -k, validate=False)
+        cache.advance(args[0], validate=False)
+        cache.compact(args[1], args[2], args[3], validate=False)
     assert cache.lengths.tolist() == [3, 2]
     assert_same(cache.key(0)[0, :, :3], k[0, :, [0, 3, 1]], "row 0")
-    cache.rollback(torch.tensor([5, 1], device=device), validate=False)
+    with no_host_sync():
+        cache.rollback(args[4], validate=False)
     assert cache.lengths.tolist() == [0, 1]
-    cache.advance(9, validate=False)
+    with no_host_sync():
+        cache.advance(9, validate=False)
     assert cache.lengths.tolist() == [6, 6]
 
 
@@ -500,6 +503,42 @@ def test_paged_tree_compaction_frees_blocks(impl, device):
         k, v = paged.gather(layer)
         assert_same(k[0, :, :4], (tree + layer)[0, :, [0, 1, 6, 2]], "row 0 keys")
         assert_same(v[1, :, :3], (tree - layer)[1, :, [0, 1, 5]], "row 1 values")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_without_validation_never_syncs_and_clamps(impl, device):
+    """validate=False: no verb reads a tensor on the host; the freed blocks come back as a
+    device tensor; bad counts clamp the lengths into [0, blocks owned * block_size]."""
+    paged = sk.PagedKVCache(2, 8, 2, 3, 4, device=device, max_blocks_per_row=3)
+    paged.add_rows(2)
+    k = random_values((2, 3, 5, 4), torch.float32, device)
+    n, src, keep, start = (torch.tensor(x, device=device)
+                           for x in ([5, 3], [[4, 1], [0, 2]], [2, 1], [1, 0]))
+    with no_host_sync():
+        for layer in range(2):
+            paged.write(layer, k, -k, validate=False)
+        paged.advance(n, validate=False)
+        freed = paged.compact(src, keep, start, validate=False)
+    assert freed.device == paged.device and freed.dtype == torch.int32
+    assert paged.freed_lists(freed) == [[2], [4, 5]]
+    assert paged.lengths.tolist() == [3, 1] and paged.num_free_blocks == 5
+    got, _ = paged.gather(0)
+    assert_same(got[0, :, :3], k[0, :, [0, 4, 1]], "row 0 after compact")
+    assert_same(got[1, :, :1], k[1, :, [0]], "row 1 after compact")
+    with no_host_sync():
+        freed = paged.rollback(torch.tensor([0, 7], device=device), validate=False)
+        paged.advance(torch.tensor([9, 9], device=device), validate=False)
+    assert paged.freed_lists(freed) == [[], [3]]
+    assert paged.lengths.tolist() == [4, 0]  # row 0 owns 2 blocks of 2; row 1 owns none
+    with no_host_sync():
+        for layer in range(2):  # the most recently freed block first
+            paged.write(layer, k[:, :, :2], k[:, :, :2], validate=False)
+        paged.advance(torch.tensor([2, 5], device=device), validate=False)
+    assert paged.lengths.tolist() == [6, 2] and paged.num_free_blocks == 4
+    assert paged.block_tables.tolist() == [[0, 1, 3], [4, -1, -1]]
+    got, _ = paged.gather(1)
+    assert_same(got[0, :, 4:6], k[0, :, :2], "row 0 grew into a reused block")
+    assert_same(got[1, :, :2], k[1, :, :2], "row 1 took a freed block")
 
 
 def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
