@@ -3,10 +3,13 @@ ops' registration (opcheck, schemas, fallback), and the KVCache / PagedKVCache c
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,10 +218,54 @@ def test_opcheck(name, impl, device):
     torch.library.opcheck(getattr(torch.ops.specdec, name).default, _op_args(device)[name])
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bindings_schemas() -> dict[str, str]:
+    """``{op name: "(args) -> ()"}`` of every ``m.def("...")`` in csrc/bindings.cpp (adjacent
+    C++ string literals joined), read from the source, not from the registry."""
+    text = (ROOT / "csrc" / "bindings.cpp").read_text()
+    schemas = {}
+    for call in re.findall(r"\bm\.def\((.*?)\);", text, flags=re.S):
+        schema = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call))
+        name, _, rest = schema.partition("(")
+        schemas[name] = "(" + rest
+    return schemas
+
+
 @pytest.mark.parametrize("name", list(_extension.SCHEMAS))
-def test_schema_matches_python(name):
-    schema = str(getattr(torch.ops.specdec, name).default._schema)
-    assert schema == f"specdec::{name}{_extension.SCHEMAS[name]}"
+def test_python_schemas_match_bindings_cpp(name):
+    """The public op (defined in Python) and its native kernel (defined in C++) take the same
+    arguments: the routing kernel passes them through positionally."""
+    native = bindings_schemas()
+    assert native.get(_extension.NATIVE_PREFIX + name) == _extension.SCHEMAS[name], \
+        f"csrc/bindings.cpp and _extension.SCHEMAS disagree on {name}"
+
+
+def test_bindings_cpp_defines_no_other_kv_op():
+    kv_ops = {n for n in bindings_schemas() if "kv_" in n}
+    assert kv_ops == {_extension.NATIVE_PREFIX + n for n in _extension.SCHEMAS}
+
+
+@pytest.mark.parametrize("name", list(_extension.SCHEMAS))
+def test_registered_schemas(name):
+    """What the dispatcher holds: the public op as SCHEMAS says; where the extension is built,
+    the native op as bindings.cpp says (the compiled library, not its source)."""
+    public = str(getattr(torch.ops.specdec, name).default._schema)
+    assert public == f"specdec::{name}{_extension.SCHEMAS[name]}"
+    if _extension._C is None:
+        pytest.skip(f"extension not built: {_extension.load_error()}")
+    native_name = _extension.NATIVE_PREFIX + name
+    native = str(getattr(torch.ops.specdec, native_name).default._schema)
+    assert native == f"specdec::{native_name}{bindings_schemas()[native_name]}"
+
+
+@pytest.mark.parametrize("name", list(_extension.SCHEMAS))
+def test_fallback_and_fake_signatures_match_schema(name):
+    """The reference (the fallback) and the fake kernel take the schema's arguments, by name."""
+    args = [a.split()[-1] for a in _extension.SCHEMAS[name].split(") ->")[0][1:].split(", ")]
+    for fn in (_extension._FALLBACKS[name], _extension._FAKES[name]):
+        assert list(inspect.signature(fn).parameters) == args, fn
 
 
 def test_fake_kernels_propagate_under_torch_compile_tracing():
@@ -246,7 +293,8 @@ def test_extension_is_built_and_fallback_can_be_forced():
 def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
     """A fresh interpreter with SPECDEC_FORCE_FALLBACK=1 (what a machine without the extension
     sees): same op names and schemas, one warning, working caches."""
-    script = textwrap.dedent("""
+    native = {n: v for n, v in bindings_schemas().items() if "kv_" in n}
+    script = f"NATIVE = {native!r}\n" + textwrap.dedent("""
         import warnings
         warnings.simplefilter("always")
         import torch
@@ -254,9 +302,11 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
         from specdec_kernels import _extension
         assert not sk.extension_available()
         assert "SPECDEC_FORCE_FALLBACK" in _extension.load_error()
-        for name, schema in _extension.SCHEMAS.items():
+        assert not hasattr(torch.ops.specdec, "native_kv_write_")
+        for name, schema in NATIVE.items():  # csrc/bindings.cpp's schemas, parsed by the test
+            name = name.removeprefix("native_")
             assert str(getattr(torch.ops.specdec, name).default._schema) == \\
-                f"specdec::{name}{schema}"
+                f"specdec::{name}{schema}", name
         with warnings.catch_warnings(record=True) as caught:
             cache = sk.KVCache(2, 2, 3, 4, 8)
             k = torch.randn(2, 3, 3, 4)
@@ -271,10 +321,34 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
     """)
     env = dict(os.environ, SPECDEC_FORCE_FALLBACK="1")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
-                                os.path.abspath(__file__))))
+                            text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK [2, 1]" in result.stdout
+
+
+def test_no_warning_from_registration_or_forced_fallback():
+    """A fresh interpreter with warnings as errors: importing the package, the native kernels
+    and force_fallback raise no warning (nothing is overridden, nothing is filtered)."""
+    script = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("error")
+        import torch
+        import specdec_kernels as sk
+        from specdec_kernels._extension import force_fallback
+        native = sk.extension_available()
+        for _ in range(2):
+            with force_fallback():
+                assert not sk.extension_available()
+                cache = sk.KVCache(1, 2, 1, 3, 4)
+                cache.write(0, torch.ones(2, 1, 2, 3), torch.ones(2, 1, 2, 3))
+            assert sk.extension_available() == native
+            cache.write(0, torch.ones(2, 1, 2, 3), torch.ones(2, 1, 2, 3))
+        print("OK", native)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout
 
 
 # ============================================================================================
