@@ -163,7 +163,7 @@ class _Rows:
     limit: torch.Tensor  # [B] int64: seq_len at which the row is done
     num_draft: torch.Tensor  # [B] int64: draft tokens for the next pass
 
-    def select(self, rows: torch.Tensor) -> "_Rows":
+    def select(self, rows: torch.Tensor) -> _Rows:
         return _Rows(*(t[rows] for t in (self.ids, self.tokens, self.from_draft, self.seq_len,
                                           self.limit, self.num_draft)))
 
@@ -492,7 +492,7 @@ def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperatur
         hit = live & (x == eos_token_id) if eos_token_id is not None else torch.zeros_like(live)
         done = done | hit | (seq_len >= limit)
         if progress is not None:
-            progress(int((seq_len.sum())) - sum(lens), B)
+            progress(int(seq_len.sum()) - sum(lens), B)
     wall = time.perf_counter() - start
     toks, sl = tokens.tolist(), seq_len.tolist()
     seqs = [toks[b][: sl[b]] for b in range(B)]

@@ -18,8 +18,16 @@ import torch.nn.functional as F
 import specdec_kernels as sk
 from specdec_kernels import _extension
 from specdec_kernels.reference import kv_cache as ref
-from kv_helpers import (DEVICES, assert_same, compaction, disjoint_block_tables, implementation,
-                        no_host_sync, random_values)
+
+from kv_helpers import (
+    DEVICES,
+    assert_same,
+    compaction,
+    disjoint_block_tables,
+    implementation,
+    no_host_sync,
+    random_values,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 IMPLS = ["native", "fallback"]

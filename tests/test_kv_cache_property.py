@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
+
 from kv_helpers import assert_same, implementation, no_host_sync
 
 L, H, D = 2, 2, 3
@@ -201,7 +202,8 @@ def _step(data, h: Harness, step: int) -> None:
                 return
         h.write(T)
     elif kind == "advance":
-        h.advance([data.draw(st.integers(0, max(0, r.written - r.length)), label="n") for r in rows])
+        h.advance([data.draw(st.integers(0, max(0, r.written - r.length)), label="n")
+                   for r in rows])
     elif kind == "rollback":
         h.rollback([data.draw(st.integers(0, r.length), label="n") for r in rows])
     elif kind == "compact":

@@ -429,7 +429,7 @@ def _threshold_search(target_logits, num_draft_tokens, temp, topk_t, topp_t, par
         phase(2)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _row_strategy_min_batch(device: torch.device) -> int:
     """Batch size from which one program per row keeps the device busy."""
     if device.type == "cuda":
