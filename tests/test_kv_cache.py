@@ -173,6 +173,59 @@ def test_native_ops_reject_bad_values():
     assert not cache.any() and not paged.any()
 
 
+def _out_of_cache_cases(device="cpu"):
+    """Op arguments with positions outside the cache or in unowned blocks (what the ops may get
+    from a cache used with validate=False), and the expected result, computed position by
+    position: such positions are skipped, nothing else changes."""
+    g = torch.Generator().manual_seed(3)
+    cache = random_values((1, 2, 3, 2, 5, 4), torch.float32, generator=g)
+    k, v = (random_values((3, 2, 3, 4), torch.float32, generator=g) for _ in range(2))
+    offsets = torch.tensor([3, -2, 7])       # row 0: 3, 4 exist, 5 not; row 1: only 0; row 2: none
+    written = cache.clone()
+    for b in range(3):
+        for t in range(3):
+            p = int(offsets[b]) + t
+            if 0 <= p < 5:
+                written[0, 0, b, :, p], written[0, 1, b, :, p] = k[b, :, t], v[b, :, t]
+    src = torch.tensor([[4, 9], [0, -1], [2, 3]])
+    keep, start = torch.tensor([2, 2, 1]), torch.tensor([3, 0, 4])
+    compacted = cache.clone()
+    for b in range(3):
+        for i in range(int(keep[b])):
+            p, q = int(src[b, i]), int(start[b]) + i
+            if 0 <= p < 5 and 0 <= q < 5:
+                compacted[:, :, b, :, q] = cache[:, :, b, :, p]
+    paged = random_values((1, 2, 4, 2, 2, 4), torch.float32, generator=g)  # 4 blocks of 2
+    tables = torch.tensor([[1, -1], [2, 9], [-1, -1]], dtype=torch.int32)  # -1 and 9: no block
+    paged_offsets = torch.tensor([1, 1, 0])
+    paged_written = paged.clone()
+    for b in range(3):
+        for t in range(3):
+            p = int(paged_offsets[b]) + t
+            blk = int(tables[b, p // 2]) if p < 4 else -1
+            if 0 <= blk < 4:
+                paged_written[0, 0, blk, :, p % 2] = k[b, :, t]
+                paged_written[0, 1, blk, :, p % 2] = v[b, :, t]
+    cases = {
+        "kv_write_": ((cache, 0, k, v, offsets), written),
+        "kv_compact_": ((cache, src, keep, start), compacted),
+        "paged_kv_write_": ((paged, 0, k, v, tables, paged_offsets), paged_written),
+    }
+    return {name: (tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args),
+                   expected)
+            for name, (args, expected) in cases.items()}
+
+
+@pytest.mark.parametrize("name", ["kv_write_", "kv_compact_", "paged_kv_write_"])
+def test_fallback_skips_positions_outside_the_cache(name):
+    """The fallback, like the CUDA kernels, neither raises on positions that do not exist nor
+    lets them touch any other entry (a -1 block id must not wrap around to the last block)."""
+    args, expected = _out_of_cache_cases()[name]
+    cache = args[0].clone()
+    getattr(ref, name)(cache, *args[1:])
+    assert_same(cache, expected, name)
+
+
 @pytest.mark.parametrize("impl_name", IMPLS)
 def test_ops_reject_bad_metadata(impl_name):
     """Shape / dtype / device / layer mismatches raise ValueError naming the argument."""
@@ -663,6 +716,17 @@ def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
 
 # ============================================================================================
 # CUDA kernels against the CPU kernel (runs where a GPU is present)
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["kv_write_", "kv_compact_", "paged_kv_write_"])
+def test_cuda_kernels_skip_positions_outside_the_cache(name):
+    _native_or_skip()
+    args, expected = _out_of_cache_cases("cuda")[name]
+    cache = args[0].clone()
+    getattr(torch.ops.specdec, name)(cache, *args[1:])
+    assert_same(cache.cpu(), expected, name)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", DTYPES)

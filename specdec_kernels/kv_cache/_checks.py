@@ -24,10 +24,10 @@ validate : bool, default True
     leaves the cache exactly as it was. With False nothing synchronises (CUDA-graph friendly)
     and bad values do not raise: the new lengths are clamped into the row's valid range
     (``[0, max_seq_len]``; for the paged cache ``[0, blocks owned * block_size]``), so the
-    bookkeeping stays consistent, and the data ops of :meth:`write` and :meth:`compact` never
-    touch memory outside the cache (the CUDA kernels skip such positions; the C++ CPU kernel,
-    which checks positions without a sync, still raises). What bad values do to the cached
-    entries themselves is unspecified."""
+    bookkeeping stays consistent, and the data ops of :meth:`write` and :meth:`compact` skip
+    positions that do not exist (the CUDA kernels and the pure-PyTorch fallback; the C++ CPU
+    kernel, which checks positions without a sync, raises instead). Bad values can then garble
+    only the entries of the rows they were given for."""
 
 
 def documents_validate(func: F) -> F:
