@@ -158,16 +158,7 @@ class KVCache:
         ValueError
             ``n[b] < 0`` or ``lengths[b] + n[b] > max_seq_len`` (names the row).
         """
-        n = per_row("advance", "n", n, self.batch_size, self.device)
-        new = self._lengths + bounded(n, self.max_seq_len)
-        if not validate:
-            self._lengths = new.clamp(0, self.max_seq_len)
-            return
-        b = first_bad((n < 0) | (n > self.max_seq_len - self._lengths))
-        if b is not None:
-            raise ValueError(f"advance: row {b} holds {int(self._lengths[b])} tokens; cannot "
-                             f"advance by {int(n[b])} (max_seq_len = {self.max_seq_len})")
-        self._lengths = new
+        self._shift("advance", n, +1, validate)
 
     @documents_validate
     def rollback(self, n: int | torch.Tensor, *, validate: bool = True) -> None:
@@ -185,15 +176,22 @@ class KVCache:
         ValueError
             ``n[b] < 0`` or ``n[b] > lengths[b]`` (names the row).
         """
-        n = per_row("rollback", "n", n, self.batch_size, self.device)
-        new = self._lengths - bounded(n, self.max_seq_len)
+        self._shift("rollback", n, -1, validate)
+
+    def _shift(self, op: str, n: int | torch.Tensor, sign: int, validate: bool) -> None:
+        """``lengths += sign * n`` with ``n >= 0``, checked to stay in ``[0, max_seq_len]``
+        (``validate``) or clamped into it."""
+        n = per_row(op, "n", n, self.batch_size, self.device)
+        new = self._lengths + sign * bounded(n, self.max_seq_len)
         if not validate:
             self._lengths = new.clamp(0, self.max_seq_len)
             return
-        b = first_bad((n < 0) | (n > self._lengths))
+        room = self.max_seq_len - self._lengths if sign > 0 else self._lengths  # [B]
+        b = first_bad((n < 0) | (n > room))
         if b is not None:
-            raise ValueError(f"rollback: row {b} holds {int(self._lengths[b])} tokens; cannot "
-                             f"roll back {int(n[b])}")
+            what = "advance by" if sign > 0 else "roll back"
+            raise ValueError(f"{op}: row {b} holds {int(self._lengths[b])} tokens; cannot {what} "
+                             f"{int(n[b])} (max_seq_len = {self.max_seq_len})")
         self._lengths = new
 
     @documents_validate
