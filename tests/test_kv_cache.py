@@ -556,6 +556,19 @@ def test_kvcache_without_validation_never_syncs_and_clamps(impl, device):
     assert cache.lengths.tolist() == [6, 6]
 
 
+@pytest.mark.parametrize("cls", [sk.KVCache, sk.PagedKVCache])
+@pytest.mark.parametrize("verb", ["write", "advance", "rollback", "compact"])
+def test_every_verb_takes_validate_and_documents_it(cls, verb):
+    """The two caches share the validate contract, written once (kv_cache._checks)."""
+    from specdec_kernels.kv_cache._checks import VALIDATE_DOC
+
+    fn = getattr(cls, verb)
+    param = inspect.signature(fn).parameters["validate"]
+    assert param.kind is inspect.Parameter.KEYWORD_ONLY and param.default is True
+    doc = inspect.cleandoc(fn.__doc__)
+    assert "{validate}" not in doc and VALIDATE_DOC in doc, f"{cls.__name__}.{verb}"
+
+
 def test_kvcache_constructor_rejects_bad_sizes():
     with pytest.raises(ValueError, match="max_seq_len must be an int >= 1"):
         sk.KVCache(1, 1, 1, 1, 0)
