@@ -65,6 +65,12 @@ def _load():
         from specdec_kernels import _C as module
     except ImportError as exc:
         return None, f"specdec_kernels._C could not be imported ({exc})"
+    if not hasattr(torch.ops.specdec, NATIVE_PREFIX + "kv_write_"):
+        # An extension built from an older csrc/bindings.cpp defines the public ops itself.
+        raise ImportError(f"{module.__file__} was built from an older csrc/bindings.cpp (it has "
+                          f"no specdec::{NATIVE_PREFIX}kv_write_ op): rebuild it (`python "
+                          f"setup.py build_ext --inplace`, or reinstall), or set "
+                          f"{FORCE_FALLBACK_ENV}=1 to run without it")
     return module, None
 
 
