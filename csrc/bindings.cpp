@@ -1,7 +1,11 @@
 // The one binding file of specdec_kernels._C: the op schemas (namespace `specdec`, a fragment so
-// that the Python-registered verification ops of the same namespace coexist) and the CPU / CUDA
-// kernels registered for them. Fake (meta) kernels are registered from Python
-// (specdec_kernels/_extension.py), where the pure-PyTorch fallback also lives.
+// that the Python-registered ops of the same namespace coexist) and the CPU / CUDA kernels
+// registered for them.
+//
+// KV cache: the public ops torch.ops.specdec.kv_write_ etc. are defined in Python
+// (specdec_kernels/_extension.py) with one kernel that routes each call to the native kernel
+// below (specdec::native_<name>, same schema) or to the pure-PyTorch fallback; their fake
+// kernels are registered there too.
 #include <Python.h>
 #include <torch/library.h>
 
@@ -17,30 +21,31 @@ PyObject* PyInit__C(void) {
 }
 }
 
-// Keep in sync with specdec_kernels/_extension.py::SCHEMAS (a test compares them).
+// Keep in sync with specdec_kernels/_extension.py::SCHEMAS (tests/test_kv_cache.py parses these
+// strings and compares them).
 TORCH_LIBRARY_FRAGMENT(specdec, m) {
-  m.def("kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
+  m.def("native_kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
         "Tensor offsets) -> ()");
-  m.def("kv_compact_(Tensor(a!) kv_cache, Tensor src_positions, Tensor num_keep, "
+  m.def("native_kv_compact_(Tensor(a!) kv_cache, Tensor src_positions, Tensor num_keep, "
         "Tensor start) -> ()");
-  m.def("paged_kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
+  m.def("native_paged_kv_write_(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, "
         "Tensor block_tables, Tensor offsets) -> ()");
-  m.def("paged_kv_compact_(Tensor(a!) kv_cache, Tensor block_tables, Tensor src_positions, "
-        "Tensor num_keep, Tensor start) -> ()");
+  m.def("native_paged_kv_compact_(Tensor(a!) kv_cache, Tensor block_tables, "
+        "Tensor src_positions, Tensor num_keep, Tensor start) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
-  m.impl("kv_write_", &specdec::kv_write_cpu);
-  m.impl("kv_compact_", &specdec::kv_compact_cpu);
-  m.impl("paged_kv_write_", &specdec::paged_kv_write_cpu);
-  m.impl("paged_kv_compact_", &specdec::paged_kv_compact_cpu);
+  m.impl("native_kv_write_", &specdec::kv_write_cpu);
+  m.impl("native_kv_compact_", &specdec::kv_compact_cpu);
+  m.impl("native_paged_kv_write_", &specdec::paged_kv_write_cpu);
+  m.impl("native_paged_kv_compact_", &specdec::paged_kv_compact_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA
 TORCH_LIBRARY_IMPL(specdec, CUDA, m) {
-  m.impl("kv_write_", &specdec::kv_write_cuda);
-  m.impl("kv_compact_", &specdec::kv_compact_cuda);
-  m.impl("paged_kv_write_", &specdec::paged_kv_write_cuda);
-  m.impl("paged_kv_compact_", &specdec::paged_kv_compact_cuda);
+  m.impl("native_kv_write_", &specdec::kv_write_cuda);
+  m.impl("native_kv_compact_", &specdec::kv_compact_cuda);
+  m.impl("native_paged_kv_write_", &specdec::paged_kv_write_cuda);
+  m.impl("native_paged_kv_compact_", &specdec::paged_kv_compact_cuda);
 }
 #endif

@@ -14,23 +14,22 @@ if ("triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ
         and not _torch.cuda.is_available()):
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from specdec_kernels.verification import (  # noqa: E402
-    Verification,
-    accept_reject,
-    verify_greedy,
-    verify_sampling,
-)
-from specdec_kernels._extension import extension_available  # noqa: E402
-from specdec_kernels.kv_cache import KVCache, PagedKVCache  # noqa: E402
-
 from specdec_kernels import models  # noqa: E402
+from specdec_kernels._extension import extension_available  # noqa: E402
 from specdec_kernels.generation import (  # noqa: E402
     GenerationOutput,
     GenerationStats,
     SpeculativeGenerator,
     autoregressive_generate,
 )
+from specdec_kernels.kv_cache import KVCache, PagedKVCache  # noqa: E402
 from specdec_kernels.models import build, output_size  # noqa: E402
+from specdec_kernels.verification import (  # noqa: E402
+    Verification,
+    accept_reject,
+    verify_greedy,
+    verify_sampling,
+)
 
 __version__ = "0.1.0"
 

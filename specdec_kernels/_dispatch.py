@@ -34,7 +34,7 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     """True when the ``triton`` package can be imported."""
     return importlib.util.find_spec("triton") is not None

@@ -1,27 +1,28 @@
 """Loading of the C++/CUDA extension ``specdec_kernels._C`` and registration of the KV-cache ops.
 
 After importing this module, ``torch.ops.specdec.kv_write_``, ``kv_compact_``,
-``paged_kv_write_`` and ``paged_kv_compact_`` always exist with the schemas of :data:`SCHEMAS`:
+``paged_kv_write_`` and ``paged_kv_compact_`` exist with the schemas of :data:`SCHEMAS`. They are
+defined here, each with
 
-- where the extension is built, ``_C`` defines them (``csrc/bindings.cpp``) with its C++ CPU
-  kernel and, in a CUDA build, its CUDA kernel;
-- where it is not (or ``SPECDEC_FORCE_FALLBACK=1`` was set before the import), they are defined
-  here with the same schemas.
+- one kernel, registered for ``CompositeExplicitAutograd`` (every device), that routes the call:
+  to the extension's native kernel ``torch.ops.specdec.native_<name>`` (same schema, defined by
+  ``csrc/bindings.cpp``: C++ for CPU tensors and, in a CUDA build, CUDA for CUDA tensors) where
+  there is one and :func:`force_fallback` is not active; else to the pure-PyTorch fallback of
+  :mod:`specdec_kernels.reference.kv_cache`, with a one-time ``RuntimeWarning`` unless the
+  fallback was asked for;
+- a fake (meta) kernel of the same signature, for ``torch.compile`` and ``opcheck``.
 
-In both cases this module registers the fake (meta) kernels and the pure-PyTorch fallback of
-:mod:`specdec_kernels.reference.kv_cache` for ``CompositeExplicitAutograd``: it runs for every
-device that has no native kernel (all of them without the extension), with a one-time
-``RuntimeWarning``. :func:`force_fallback` routes CPU and CUDA calls to the fallback for a block
-of code, which is how the tests exercise it next to the C++ kernels.
+Every registration happens once, at import, through the public ``torch.library`` API; nothing is
+overridden later, so no dispatcher warning is raised or filtered. The extension is not used where
+it is not built or cannot be loaded, or where ``SPECDEC_FORCE_FALLBACK=1`` was set before the
+import.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import threading
-import warnings
 
 import torch
 
@@ -32,7 +33,8 @@ __all__ = ["SCHEMAS", "extension_available", "force_fallback", "load_error"]
 
 FORCE_FALLBACK_ENV = "SPECDEC_FORCE_FALLBACK"
 
-# Keep in sync with csrc/bindings.cpp (tests/test_kv_cache.py compares them).
+# The public ops. Their native kernels are csrc/bindings.cpp's `native_<name>` ops, which must
+# have the same arguments (tests/test_kv_cache.py parses bindings.cpp and compares).
 SCHEMAS = {
     "kv_write_":
         "(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, Tensor offsets) -> ()",
@@ -45,6 +47,7 @@ SCHEMAS = {
         "(Tensor(a!) kv_cache, Tensor block_tables, Tensor src_positions, Tensor num_keep, "
         "Tensor start) -> ()",
 }
+NATIVE_PREFIX = "native_"
 
 _FALLBACKS = {
     "kv_write_": _ref.kv_write_,
@@ -55,18 +58,37 @@ _FALLBACKS = {
 
 
 def _load():
+    """(the extension module or None, why it is not in use or None)."""
     if os.environ.get(FORCE_FALLBACK_ENV, "0").lower() in ("1", "true", "yes", "on"):
         return None, f"{FORCE_FALLBACK_ENV} is set"
-    try:  # importing registers the ops; import_module words a missing build plainly
-        module = importlib.import_module("specdec_kernels._C")
+    try:  # importing registers the native ops (csrc/bindings.cpp)
+        from specdec_kernels import _C as module
     except ImportError as exc:
         return None, f"specdec_kernels._C could not be imported ({exc})"
+    if not hasattr(torch.ops.specdec, NATIVE_PREFIX + "kv_write_"):
+        # An extension built from an older csrc/bindings.cpp defines the public ops itself.
+        raise ImportError(f"{module.__file__} was built from an older csrc/bindings.cpp (it has "
+                          f"no specdec::{NATIVE_PREFIX}kv_write_ op): rebuild it (`python "
+                          f"setup.py build_ext --inplace`, or reinstall), or set "
+                          f"{FORCE_FALLBACK_ENV}=1 to run without it")
     return module, None
 
 
 _C, _load_error = _load()
 _forced = 0
 _forced_lock = threading.Lock()
+
+
+def _native_devices() -> frozenset[str]:
+    """Device types the extension has kernels for (``cpu``; ``cuda`` in a CUDA build)."""
+    if _C is None:
+        return frozenset()
+    op = getattr(torch.ops.specdec, NATIVE_PREFIX + "kv_write_").default
+    return frozenset(device for device, key in (("cpu", "CPU"), ("cuda", "CUDA"))
+                     if op.has_kernel_for_dispatch_key(key))
+
+
+_NATIVE_DEVICES = _native_devices()
 
 
 def extension_available() -> bool:
@@ -95,18 +117,23 @@ def load_error() -> str | None:
     return _load_error
 
 
-def _fallback_kernel(name: str):
+def _routing_kernel(name: str):
+    """The one kernel of ``torch.ops.specdec.<name>``: the native kernel or the fallback."""
+    native = getattr(torch.ops.specdec, NATIVE_PREFIX + name).default if _C is not None else None
     reference = _FALLBACKS[name]
 
-    def kernel(*args):
+    def kernel(kv_cache, *args):
         if _forced == 0:
-            reason = _load_error or "it has no kernel for this device"
+            if kv_cache.device.type in _NATIVE_DEVICES:
+                native(kv_cache, *args)
+                return
+            reason = _load_error or f"it has no kernel for {kv_cache.device.type} tensors"
             warn_once(f"kv-fallback-{name}",
                       f"specdec_kernels: torch.ops.specdec.{name} runs the pure-PyTorch "
                       f"fallback because {reason}; build the extension for the C++/CUDA kernels")
-        reference(*args)
+        reference(kv_cache, *args)
 
-    kernel.__name__ = f"{name}_fallback"
+    kernel.__name__ = f"{name}_kernel"
     return kernel
 
 
@@ -137,9 +164,8 @@ _FAKES = {
 # Held for the life of the process: dropping a Library object unregisters what it registered.
 _lib = torch.library.Library("specdec", "FRAGMENT")
 for _name, _schema in SCHEMAS.items():
-    if _C is None:
-        _lib.define(_name + _schema)
-    _lib.impl(_name, _fallback_kernel(_name), "CompositeExplicitAutograd")
+    _lib.define(_name + _schema)
+    _lib.impl(_name, _routing_kernel(_name), "CompositeExplicitAutograd")
     torch.library.register_fake(f"specdec::{_name}", _FAKES[_name], lib=_lib)
 
 
@@ -147,9 +173,10 @@ for _name, _schema in SCHEMAS.items():
 def force_fallback():
     """Run the KV-cache ops with the pure-PyTorch fallback inside the ``with`` block.
 
-    The CPU and CUDA kernels of the extension are overridden for the block (and restored after),
-    so code that calls ``torch.ops.specdec.*`` -- the cache classes included -- runs the fallback
-    without a warning. Not thread-safe with respect to other threads calling the ops.
+    Sets the flag that the ops' routing kernel reads (nothing is registered or overridden), so
+    code that calls ``torch.ops.specdec.*`` -- the cache classes included -- runs the fallback,
+    without a warning. The flag is process-wide: other threads calling the ops meanwhile get
+    the fallback too. Blocks nest.
 
     Examples
     --------
@@ -160,18 +187,10 @@ def force_fallback():
     False
     """
     global _forced
-    with contextlib.ExitStack() as stack:
-        if _C is not None:
-            lib = stack.enter_context(torch.library._scoped_library("specdec", "IMPL"))
-            with warnings.catch_warnings():  # "Overriding a previously registered kernel": meant
-                warnings.filterwarnings("ignore", message=".*[Oo]verrid")
-                for name in SCHEMAS:
-                    for key in ("CPU", "CUDA"):
-                        lib.impl(name, _fallback_kernel(name), key)
+    with _forced_lock:
+        _forced += 1
+    try:
+        yield
+    finally:
         with _forced_lock:
-            _forced += 1
-        try:
-            yield
-        finally:
-            with _forced_lock:
-                _forced -= 1
+            _forced -= 1

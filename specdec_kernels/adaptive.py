@@ -67,7 +67,7 @@ class AcceptanceTracker:
     prior_weight: float = 4.0
 
     @classmethod
-    def new(cls, batch: int, device) -> "AcceptanceTracker":
+    def new(cls, batch: int, device) -> AcceptanceTracker:
         z = torch.zeros(batch, device=device)
         return cls(z, z.clone())
 
@@ -79,7 +79,7 @@ class AcceptanceTracker:
         w = self.prior_weight
         return ((self.accepted + self.prior * w) / (self.drafted + w)).clamp(0.0, 0.999)
 
-    def select(self, rows: torch.Tensor) -> "AcceptanceTracker":
+    def select(self, rows: torch.Tensor) -> AcceptanceTracker:
         return AcceptanceTracker(self.accepted[rows], self.drafted[rows], self.prior,
                                  self.prior_weight)
 

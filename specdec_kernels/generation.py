@@ -37,7 +37,7 @@ class GenerationOutput:
     prompt_lengths: list[int]
 
     @classmethod
-    def from_result(cls, result: DecodeResult) -> "GenerationOutput":
+    def from_result(cls, result: DecodeResult) -> GenerationOutput:
         lens = [len(s) - len(f) for s, f in zip(result.sequences, result.from_draft)]
         return cls(result.sequences, result.stats, result.from_draft, lens)
 

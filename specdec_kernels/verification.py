@@ -9,7 +9,7 @@ The Python functions here check arguments, turn scalars into per-row tensors, pi
 from __future__ import annotations
 
 import numbers
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -62,9 +62,9 @@ def _(target_logits, draft_tokens, num_draft_tokens, backend):
 
 
 @torch.library.custom_op("specdec::verify_sampling", mutates_args=())
-def _verify_sampling_op(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Optional[Tensor],
-                        num_draft_tokens: Tensor, temperature: Tensor, top_k: Optional[Tensor],
-                        top_p: Optional[Tensor], seeds: Tensor,
+def _verify_sampling_op(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None,
+                        num_draft_tokens: Tensor, temperature: Tensor, top_k: Tensor | None,
+                        top_p: Tensor | None, seeds: Tensor,
                         backend: str) -> tuple[Tensor, Tensor, Tensor]:
     if backend == "triton":
         ops = kernel_module("verify_sampling", target_logits.device)

@@ -25,6 +25,37 @@ def implementation(name: str):
             yield
 
 
+# Everything that copies a tensor's values to the host (a device synchronisation on CUDA).
+SYNCING_METHODS = ("tolist", "item", "nonzero", "cpu", "numpy", "__bool__", "__int__", "__float__",
+                   "__index__")
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Make every Python-level way of reading tensor values on the host raise inside the block
+    (a CPU emulation of ``torch.cuda.set_sync_debug_mode("error")``; on CUDA devices that mode
+    is set too)."""
+    saved = {name: getattr(torch.Tensor, name) for name in SYNCING_METHODS}
+
+    def refuse(name):
+        def method(*args, **kwargs):
+            raise AssertionError(f"Tensor.{name} was called: a host synchronisation")
+        return method
+
+    cuda_mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else None
+    try:
+        for name in SYNCING_METHODS:
+            setattr(torch.Tensor, name, refuse(name))
+        if cuda_mode is not None:
+            torch.cuda.set_sync_debug_mode("error")
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+        if cuda_mode is not None:
+            torch.cuda.set_sync_debug_mode(cuda_mode)
+
+
 def random_values(shape, dtype, device="cpu", generator=None) -> torch.Tensor:
     """Random values of ``dtype`` (bit patterns of every kind for floats: signs, subnormals)."""
     x = torch.randn(shape, generator=generator) * 3

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
 from specdec_kernels.cli import main, render
 from specdec_kernels.models.bundled import (

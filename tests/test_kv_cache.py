@@ -3,10 +3,13 @@ ops' registration (opcheck, schemas, fallback), and the KVCache / PagedKVCache c
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +18,16 @@ import torch.nn.functional as F
 import specdec_kernels as sk
 from specdec_kernels import _extension
 from specdec_kernels.reference import kv_cache as ref
-from kv_helpers import (DEVICES, assert_same, compaction, disjoint_block_tables, implementation,
-                        random_values)
+
+from kv_helpers import (
+    DEVICES,
+    assert_same,
+    compaction,
+    disjoint_block_tables,
+    implementation,
+    no_host_sync,
+    random_values,
+)
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 IMPLS = ["native", "fallback"]
@@ -162,6 +173,59 @@ def test_native_ops_reject_bad_values():
     assert not cache.any() and not paged.any()
 
 
+def _out_of_cache_cases(device="cpu"):
+    """Op arguments with positions outside the cache or in unowned blocks (what the ops may get
+    from a cache used with validate=False), and the expected result, computed position by
+    position: such positions are skipped, nothing else changes."""
+    g = torch.Generator().manual_seed(3)
+    cache = random_values((1, 2, 3, 2, 5, 4), torch.float32, generator=g)
+    k, v = (random_values((3, 2, 3, 4), torch.float32, generator=g) for _ in range(2))
+    offsets = torch.tensor([3, -2, 7])       # row 0: 3, 4 exist, 5 not; row 1: only 0; row 2: none
+    written = cache.clone()
+    for b in range(3):
+        for t in range(3):
+            p = int(offsets[b]) + t
+            if 0 <= p < 5:
+                written[0, 0, b, :, p], written[0, 1, b, :, p] = k[b, :, t], v[b, :, t]
+    src = torch.tensor([[4, 9], [0, -1], [2, 3]])
+    keep, start = torch.tensor([2, 2, 1]), torch.tensor([3, 0, 4])
+    compacted = cache.clone()
+    for b in range(3):
+        for i in range(int(keep[b])):
+            p, q = int(src[b, i]), int(start[b]) + i
+            if 0 <= p < 5 and 0 <= q < 5:
+                compacted[:, :, b, :, q] = cache[:, :, b, :, p]
+    paged = random_values((1, 2, 4, 2, 2, 4), torch.float32, generator=g)  # 4 blocks of 2
+    tables = torch.tensor([[1, -1], [2, 9], [-1, -1]], dtype=torch.int32)  # -1 and 9: no block
+    paged_offsets = torch.tensor([1, 1, 0])
+    paged_written = paged.clone()
+    for b in range(3):
+        for t in range(3):
+            p = int(paged_offsets[b]) + t
+            blk = int(tables[b, p // 2]) if p < 4 else -1
+            if 0 <= blk < 4:
+                paged_written[0, 0, blk, :, p % 2] = k[b, :, t]
+                paged_written[0, 1, blk, :, p % 2] = v[b, :, t]
+    cases = {
+        "kv_write_": ((cache, 0, k, v, offsets), written),
+        "kv_compact_": ((cache, src, keep, start), compacted),
+        "paged_kv_write_": ((paged, 0, k, v, tables, paged_offsets), paged_written),
+    }
+    return {name: (tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args),
+                   expected)
+            for name, (args, expected) in cases.items()}
+
+
+@pytest.mark.parametrize("name", ["kv_write_", "kv_compact_", "paged_kv_write_"])
+def test_fallback_skips_positions_outside_the_cache(name):
+    """The fallback, like the CUDA kernels, neither raises on positions that do not exist nor
+    lets them touch any other entry (a -1 block id must not wrap around to the last block)."""
+    args, expected = _out_of_cache_cases()[name]
+    cache = args[0].clone()
+    getattr(ref, name)(cache, *args[1:])
+    assert_same(cache, expected, name)
+
+
 @pytest.mark.parametrize("impl_name", IMPLS)
 def test_ops_reject_bad_metadata(impl_name):
     """Shape / dtype / device / layer mismatches raise ValueError naming the argument."""
@@ -215,10 +279,54 @@ def test_opcheck(name, impl, device):
     torch.library.opcheck(getattr(torch.ops.specdec, name).default, _op_args(device)[name])
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bindings_schemas() -> dict[str, str]:
+    """``{op name: "(args) -> ()"}`` of every ``m.def("...")`` in csrc/bindings.cpp (adjacent
+    C++ string literals joined), read from the source, not from the registry."""
+    text = (ROOT / "csrc" / "bindings.cpp").read_text()
+    schemas = {}
+    for call in re.findall(r"\bm\.def\((.*?)\);", text, flags=re.S):
+        schema = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', call))
+        name, _, rest = schema.partition("(")
+        schemas[name] = "(" + rest
+    return schemas
+
+
 @pytest.mark.parametrize("name", list(_extension.SCHEMAS))
-def test_schema_matches_python(name):
-    schema = str(getattr(torch.ops.specdec, name).default._schema)
-    assert schema == f"specdec::{name}{_extension.SCHEMAS[name]}"
+def test_python_schemas_match_bindings_cpp(name):
+    """The public op (defined in Python) and its native kernel (defined in C++) take the same
+    arguments: the routing kernel passes them through positionally."""
+    native = bindings_schemas()
+    assert native.get(_extension.NATIVE_PREFIX + name) == _extension.SCHEMAS[name], \
+        f"csrc/bindings.cpp and _extension.SCHEMAS disagree on {name}"
+
+
+def test_bindings_cpp_defines_no_other_kv_op():
+    kv_ops = {n for n in bindings_schemas() if "kv_" in n}
+    assert kv_ops == {_extension.NATIVE_PREFIX + n for n in _extension.SCHEMAS}
+
+
+@pytest.mark.parametrize("name", list(_extension.SCHEMAS))
+def test_registered_schemas(name):
+    """What the dispatcher holds: the public op as SCHEMAS says; where the extension is built,
+    the native op as bindings.cpp says (the compiled library, not its source)."""
+    public = str(getattr(torch.ops.specdec, name).default._schema)
+    assert public == f"specdec::{name}{_extension.SCHEMAS[name]}"
+    if _extension._C is None:
+        pytest.skip(f"extension not built: {_extension.load_error()}")
+    native_name = _extension.NATIVE_PREFIX + name
+    native = str(getattr(torch.ops.specdec, native_name).default._schema)
+    assert native == f"specdec::{native_name}{bindings_schemas()[native_name]}"
+
+
+@pytest.mark.parametrize("name", list(_extension.SCHEMAS))
+def test_fallback_and_fake_signatures_match_schema(name):
+    """The reference (the fallback) and the fake kernel take the schema's arguments, by name."""
+    args = [a.split()[-1] for a in _extension.SCHEMAS[name].split(") ->")[0][1:].split(", ")]
+    for fn in (_extension._FALLBACKS[name], _extension._FAKES[name]):
+        assert list(inspect.signature(fn).parameters) == args, fn
 
 
 def test_fake_kernels_propagate_under_torch_compile_tracing():
@@ -246,7 +354,8 @@ def test_extension_is_built_and_fallback_can_be_forced():
 def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
     """A fresh interpreter with SPECDEC_FORCE_FALLBACK=1 (what a machine without the extension
     sees): same op names and schemas, one warning, working caches."""
-    script = textwrap.dedent("""
+    native = {n: v for n, v in bindings_schemas().items() if "kv_" in n}
+    script = f"NATIVE = {native!r}\n" + textwrap.dedent("""
         import warnings
         warnings.simplefilter("always")
         import torch
@@ -254,9 +363,11 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
         from specdec_kernels import _extension
         assert not sk.extension_available()
         assert "SPECDEC_FORCE_FALLBACK" in _extension.load_error()
-        for name, schema in _extension.SCHEMAS.items():
+        assert not hasattr(torch.ops.specdec, "native_kv_write_")
+        for name, schema in NATIVE.items():  # csrc/bindings.cpp's schemas, parsed by the test
+            name = name.removeprefix("native_")
             assert str(getattr(torch.ops.specdec, name).default._schema) == \\
-                f"specdec::{name}{schema}"
+                f"specdec::{name}{schema}", name
         with warnings.catch_warnings(record=True) as caught:
             cache = sk.KVCache(2, 2, 3, 4, 8)
             k = torch.randn(2, 3, 3, 4)
@@ -271,10 +382,36 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
     """)
     env = dict(os.environ, SPECDEC_FORCE_FALLBACK="1")
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(
-                                os.path.abspath(__file__))))
+                            text=True, timeout=120, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK [2, 1]" in result.stdout
+
+
+def test_no_warning_from_registration_or_forced_fallback():
+    """A fresh interpreter with warnings as errors: importing the package, the native kernels
+    and force_fallback raise no warning (nothing is overridden, nothing is filtered)."""
+    script = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("error")
+        import torch
+        import specdec_kernels as sk
+        from specdec_kernels._extension import force_fallback
+        native = sk.extension_available()
+        for _ in range(2):
+            with force_fallback():
+                assert not sk.extension_available()
+                cache = sk.KVCache(1, 2, 1, 3, 4)
+                cache.write(0, torch.ones(2, 1, 2, 3), torch.ones(2, 1, 2, 3))
+            assert sk.extension_available() == native
+            if native:  # (without it the unforced fallback warns, once, by design)
+                cache.write(0, torch.ones(2, 1, 2, 3), torch.ones(2, 1, 2, 3))
+        print("OK", native)
+    """)
+    env = {k: v for k, v in os.environ.items() if k != _extension.FORCE_FALLBACK_ENV}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, cwd=ROOT, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "OK" in result.stdout
 
 
 # ============================================================================================
@@ -405,17 +542,33 @@ def test_kvcache_without_validation_never_syncs_and_clamps(impl, device):
     """validate=False: same results for valid input; lengths clamped to [0, max_seq_len]."""
     cache = sk.KVCache(2, 2, 3, 4, 6, device=device)
     k = random_values((2, 3, 4, 4), torch.float32, device)
-    cache.write(0, k, -k, validate=False)
-    cache.advance(torch.tensor([4, 2], device=device), validate=False)
-    cache.compact(torch.tensor([[3, 1], [0, 0]], device=device),
-                  torch.tensor([2, 1], device=device), torch.tensor([1, 1], device=device),
-                  validate=False)
+    args = [torch.tensor(x, device=device) for x in ([4, 2], [[3, 1], [0, 0]], [2, 1], [1, 1],
+                                                     [5, 1])]
+    with no_host_sync():
+        cache.write(0, k, -k, validate=False)
+        cache.advance(args[0], validate=False)
+        cache.compact(args[1], args[2], args[3], validate=False)
     assert cache.lengths.tolist() == [3, 2]
     assert_same(cache.key(0)[0, :, :3], k[0, :, [0, 3, 1]], "row 0")
-    cache.rollback(torch.tensor([5, 1], device=device), validate=False)
+    with no_host_sync():
+        cache.rollback(args[4], validate=False)
     assert cache.lengths.tolist() == [0, 1]
-    cache.advance(9, validate=False)
+    with no_host_sync():
+        cache.advance(9, validate=False)
     assert cache.lengths.tolist() == [6, 6]
+
+
+@pytest.mark.parametrize("cls", [sk.KVCache, sk.PagedKVCache])
+@pytest.mark.parametrize("verb", ["write", "advance", "rollback", "compact"])
+def test_every_verb_takes_validate_and_documents_it(cls, verb):
+    """The two caches share the validate contract, written once (kv_cache._checks)."""
+    from specdec_kernels.kv_cache._checks import VALIDATE_DOC
+
+    fn = getattr(cls, verb)
+    param = inspect.signature(fn).parameters["validate"]
+    assert param.kind is inspect.Parameter.KEYWORD_ONLY and param.default is True
+    doc = inspect.cleandoc(fn.__doc__)
+    assert "{validate}" not in doc and VALIDATE_DOC in doc, f"{cls.__name__}.{verb}"
 
 
 def test_kvcache_constructor_rejects_bad_sizes():
@@ -502,6 +655,42 @@ def test_paged_tree_compaction_frees_blocks(impl, device):
         assert_same(v[1, :, :3], (tree - layer)[1, :, [0, 1, 5]], "row 1 values")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_without_validation_never_syncs_and_clamps(impl, device):
+    """validate=False: no verb reads a tensor on the host; the freed blocks come back as a
+    device tensor; bad counts clamp the lengths into [0, blocks owned * block_size]."""
+    paged = sk.PagedKVCache(2, 8, 2, 3, 4, device=device, max_blocks_per_row=3)
+    paged.add_rows(2)
+    k = random_values((2, 3, 5, 4), torch.float32, device)
+    n, src, keep, start = (torch.tensor(x, device=device)
+                           for x in ([5, 3], [[4, 1], [0, 2]], [2, 1], [1, 0]))
+    with no_host_sync():
+        for layer in range(2):
+            paged.write(layer, k, -k, validate=False)
+        paged.advance(n, validate=False)
+        freed = paged.compact(src, keep, start, validate=False)
+    assert freed.device == paged.device and freed.dtype == torch.int32
+    assert paged.freed_lists(freed) == [[2], [4, 5]]
+    assert paged.lengths.tolist() == [3, 1] and paged.num_free_blocks == 5
+    got, _ = paged.gather(0)
+    assert_same(got[0, :, :3], k[0, :, [0, 4, 1]], "row 0 after compact")
+    assert_same(got[1, :, :1], k[1, :, [0]], "row 1 after compact")
+    with no_host_sync():
+        freed = paged.rollback(torch.tensor([0, 7], device=device), validate=False)
+        paged.advance(torch.tensor([9, 9], device=device), validate=False)
+    assert paged.freed_lists(freed) == [[], [3]]
+    assert paged.lengths.tolist() == [4, 0]  # row 0 owns 2 blocks of 2; row 1 owns none
+    with no_host_sync():
+        for layer in range(2):  # the most recently freed block first
+            paged.write(layer, k[:, :, :2], k[:, :, :2], validate=False)
+        paged.advance(torch.tensor([2, 5], device=device), validate=False)
+    assert paged.lengths.tolist() == [6, 2] and paged.num_free_blocks == 4
+    assert paged.block_tables.tolist() == [[0, 1, 3], [4, -1, -1]]
+    got, _ = paged.gather(1)
+    assert_same(got[0, :, 4:6], k[0, :, :2], "row 0 grew into a reused block")
+    assert_same(got[1, :, :2], k[1, :, :2], "row 1 took a freed block")
+
+
 def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
     paged = sk.PagedKVCache(2, 5, 3, 2, 4, max_blocks_per_row=3)
     paged.add_rows(2)
@@ -542,6 +731,17 @@ def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
 
 # ============================================================================================
 # CUDA kernels against the CPU kernel (runs where a GPU is present)
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", ["kv_write_", "kv_compact_", "paged_kv_write_"])
+def test_cuda_kernels_skip_positions_outside_the_cache(name):
+    _native_or_skip()
+    args, expected = _out_of_cache_cases("cuda")[name]
+    cache = args[0].clone()
+    getattr(torch.ops.specdec, name)(cache, *args[1:])
+    assert_same(cache.cpu(), expected, name)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", DTYPES)

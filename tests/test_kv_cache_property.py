@@ -1,9 +1,11 @@
 """Property test: random sequences of write / advance / rollback / compact (and, for the paged
-cache, add_rows / remove_rows and bad calls) against a plain Python model of the cache, checked
-after every step."""
+cache, add_rows / remove_rows) and bad calls against a plain Python model of the cache, checked
+after every step, for both caches with ``validate`` on and off. With validation bad calls raise
+and change nothing; without it they clamp the lengths, and no verb reads a tensor on the host."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -13,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec_kernels as sk
-from kv_helpers import assert_same, implementation
+
+from kv_helpers import assert_same, implementation, no_host_sync
 
 L, H, D = 2, 2, 3
 # KV_EXAMPLES=300 for a longer search (30 keeps the run short on a small CI machine).
@@ -42,10 +45,22 @@ def entry(token: int, layer: int, kv: int) -> torch.Tensor:
 class Harness:
     """Drives one cache and its model with the same calls."""
 
-    def __init__(self, cache, paged: bool, rows: int) -> None:
-        self.cache, self.paged = cache, paged
+    def __init__(self, cache, paged: bool, rows: int, validate: bool = True) -> None:
+        self.cache, self.paged, self.validate = cache, paged, validate
         self.rows = [Row() for _ in range(rows)]
         self.next_token = 1
+
+    def verb(self, name: str, *args):
+        """Call a verb of the cache with this harness's ``validate``; without validation, inside
+        :func:`no_host_sync`. The freed blocks come back as lists either way."""
+        guard = contextlib.nullcontext() if self.validate else no_host_sync()
+        with guard:
+            result = getattr(self.cache, name)(*args, validate=self.validate)
+        if isinstance(result, torch.Tensor):
+            assert not self.validate and result.dtype == torch.int32
+            assert result.shape == (len(self.rows), self.cache.max_blocks_per_row)
+            result = self.cache.freed_lists(result)
+        return result
 
     # -- views of the cache ----------------------------------------------------------------
     def contents(self, layer: int):
@@ -71,12 +86,14 @@ class Harness:
         for layer in range(L):
             keys, values = self.contents(layer)
             for b, row in enumerate(self.rows):
-                if row.length == 0:
+                # Positions committed without being written (only a clamped advance without
+                # validation commits them) hold unspecified data.
+                known = [p for p in range(row.length) if p in row.buf]
+                if not known:
                     continue
-                tokens = [row.buf[p] for p in range(row.length)]
                 for kv, got in ((0, keys), (1, values)):
-                    expected = torch.stack([entry(t, layer, kv) for t in tokens], dim=1)
-                    assert_same(got[b, :, :row.length], expected,
+                    expected = torch.stack([entry(row.buf[p], layer, kv) for p in known], dim=1)
+                    assert_same(got[b, :, known], expected,
                                 f"{what}: layer {layer} row {b} {'KV'[kv]}")
         if self.paged:
             tables = self.cache.block_tables
@@ -94,6 +111,7 @@ class Harness:
         bs = self.cache.block_size
         for row in self.rows:
             row.written = min(row.written, math.ceil(row.length / bs) * bs)
+            row.buf = {p: t for p, t in row.buf.items() if p < row.written}  # blocks freed
         assert all(isinstance(f, list) for f in freed)
 
     # -- steps -----------------------------------------------------------------------------
@@ -107,22 +125,30 @@ class Harness:
                 for t in range(T):
                     k[b, :, t] = entry(tokens[b][t], layer, 0)
                     v[b, :, t] = entry(tokens[b][t], layer, 1)
-            self.cache.write(layer, k, v)
+            self.verb("write", layer, k, v)
         for b, row in enumerate(self.rows):
             for t in range(T):
                 row.buf[row.length + t] = tokens[b][t]
             row.written = max(row.written, row.length + T)
 
+    def room(self, b: int) -> int:
+        """Positions row b can commit without writing: up to max_seq_len for the contiguous
+        cache, up to the end of the blocks it owns for the paged one."""
+        if not self.paged:
+            return self.cache.max_seq_len
+        bs = self.cache.block_size
+        return math.ceil(self.rows[b].written / bs) * bs
+
     def advance(self, n: list[int]) -> None:
-        self.cache.advance(torch.tensor(n, dtype=torch.int64))
-        for row, k in zip(self.rows, n):
-            row.length += k
+        self.verb("advance", torch.tensor(n, dtype=torch.int64))
+        for b, (row, k) in enumerate(zip(self.rows, n)):
+            row.length = min(max(row.length + k, 0), self.room(b))  # clamps only invalid n
 
     def rollback(self, n: list[int]) -> None:
         before = self.cache.block_tables.clone() if self.paged else None
-        freed = self.cache.rollback(torch.tensor(n, dtype=torch.int64))
-        for row, k in zip(self.rows, n):
-            row.length -= k
+        freed = self.verb("rollback", torch.tensor(n, dtype=torch.int64))
+        for b, (row, k) in enumerate(zip(self.rows, n)):
+            row.length = min(max(row.length - k, 0), self.room(b))  # clamps only invalid n
         if self.paged:
             for b, ids in enumerate(freed):  # exactly the blocks that left the table
                 left = set(before[b].tolist()) - set(self.cache.block_tables[b].tolist())
@@ -132,13 +158,16 @@ class Harness:
     def compact(self, src: list[list[int]], keep: list[int], start: list[int]) -> None:
         P = max([len(s) for s in src], default=0)
         padded = torch.tensor([s + [-1] * (P - len(s)) for s in src], dtype=torch.int64)
-        freed = self.cache.compact(padded.view(len(self.rows), P),
-                                   torch.tensor(keep, dtype=torch.int64),
-                                   torch.tensor(start, dtype=torch.int64))
+        freed = self.verb("compact", padded.view(len(self.rows), P),
+                          torch.tensor(keep, dtype=torch.int64),
+                          torch.tensor(start, dtype=torch.int64))
         for row, s, n, first in zip(self.rows, src, keep, start):
-            moved = [row.buf[p] for p in s[:n]]
+            moved = [row.buf.get(p) for p in s[:n]]  # None: unspecified data moves
             for i, token in enumerate(moved):
-                row.buf[first + i] = token
+                if token is None:
+                    row.buf.pop(first + i, None)
+                else:
+                    row.buf[first + i] = token
             row.length = first + n
         self._after_shrink(freed if self.paged else [])
 
@@ -173,7 +202,8 @@ def _step(data, h: Harness, step: int) -> None:
                 return
         h.write(T)
     elif kind == "advance":
-        h.advance([data.draw(st.integers(0, r.written - r.length), label="n") for r in rows])
+        h.advance([data.draw(st.integers(0, max(0, r.written - r.length)), label="n")
+                   for r in rows])
     elif kind == "rollback":
         h.rollback([data.draw(st.integers(0, r.length), label="n") for r in rows])
     elif kind == "compact":
@@ -191,6 +221,15 @@ def _step(data, h: Harness, step: int) -> None:
     elif kind == "remove":
         if rows:
             h.remove_row(data.draw(st.integers(0, len(rows) - 1), label="row"))
+    elif rows and not h.validate:  # a bad count without validation: the lengths are clamped
+        b = data.draw(st.integers(0, len(rows) - 1), label="row")
+        n = [0] * len(rows)
+        if data.draw(st.booleans(), label="rollback"):
+            n[b] = rows[b].length + 1 + data.draw(st.sampled_from([0, 2**62]), label="extra")
+            h.rollback(n)
+        else:
+            n[b] = h.capacity(b) - rows[b].length + 1
+            h.advance(n)
     elif rows:  # a bad call: ValueError, nothing changes
         b = data.draw(st.integers(0, len(rows) - 1), label="row")
         bad = data.draw(st.sampled_from(["rollback", "advance", "compact", "write"]), label="bad")
@@ -224,26 +263,29 @@ def _step(data, h: Harness, step: int) -> None:
     h.check(f"after step {step} ({kind})")
 
 
+@pytest.mark.parametrize("validate", [True, False])
 @pytest.mark.parametrize("impl_name", ["native", "fallback"])
 @SETTINGS
 @given(data=st.data(), rows=st.integers(1, 3), max_seq_len=st.integers(1, 9),
        steps=st.integers(1, 12))
-def test_kvcache_matches_list_model(impl_name, data, rows, max_seq_len, steps):
+def test_kvcache_matches_list_model(impl_name, validate, data, rows, max_seq_len, steps):
     with implementation(impl_name):
-        h = Harness(sk.KVCache(L, rows, H, D, max_seq_len), paged=False, rows=rows)
+        h = Harness(sk.KVCache(L, rows, H, D, max_seq_len), paged=False, rows=rows,
+                    validate=validate)
         for step in range(steps):
             _step(data, h, step)
 
 
+@pytest.mark.parametrize("validate", [True, False])
 @pytest.mark.parametrize("impl_name", ["native", "fallback"])
 @SETTINGS
 @given(data=st.data(), rows=st.integers(0, 3), block_size=st.integers(1, 4),
        num_blocks=st.integers(1, 10), max_blocks=st.integers(1, 4), steps=st.integers(1, 12))
-def test_paged_kvcache_matches_list_model(impl_name, data, rows, block_size, num_blocks,
-                                          max_blocks, steps):
+def test_paged_kvcache_matches_list_model(impl_name, validate, data, rows, block_size,
+                                          num_blocks, max_blocks, steps):
     with implementation(impl_name):
         cache = sk.PagedKVCache(L, num_blocks, block_size, H, D, max_blocks_per_row=max_blocks)
         cache.add_rows(rows)
-        h = Harness(cache, paged=True, rows=rows)
+        h = Harness(cache, paged=True, rows=rows, validate=validate)
         for step in range(steps):
             _step(data, h, step)

@@ -200,8 +200,11 @@ def test_extreme_cases_are_decided_exactly():
 
 def test_filtered_probs_match_transformers_warpers():
     tf = pytest.importorskip("transformers")
-    from transformers.generation.logits_process import (TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
     logits = torch.randn(4, 3, 500) * 3
     for t, k, p in [(0.7, 20, None), (1.0, None, 0.8), (1.3, 50, 0.6), (0.5, 3, 0.99)]:
         flat = logits.reshape(-1, 500)

@@ -13,6 +13,8 @@ namespace specdec {
 namespace cpu {
 
 // cache[layer, kv, row(b), h, offsets[b] + t, :] = (kv ? value : key)[b, h, t, :]
+// `a` holds the cache [L, 2, R, H, P, D], key/value [B, H, T, D], offsets [B] and block tables
+// [B, max_blocks] (shapes in kv_layout.h).
 // Bytes moved: 2 (K and V) * B * H * T * row_bytes read and as many written.
 inline void launch_kv_write(const KvWriteArgs& a) {
   const int64_t tasks = 2 * a.batch * a.num_heads;
@@ -34,6 +36,8 @@ inline void launch_kv_write(const KvWriteArgs& a) {
 }
 
 // For i < num_keep[b]: cache[l, kv, b, h, start[b] + i] <- old cache[l, kv, b, h, src[b, i]].
+// `a` holds the cache [L, 2, R, H, P, D], src_positions [B, P], num_keep [B], start [B] and block
+// tables [B, max_blocks] (shapes in kv_layout.h).
 // Each task gathers its sources into a private buffer before writing any destination, so the
 // result is correct for any overlap and any order of `src_positions`.
 // Bytes moved: 2 * L * sum_b num_keep[b] * H * row_bytes, read twice and written twice (gather

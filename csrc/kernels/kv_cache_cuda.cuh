@@ -26,6 +26,8 @@ constexpr int64_t kSharedStageBytes = 48 * 1024;  // default dynamic shared memo
 
 // ---------------------------------------------------------------------------------------------
 // kv_write_: grid (B * H, 2); block b*H+h, y = K/V, threads stride over (t, unit).
+// The pointers (cache [L, 2, R, H, P, D], key/value [B, H, T, D], offsets [B], block tables
+// [B, max_blocks]) are in `a`, with their shapes commented in kv_layout.h.
 template <typename Unit>
 __global__ void kv_write_kernel(KvWriteArgs a) {
   const int64_t bh = blockIdx.x;
@@ -59,8 +61,12 @@ void launch_kv_write_typed(const KvWriteArgs& a, cudaStream_t stream) {
 // the (layer, K/V, row, head) slice, so all hazards between sources and destinations are inside
 // one block: it stages the kept sources of a column chunk (in shared memory, or in the global
 // scratch `stage` when P rows do not fit), synchronises, then writes the destinations.
+// `a` holds the cache [L, 2, R, H, P, D], src_positions [B, P], num_keep [B], start [B] and
+// block tables [B, max_blocks] (shapes in kv_layout.h).
 template <typename Unit>
-__global__ void kv_compact_kernel(KvCompactArgs a, Unit* global_stage, int64_t stage_units) {
+__global__ void kv_compact_kernel(KvCompactArgs a,
+                                  Unit* global_stage,  // [L * 2 * B * H, stage_units] or nullptr
+                                  int64_t stage_units) {
   extern __shared__ __align__(16) unsigned char shared_raw[];
   const int64_t bh = blockIdx.x;
   const int64_t b = bh / a.cache.num_heads;
@@ -108,7 +114,9 @@ inline int64_t compact_scratch_bytes(const KvCompactArgs& a) {
 
 // `scratch` must hold compact_scratch_bytes(a) bytes (16-byte aligned) when that is non-zero.
 template <typename Unit>
-void launch_kv_compact_typed(const KvCompactArgs& a, void* scratch, cudaStream_t stream) {
+void launch_kv_compact_typed(const KvCompactArgs& a,
+                             void* scratch,  // [compact_scratch_bytes(a)] bytes, or nullptr
+                             cudaStream_t stream) {
   const int64_t bh = a.batch * a.cache.num_heads;
   if (bh == 0 || a.cache.num_layers == 0 || a.num_src == 0 || a.cache.row_bytes == 0) return;
   const dim3 grid(static_cast<unsigned>(bh), 2, static_cast<unsigned>(a.cache.num_layers));
@@ -156,7 +164,9 @@ inline void launch_kv_write(const KvWriteArgs& a, cudaStream_t stream) {
   SPECDEC_DISPATCH_UNIT(bytes, [&] { launch_kv_write_typed<Unit>(a, stream); });
 }
 
-inline void launch_kv_compact(const KvCompactArgs& a, void* scratch, cudaStream_t stream) {
+inline void launch_kv_compact(const KvCompactArgs& a,
+                              void* scratch,  // [compact_scratch_bytes(a)] bytes, or nullptr
+                              cudaStream_t stream) {
   const KvLayout& c = a.cache;
   const int bytes = unit_bytes({reinterpret_cast<int64_t>(c.base), c.layer_stride, c.kv_stride,
                                 c.row_stride, c.head_stride, c.pos_stride, c.row_bytes});

@@ -19,7 +19,7 @@ namespace specdec {
 
 // Byte strides of a cache buffer `[L, 2, R, H, P, D]`; the last dim is contiguous.
 struct KvLayout {
-  char* base;
+  char* base;  // [L, 2, R, H, P, D] kv_cache, addressed in bytes
   int64_t layer_stride, kv_stride, row_stride, head_stride, pos_stride;  // bytes
   int64_t num_layers, num_rows, num_heads, num_pos;
   int64_t row_bytes;  // D * element size
@@ -28,7 +28,7 @@ struct KvLayout {
 // Block tables of a paged cache: `[B, max_blocks]` int32, -1 where unused. `data == nullptr`
 // means "no table": position `pos` of row `b` lives at cache row `b`, slot `pos`.
 struct BlockTable {
-  const int32_t* data;
+  const int32_t* data;  // [B, max_blocks] block_tables (or nullptr)
   int64_t stride;      // elements between consecutive rows of the table
   int64_t max_blocks;  // width of the table
 };
@@ -56,12 +56,12 @@ struct KvWriteArgs {
   KvLayout cache;
   BlockTable table;
   int64_t layer;
-  const char* key;
-  const char* value;
-  int64_t key_strides[3];    // bytes, dims b, h, t of `key`   [B, H, T, D]
-  int64_t value_strides[3];  // bytes, dims b, h, t of `value` [B, H, T, D]
+  const char* key;           // [B, H, T, D] key, addressed in bytes
+  const char* value;         // [B, H, T, D] value, addressed in bytes
+  int64_t key_strides[3];    // bytes, dims b, h, t of `key`
+  int64_t value_strides[3];  // bytes, dims b, h, t of `value`
   int64_t batch, num_heads, num_tokens;
-  const int64_t* offsets;  // [B]
+  const int64_t* offsets;  // [B] offsets: first position written per row
 };
 
 // kv_compact_: for i < num_keep[b], position start[b] + i <- old position src_positions[b, i],
@@ -69,10 +69,10 @@ struct KvWriteArgs {
 struct KvCompactArgs {
   KvLayout cache;
   BlockTable table;
-  const int64_t* src_positions;  // [B, P] contiguous
+  const int64_t* src_positions;  // [B, P] src_positions, contiguous
   int64_t num_src;               // P
-  const int64_t* num_keep;       // [B]
-  const int64_t* start;          // [B]
+  const int64_t* num_keep;       // [B] num_keep
+  const int64_t* start;          // [B] start: first destination position per row
   int64_t batch;
 };
 

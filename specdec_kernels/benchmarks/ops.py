@@ -35,8 +35,8 @@ import itertools
 import math
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import torch
 
@@ -175,7 +175,7 @@ def _prefix_lengths(match: torch.Tensor) -> torch.Tensor:
     return torch.cumprod(match.long(), dim=-1).sum(-1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiled(name: str) -> Callable:
     """``torch.compile`` of a reference function, one compiled object per function (so the
     cases share compiled graphs; ``dynamic=True`` avoids one compile per shape)."""
@@ -346,7 +346,7 @@ SETUP = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def hf_speculative_sampling() -> Callable | None:
     """``transformers.generation.utils._speculative_sampling`` when it exists with the
     ``(candidate_input_ids, candidate_logits, candidate_length, new_logits, ...)`` signature."""

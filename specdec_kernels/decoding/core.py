@@ -117,7 +117,7 @@ class _Rows:
     limit: torch.Tensor  # [B] int64: seq_len at which the row is done
     num_draft: torch.Tensor  # [B] int64: draft tokens wanted next step
 
-    def select(self, order: torch.Tensor) -> "_Rows":
+    def select(self, order: torch.Tensor) -> _Rows:
         return _Rows(*(t[order] for t in (self.ids, self.tokens, self.from_draft, self.seq_len,
                                            self.prompt_len, self.limit, self.num_draft)))
 
@@ -268,7 +268,8 @@ class Decoder:
                   for n in lens]
         st = _Rows(ids=torch.arange(b, device=dev), tokens=tokens.to(dev),
                    from_draft=torch.zeros(b, cap, dtype=torch.bool, device=dev),
-                   seq_len=torch.tensor(lens, device=dev), prompt_len=torch.tensor(lens, device=dev),
+                   seq_len=torch.tensor(lens, device=dev),
+                   prompt_len=torch.tensor(lens, device=dev),
                    limit=torch.tensor(limits, device=dev),
                    num_draft=torch.full((b,), k, dtype=torch.int64, device=dev))
         tracker = AcceptanceTracker.new(b, dev)

@@ -1,8 +1,8 @@
 """Models: the Edifice ``SpeculativeDecoding`` decoders (:func:`build`, :func:`output_size`) and
 :class:`CausalLM`, the token-level GPT-2-layout model that generation runs."""
 
-from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig
 from specdec_kernels.models.bundled import decode, encode, load_bundled
+from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig
 from specdec_kernels.models.decoder import DecoderConfig, DecoderOnly, build, output_size
 
 __all__ = ["CausalLM", "CausalLMConfig", "DecoderConfig", "DecoderOnly", "build", "decode",

@@ -167,7 +167,7 @@ class CausalLM(nn.Module):
 
     # ------------------------------------------------------------------ conversion
     @classmethod
-    def from_hf(cls, model) -> "CausalLM":
+    def from_hf(cls, model) -> CausalLM:
         """Convert a ``transformers.GPT2LMHeadModel`` (same logits, same dtype and device).
 
         Raises ``ValueError`` for configurations GPT-2's layout here does not cover
@@ -230,7 +230,7 @@ class CausalLM(nn.Module):
 
     @classmethod
     def load(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu") -> "CausalLM":
+             device: str | torch.device = "cpu") -> CausalLM:
         """Read a file written by :meth:`save`."""
         from safetensors import safe_open
 

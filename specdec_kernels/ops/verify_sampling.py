@@ -335,6 +335,7 @@ def _split_decide_kernel(
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
 
 
+@functools.cache
 def _row_strategy_min_batch(device: torch.device) -> int:
     """Batch size from which one program per row keeps the device busy."""
     if device.type == "cuda":

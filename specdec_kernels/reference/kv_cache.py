@@ -14,8 +14,10 @@ Layouts
   ``[L, 2, num_blocks, H, block_size, D]`` (FlashInfer's ``HND`` pages); position ``p`` of row
   ``b`` is ``kv_cache[:, :, block_tables[b, p // block_size], :, p % block_size]``.
 
-Values are not validated here (positions must exist; the cache classes check them first): the
-functions never synchronise with the device.
+Values are not validated here (the cache classes check them first) and the functions never
+synchronise with the device. Like the CUDA kernels, they skip every position that is outside the
+cache or in a block the row does not own (a write there, a compaction from or to there), whatever
+the index values; the C++ CPU kernels raise on such positions instead.
 """
 
 from __future__ import annotations
@@ -109,26 +111,51 @@ def check_compact(op: str, kv_cache: torch.Tensor, block_tables: torch.Tensor | 
 
 
 # --------------------------------------------------------------------------------------------
-# Addressing: (row b, position p) -> (index into dim 2 of kv_cache, index into dim 4).
+# Addressing: (row b, position p) -> (index into dim 2 of kv_cache, index into dim 4, valid).
 def _slots(kv_cache: torch.Tensor, block_tables: torch.Tensor | None, rows: torch.Tensor,
-           positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+           positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where ``positions`` of ``rows`` live, and whether they exist: a position outside the
+    cache (or in a block the row does not own) is invalid, and its indices are clamped onto
+    some real slot so that indexing never fails (the callers must not touch it)."""
+    R, P = kv_cache.shape[2], kv_cache.shape[4]
     if block_tables is None:
-        return rows, positions
-    block_size = kv_cache.shape[4]
-    blocks = block_tables[rows, positions // block_size].long()
-    return blocks, positions % block_size
+        valid = (positions >= 0) & (positions < P)
+        return rows, positions.clamp(0, P - 1), valid
+    M = block_tables.shape[1]
+    in_table = (positions >= 0) & (positions < M * P)
+    blocks = block_tables[rows, positions.clamp(0, M * P - 1) // P].long()
+    valid = in_table & (blocks >= 0) & (blocks < R)
+    return blocks.clamp(0, R - 1), positions.clamp(min=0) % P, valid
+
+
+def _onto_first(keep: torch.Tensor, *indices: torch.Tensor) -> list[torch.Tensor]:
+    """``indices`` (flat, like ``keep``) with every entry that is not kept replaced by the first
+    kept entry's -- a duplicate of a copy that happens anyway, harmless -- or, when nothing is
+    kept, by 0 (the callers then copy slot 0 onto itself). This skips entries without boolean
+    indexing, i.e. without a host synchronisation."""
+    first = keep.to(torch.int32).argmax()
+    any_keep = keep.any()
+    zero = torch.zeros((), dtype=torch.int64, device=keep.device)
+    return [torch.where(keep, i, torch.where(any_keep, i[first], zero)) for i in indices]
 
 
 def _write(kv_cache, layer, key, value, block_tables, offsets) -> None:
-    B, _, T, _ = key.shape
+    B, H, T, D = key.shape
     if B == 0 or T == 0:
         return
     positions = offsets[:, None] + torch.arange(T, device=offsets.device)  # [B, T]
     rows = torch.arange(B, device=offsets.device)[:, None].expand(B, T)    # [B, T]
-    r, s = _slots(kv_cache, block_tables, rows, positions)
+    r, s, valid = (x.flatten() for x in _slots(kv_cache, block_tables, rows, positions))
+    first = valid.to(torch.int32).argmax()
+    any_valid = valid.any()
+    r, s = _onto_first(valid, r, s)
     for kv, src in ((0, key), (1, value)):
-        # [R, P, H, D] view of one layer's K or V; index_put_ writes through it.
-        kv_cache[layer, kv].permute(0, 2, 1, 3).index_put_((r, s), src.permute(0, 2, 1, 3))
+        view = kv_cache[layer, kv].permute(0, 2, 1, 3)             # [R, P, H, D], writes through
+        vals = src.permute(0, 2, 1, 3).reshape(B * T, H, D)        # [B*T, H, D]
+        # Positions outside the cache are skipped: they rewrite the first valid entry's value,
+        # or, when there is none, slot 0's own value.
+        spare = torch.where(any_valid, vals[first], view[0, 0])
+        view.index_put_((r, s), torch.where(valid[:, None, None], vals, spare))
 
 
 def _compact(kv_cache, block_tables, src_positions, num_keep, start) -> None:
@@ -137,23 +164,17 @@ def _compact(kv_cache, block_tables, src_positions, num_keep, start) -> None:
         return
     device = src_positions.device
     i = torch.arange(P, device=device)
-    keep = (i < num_keep[:, None]).flatten()                       # [B*P]
-    rows = torch.arange(B, device=device).repeat_interleave(P)     # [B*P]
-    src = src_positions.flatten()
-    dst = (start[:, None] + i).flatten()
-    # Entries past num_keep[b] are not moved. To stay free of host synchronisation (no boolean
-    # indexing), they are redirected onto the first kept entry of the batch -- a duplicate copy
-    # of the same value, harmless -- or, when nothing is kept at all, onto a copy of position 0
-    # of row 0 onto itself.
-    first = keep.to(torch.int32).argmax()
-    any_keep = keep.any()
-    zero = torch.zeros((), dtype=torch.int64, device=device)
-    rows = torch.where(keep, rows, torch.where(any_keep, rows[first], zero))
-    src = torch.where(keep, src, torch.where(any_keep, src[first], zero))
-    dst = torch.where(keep, dst, torch.where(any_keep, dst[first], zero))
-    view = kv_cache.permute(2, 4, 0, 1, 3, 5)                      # [R, P, L, 2, H, D]
-    staged = view[_slots(kv_cache, block_tables, rows, src)]      # gather first: overlap-safe
-    view.index_put_(_slots(kv_cache, block_tables, rows, dst), staged)
+    rows = torch.arange(B, device=device)[:, None].expand(B, P)             # [B, P]
+    r_src, s_src, ok_src = _slots(kv_cache, block_tables, rows, src_positions)
+    r_dst, s_dst, ok_dst = _slots(kv_cache, block_tables, rows, start[:, None] + i)
+    # Entries past num_keep[b], or with a source or destination outside the cache, are not
+    # moved (as in the C++/CUDA kernels).
+    keep = ((i < num_keep[:, None]) & ok_src & ok_dst).flatten()            # [B*P]
+    r_src, s_src, r_dst, s_dst = _onto_first(
+        keep, r_src.flatten(), s_src.flatten(), r_dst.flatten(), s_dst.flatten())
+    view = kv_cache.permute(2, 4, 0, 1, 3, 5)                              # [R, P, L, 2, H, D]
+    staged = view[r_src, s_src]                                            # gather first:
+    view.index_put_((r_dst, s_dst), staged)                                # overlap-safe
 
 
 # --------------------------------------------------------------------------------------------

@@ -13,8 +13,11 @@ from __future__ import annotations
 import torch
 
 from specdec_kernels.reference import rng
-from specdec_kernels.reference.verify_greedy import emitted_tokens, prefix_match_count
-from specdec_kernels.reference.verify_greedy import verify_greedy
+from specdec_kernels.reference.verify_greedy import (
+    emitted_tokens,
+    prefix_match_count,
+    verify_greedy,
+)
 
 
 def filtered_probs(target_logits: torch.Tensor, temperature: torch.Tensor,
