@@ -6,10 +6,13 @@
 // (specdec_kernels/_extension.py) with one kernel that routes each call to the native kernel
 // below (specdec::native_<name>, same schema) or to the pure-PyTorch fallback; their fake
 // kernels are registered there too.
+// Verification: specdec::native_verify / native_accept_reject are the CPU kernels behind
+// backend="native" of the public verification ops (specdec_kernels/verification.py).
 #include <Python.h>
 #include <torch/library.h>
 
 #include "kv_cache.h"
+#include "verify.h"
 
 // Importing specdec_kernels._C runs the registrations below; the module itself is empty.
 extern "C" {
@@ -32,6 +35,10 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor block_tables, Tensor offsets) -> ()");
   m.def("native_paged_kv_compact_(Tensor(a!) kv_cache, Tensor block_tables, "
         "Tensor src_positions, Tensor num_keep, Tensor start) -> ()");
+  m.def("native_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
+        "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
+        "Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)");
+  m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -39,6 +46,8 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_kv_compact_", &specdec::kv_compact_cpu);
   m.impl("native_paged_kv_write_", &specdec::paged_kv_write_cpu);
   m.impl("native_paged_kv_compact_", &specdec::paged_kv_compact_cpu);
+  m.impl("native_verify", &specdec::native_verify_cpu);
+  m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA
