@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "kv_cache.h"
+#include "verify.h"
 
 // Importing specdec_kernels._C runs the registrations below; the module itself is empty.
 extern "C" {
@@ -27,6 +28,10 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor block_tables, Tensor offsets) -> ()");
   m.def("paged_kv_compact_(Tensor(a!) kv_cache, Tensor block_tables, Tensor src_positions, "
         "Tensor num_keep, Tensor start) -> ()");
+  m.def("native_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
+        "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
+        "Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)");
+  m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -34,6 +39,8 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("kv_compact_", &specdec::kv_compact_cpu);
   m.impl("paged_kv_write_", &specdec::paged_kv_write_cpu);
   m.impl("paged_kv_compact_", &specdec::paged_kv_compact_cpu);
+  m.impl("native_verify", &specdec::native_verify_cpu);
+  m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA

@@ -28,7 +28,8 @@ import torch
 from specdec_kernels._dispatch import warn_once
 from specdec_kernels.reference import kv_cache as _ref
 
-__all__ = ["SCHEMAS", "extension_available", "force_fallback", "load_error"]
+__all__ = ["SCHEMAS", "extension_available", "force_fallback", "load_error",
+           "native_ops_available"]
 
 FORCE_FALLBACK_ENV = "SPECDEC_FORCE_FALLBACK"
 
@@ -88,6 +89,13 @@ def extension_available() -> bool:
     True
     """
     return _C is not None and _forced == 0
+
+
+def native_ops_available() -> bool:
+    """Whether the extension's native CPU verification ops (``torch.ops.specdec.native_verify``,
+    ``native_accept_reject``: the ``backend="native"`` kernels) are loaded. Unlike
+    :func:`extension_available`, :func:`force_fallback` (a KV-cache switch) does not change it."""
+    return _C is not None and hasattr(torch.ops.specdec, "native_verify")
 
 
 def load_error() -> str | None:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import kernel_module, resolve_backend
+from specdec_kernels._dispatch import resolve_backend
 from specdec_kernels.reference import accept_reject as ref_accept_reject
 from specdec_kernels.reference import rng
 from specdec_kernels.reference import verify_greedy as ref_greedy
@@ -46,10 +46,15 @@ class Verification(NamedTuple):
 @torch.library.custom_op("specdec::verify_greedy", mutates_args=())
 def _verify_greedy_op(target_logits: Tensor, draft_tokens: Tensor, num_draft_tokens: Tensor,
                       backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    if backend == "native":
+        tokens, accepted = torch.ops.specdec.native_verify(
+            target_logits, draft_tokens, None, num_draft_tokens, None, None, None, None, True)
+        return tokens, accepted, accepted + 1
     if backend == "triton":
-        ops = kernel_module("verify_sampling", target_logits.device)
-        tokens, accepted = ops.verify(target_logits, draft_tokens, None, num_draft_tokens, None,
-                                      None, None, None, greedy_only=True)
+        from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
+
+        tokens, accepted = triton_ops.verify(target_logits, draft_tokens, None, num_draft_tokens,
+                                             None, None, None, None, greedy_only=True)
         return tokens, accepted, accepted + 1
     return ref_greedy.verify_greedy(target_logits, draft_tokens, num_draft_tokens)
 
@@ -66,10 +71,17 @@ def _verify_sampling_op(target_logits: Tensor, draft_tokens: Tensor, draft_probs
                         num_draft_tokens: Tensor, temperature: Tensor, top_k: Optional[Tensor],
                         top_p: Optional[Tensor], seeds: Tensor,
                         backend: str) -> tuple[Tensor, Tensor, Tensor]:
+    if backend == "native":
+        tokens, accepted = torch.ops.specdec.native_verify(
+            target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
+            seeds, False)
+        return tokens, accepted, accepted + 1
     if backend == "triton":
-        ops = kernel_module("verify_sampling", target_logits.device)
-        tokens, accepted = ops.verify(target_logits, draft_tokens, draft_probs, num_draft_tokens,
-                                      temperature, top_k, top_p, seeds, greedy_only=False)
+        from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
+
+        tokens, accepted = triton_ops.verify(target_logits, draft_tokens, draft_probs,
+                                             num_draft_tokens, temperature, top_k, top_p, seeds,
+                                             greedy_only=False)
         return tokens, accepted, accepted + 1
     return ref_sampling.verify_sampling(target_logits, draft_tokens, draft_probs,
                                         num_draft_tokens, temperature, top_k, top_p, seeds)
@@ -85,9 +97,12 @@ def _(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, t
 
 @torch.library.custom_op("specdec::accept_reject", mutates_args=())
 def _accept_reject_op(draft_tokens: Tensor, verifier_tokens: Tensor, backend: str) -> Tensor:
+    if backend == "native":
+        return torch.ops.specdec.native_accept_reject(draft_tokens, verifier_tokens)
     if backend == "triton":
-        ops = kernel_module("accept_reject", draft_tokens.device)
-        return ops.accept_reject(draft_tokens, verifier_tokens)
+        from specdec_kernels.ops import accept_reject as triton_ops  # imports triton: lazily
+
+        return triton_ops.accept_reject(draft_tokens, verifier_tokens)
     return ref_accept_reject.accept_reject(draft_tokens, verifier_tokens)
 
 

@@ -4,8 +4,17 @@ import pytest
 import torch
 
 import specdec_kernels  # noqa: F401  (sets TRITON_INTERPRET=1 on machines without CUDA)
+from specdec_kernels._dispatch import native_available
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+#: The C++ CPU kernels' backend, skipped only where the extension is not built (CI asserts it is).
+NATIVE = pytest.param("native", marks=pytest.mark.skipif(
+    not native_available(), reason="the C++ extension (native backend) is not built"))
+#: The backends with kernels of their own, compared with the reference.
+KERNEL_BACKENDS = ["triton", NATIVE]
+#: Every backend.
+ALL_BACKENDS = ["reference", "triton", NATIVE]
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +35,19 @@ def one_thread():
 @pytest.fixture(params=DEVICES)
 def device(request):
     return torch.device(request.param)
+
+
+def available(backends) -> list[str]:
+    """The names among ``backends`` (strings or the params above) whose skip marks do not
+    apply, for tests that loop over backends inside one test."""
+    return [b if isinstance(b, str) else b.values[0] for b in backends
+            if isinstance(b, str) or not any(m.args[0] for m in b.marks)]
+
+
+def skip_native_off_cpu(backend, device) -> None:
+    """The native backend is CPU only (elsewhere it falls back): nothing of its own to test."""
+    if backend == "native" and torch.device(device).type != "cpu":
+        pytest.skip("the native backend runs on CPU tensors only")
 
 
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -5,6 +5,7 @@ import torch
 
 import specdec_kernels as sk  # noqa: F401  (registers torch.ops.specdec.*)
 
+from conftest import ALL_BACKENDS
 from helpers import make_draft_probs, make_inputs
 
 
@@ -22,18 +23,18 @@ def _sampling_args(backend, filters):
             top_p, torch.tensor([1, 2, 3]), backend)
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_opcheck_verify_greedy(backend):
     torch.library.opcheck(torch.ops.specdec.verify_greedy.default, _greedy_args(backend))
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("filters", [False, True])
 def test_opcheck_verify_sampling(backend, filters):
     torch.library.opcheck(torch.ops.specdec.verify_sampling.default, _sampling_args(backend, filters))
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_opcheck_accept_reject(backend):
     a = torch.tensor([[1, 2, 3], [4, 5, 6]])
     torch.library.opcheck(torch.ops.specdec.accept_reject.default, (a, a.flip(1).contiguous(), backend))

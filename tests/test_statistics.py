@@ -16,8 +16,10 @@ likely) at its actual sample size and requires it to be at least 0.99; the accep
 acceptance error of 0.02 with power > 0.99 at these sample sizes (asserted too). An implementation
 that rejects everything fails the acceptance check at position 0 (observed 0 vs expected > 0.3).
 
-The tests run the reference backend (vectorised, fast on CPU); the Triton kernels are shown
-equal to the reference token for token in test_verify_sampling.py.
+The tests run the reference backend (vectorised, fast on CPU) and the native C++ kernels (fast
+too; they draw the same numbers, so they are the same experiment on a second implementation and
+the false-failure bound above holds per backend); the Triton kernels are shown equal to the
+reference token for token in test_verify_sampling.py.
 """
 
 import math
@@ -27,6 +29,8 @@ import torch
 from scipy import stats
 
 import specdec_kernels as sk
+
+from conftest import NATIVE
 
 N = 1_000_000
 ALPHA = 1e-7
@@ -108,8 +112,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("backend", ["reference", NATIVE])
 @pytest.mark.parametrize("case", list(CASES))
-def test_emitted_tokens_follow_target_and_acceptance_is_sum_min(case):
+def test_emitted_tokens_follow_target_and_acceptance_is_sum_min(case, backend):
     cfg = CASES[case]
     k, v = 3, 12
     g = torch.Generator().manual_seed(list(CASES).index(case))
@@ -130,7 +135,7 @@ def test_emitted_tokens_follow_target_and_acceptance_is_sum_min(case):
     out = sk.verify_sampling(logits.expand(N, k + 1, v), drafts, q,
                              temperature=cfg["temperature"], top_k=cfg["top_k"],
                              top_p=cfg["top_p"], seed=torch.arange(N) + 10**9,
-                             backend="reference", validate=False)
+                             backend=backend, validate=False)
     for j in range(k + 1):
         reached = out.num_emitted > j
         chi_square_check(out.tokens[reached, j], p[j], f"{case} position {j}")

@@ -6,6 +6,8 @@ import torch
 
 import specdec_kernels as sk
 
+from conftest import ALL_BACKENDS, available
+
 B, K, V = 3, 4, 50
 
 
@@ -58,9 +60,10 @@ def test_backend_from_environment(monkeypatch):
     monkeypatch.setenv("SPECDEC_BACKEND", "nonsense")
     with pytest.raises(ValueError, match="SPECDEC_BACKEND must be one of"):
         sk.verify_greedy(logits, drafts)
-    monkeypatch.setenv("SPECDEC_BACKEND", "triton")
     expected = sk.verify_greedy(logits, drafts, backend="reference")
-    assert torch.equal(sk.verify_greedy(logits, drafts).tokens, expected.tokens)
+    for name in available(ALL_BACKENDS):
+        monkeypatch.setenv("SPECDEC_BACKEND", name)
+        assert torch.equal(sk.verify_greedy(logits, drafts).tokens, expected.tokens)
 
 
 @pytest.mark.parametrize("case, kwargs, pattern", [
@@ -124,7 +127,7 @@ def test_bad_draft_probs(pattern):
     sk.verify_sampling(logits, drafts, q, num_draft_tokens=nd)
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("trial", range(4))
 def test_garbage_with_validate_false_stays_in_bounds(backend, trial):
     g = torch.Generator().manual_seed(trial)
@@ -155,7 +158,7 @@ def test_garbage_with_validate_false_stays_in_bounds(backend, trial):
             assert bool((tokens[pos < res.num_emitted[:, None]] >= 0).all())
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_minus_inf_logits_are_masked_tokens(backend):
     """-inf is valid input (transformers' warpers produce it) and is never emitted; greedy and
     sampling agree with the same logits where the masked tokens hold a very low finite value."""
@@ -180,7 +183,7 @@ def test_tiny_temperatures():
     rejected (it used to pick token 0); unvalidated it stays in bounds."""
     logits = torch.tensor([[[0.0, 5.0, 1.0]]])
     none = torch.zeros(1, 0, dtype=torch.int64)
-    for backend in ("reference", "triton"):
+    for backend in available(ALL_BACKENDS):
         out = sk.verify_sampling(logits, none, temperature=1e-30, seed=0, backend=backend)
         assert out.tokens.tolist() == [[1]]
         with pytest.raises(ValueError, match="temperature.*overflows float32"):

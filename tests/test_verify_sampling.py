@@ -7,12 +7,13 @@ import triton
 import triton.language as tl
 
 import specdec_kernels as sk
-from specdec_kernels._dispatch import kernel_module
 from specdec_kernels.ops import _common
+from specdec_kernels.ops import verify_sampling as triton_ops
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
 
-from conftest import assert_same, assert_verification_equal
+from conftest import (ALL_BACKENDS, KERNEL_BACKENDS, assert_same, assert_verification_equal,
+                      available, skip_native_off_cpu)
 from helpers import make_draft_probs, make_inputs
 
 SHAPES = [(1, 1, 7), (3, 4, 7), (3, 4, 1000), (1, 7, 1000), (37, 4, 1000), (3, 4, 32003)]
@@ -33,26 +34,29 @@ def _sampling_case(b, k, v, dtype, device, with_q, top_k, top_p, seed=1234):
     return logits, drafts, kwargs
 
 
-def _check(b, k, v, dtype, device, with_q, top_k, top_p):
+def _check(b, k, v, dtype, device, with_q, top_k, top_p, backend):
+    skip_native_off_cpu(backend, device)
     logits, drafts, kwargs = _sampling_case(b, k, v, dtype, device, with_q, top_k, top_p)
     expected = sk.verify_sampling(logits, drafts, backend="reference", **kwargs)
-    actual = sk.verify_sampling(logits, drafts, backend="triton", **kwargs)
-    assert_verification_equal(actual, expected, f"B={b} K={k} V={v} {dtype} q={with_q} "
-                              f"top_k={top_k} top_p={top_p}")
+    actual = sk.verify_sampling(logits, drafts, backend=backend, **kwargs)
+    assert_verification_equal(actual, expected, f"{backend} B={b} K={k} V={v} {dtype} "
+                              f"q={with_q} top_k={top_k} top_p={top_p}")
 
 
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("b, k, v", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_q", [True, False])
-def test_kernel_matches_reference(b, k, v, dtype, with_q, device):
-    _check(b, k, v, dtype, device, with_q, None, None)
+def test_kernel_matches_reference(b, k, v, dtype, with_q, device, backend):
+    _check(b, k, v, dtype, device, with_q, None, None, backend)
 
 
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 @pytest.mark.parametrize("top_k, top_p", FILTERS[1:])
 @pytest.mark.parametrize("b, k, v", [(3, 4, 7), (5, 3, 1000), (2, 2, 9000)])
 @pytest.mark.parametrize("with_q", [True, False])
-def test_kernel_matches_reference_with_filters(b, k, v, top_k, top_p, with_q, device):
-    _check(b, k, v, torch.float32, device, with_q, top_k, top_p)
+def test_kernel_matches_reference_with_filters(b, k, v, top_k, top_p, with_q, device, backend):
+    _check(b, k, v, torch.float32, device, with_q, top_k, top_p, backend)
 
 
 @pytest.mark.slow
@@ -60,23 +64,35 @@ def test_kernel_matches_reference_with_filters(b, k, v, top_k, top_p, with_q, de
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("top_k, top_p", FILTERS)
 def test_kernel_matches_reference_large(b, k, v, dtype, top_k, top_p, device):
-    _check(b, k, v, dtype, device, True, top_k, top_p)
+    _check(b, k, v, dtype, device, True, top_k, top_p, "triton")
 
 
-def test_per_row_filters_match_reference(device):
+# The native kernels are fast: they get the large shapes in the default run (the reference's
+# sort for the filters is what these cost, about a second each).
+@pytest.mark.parametrize("b, k, v", SLOW_SHAPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("top_k, top_p", [FILTERS[0], FILTERS[3]])
+@pytest.mark.parametrize("backend", [KERNEL_BACKENDS[1]])
+def test_native_matches_reference_large(b, k, v, dtype, top_k, top_p, backend):
+    _check(b, k, v, dtype, "cpu", True, top_k, top_p, backend)
+
+
+@pytest.mark.parametrize("backend", KERNEL_BACKENDS)
+def test_per_row_filters_match_reference(device, backend):
+    skip_native_off_cpu(backend, device)
     logits, drafts, kwargs = _sampling_case(6, 3, 500, torch.float32, device, True, None, None)
     kwargs["top_k"] = torch.tensor([0, 1, 3, 499, 500, 10_000], device=device)
     kwargs["top_p"] = torch.tensor([1.0, 0.5, 0.9, 0.05, 0.999, 0.3], device=device)
     expected = sk.verify_sampling(logits, drafts, backend="reference", **kwargs)
-    actual = sk.verify_sampling(logits, drafts, backend="triton", **kwargs)
-    assert_verification_equal(actual, expected, "per-row filters")
+    actual = sk.verify_sampling(logits, drafts, backend=backend, **kwargs)
+    assert_verification_equal(actual, expected, f"{backend} per-row filters")
 
 
 @pytest.mark.parametrize("with_filter", [False, True])
 def test_row_and_split_strategies_are_identical(with_filter, device):
     b, k, v = 6, 4, 3000
     logits, drafts, kwargs = _sampling_case(b, k, v, torch.bfloat16, device, True, None, None)
-    ops = kernel_module("verify_sampling", logits.device)
+    ops = triton_ops
     topk = torch.tensor([0, 7, 50, 0, 3, 100], device=device) if with_filter else None
     topp = torch.tensor([0.9, 1.0, 0.7, 0.5, 1.0, 0.95], device=device) if with_filter else None
     args = (logits, drafts, kwargs["draft_probs"], kwargs["num_draft_tokens"],
@@ -113,7 +129,7 @@ def test_rng_kernel_draws_equal_reference_draws():
     assert bool((sample > 0).all() and (sample < 1).all())
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_same_seed_same_output_and_different_seed_differs(backend):
     logits, drafts, kwargs = _sampling_case(8, 4, 300, torch.float32, "cpu", True, None, None)
     kwargs["temperature"] = 1.0
@@ -132,7 +148,7 @@ def test_same_seed_same_output_and_different_seed_differs(backend):
     assert_verification_equal(d, e, "same generator state")
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_batch_invariance_with_per_row_seeds(backend):
     b, k, v = 9, 3, 257
     logits, drafts, kwargs = _sampling_case(b, k, v, torch.float32, "cpu", True, 40, 0.95)
@@ -147,7 +163,7 @@ def test_batch_invariance_with_per_row_seeds(backend):
     assert_same(small.num_accepted, full.num_accepted[sub], "num_accepted of a sub-batch")
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_greedy_rows_of_mixed_batch_equal_verify_greedy(backend):
     logits, drafts, nd = make_inputs(8, 4, 200, ragged=True)
     temperature = torch.tensor([0.0, 1.0, 0.0, 0.5, 0.0, 2.0, 0.0, 1.0])
@@ -161,7 +177,7 @@ def test_greedy_rows_of_mixed_batch_equal_verify_greedy(backend):
     assert_verification_equal(all_greedy, greedy, "temperature=0 scalar")
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_invariants(backend):
     logits, drafts, kwargs = _sampling_case(37, 7, 100, torch.float32, "cpu", True, 10, 0.9)
     out = sk.verify_sampling(logits, drafts, backend=backend, **kwargs)
@@ -185,7 +201,7 @@ def test_extreme_cases_are_decided_exactly():
     p = filtered_probs(logits[:1], torch.ones(1), None, None)[0, 0]
     q_same = p.expand(4, 2, v).clone()
     drafts = torch.tensor([[3, 2], [0, 1], [2, 2], [1, 3]])
-    for backend in ("reference", "triton"):
+    for backend in available(ALL_BACKENDS):
         out = sk.verify_sampling(logits, drafts, q_same, seed=torch.arange(4), backend=backend)
         assert out.num_accepted.tolist() == [2, 2, 2, 2]
         q_zero = torch.zeros(4, 2, v)
@@ -231,8 +247,9 @@ def test_int32_inputs_low_precision_row_params_and_no_drafts(k):
                   top_k=torch.tensor([0, 3, 5, 1], dtype=torch.int32),
                   top_p=torch.tensor([0.5, 1.0, 0.9, 0.7], dtype=torch.float16))
     ref = sk.verify_sampling(logits, drafts, backend="reference", **kwargs)
-    tri = sk.verify_sampling(logits, drafts, backend="triton", **kwargs)
-    assert_verification_equal(tri, ref, f"K={k}")
+    for backend in available(KERNEL_BACKENDS):
+        out = sk.verify_sampling(logits, drafts, backend=backend, **kwargs)
+        assert_verification_equal(out, ref, f"{backend} K={k}")
     assert ref.tokens.shape == (b, k + 1)
     assert bool((ref.num_accepted <= nd.long()).all())
     assert bool((ref.tokens[:, 0] >= 0).all())

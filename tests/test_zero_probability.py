@@ -14,9 +14,9 @@ import specdec_kernels as sk
 from specdec_kernels.ops import _common
 from specdec_kernels.reference import rng
 
-from conftest import assert_same
+from conftest import ALL_BACKENDS, NATIVE, assert_same
 
-BACKENDS = ["reference", "triton"]
+BACKENDS = ALL_BACKENDS
 SEED = 858079  # its race uniform for token 2 at position 0 was exactly 1.0 with 24-bit uniforms
 
 
@@ -76,7 +76,9 @@ def test_seed_858079_emits_the_only_possible_token(backend, case):
 
 # The interpreter runs a program at a time (~40 ms each), so the Triton case is small; the exhaustive
 # mapping test above already proves its uniforms equal the reference's.
-@pytest.mark.parametrize("backend, rows", [("reference", 20_000), ("triton", 96)])
+@pytest.mark.parametrize("backend, rows", [("reference", 20_000), ("triton", 96),
+                                           pytest.param(*NATIVE.values, 20_000,
+                                                        marks=NATIVE.marks)])
 def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
     """``q = 0.5`` on tokens 2 and 7, ``p`` uniform over 8: after rejecting draft 2 the residual
     ``max(0, p - q)`` is 0 at 2 and 7, so neither may follow a rejection. P(reject) = 3/4, so about
@@ -101,7 +103,9 @@ def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
 
 
 @pytest.mark.parametrize("backend, rows, chunk", [("reference", 200_000, 25_000),
-                                                  ("triton", 16, 16)])
+                                                  ("triton", 16, 16),
+                                                  pytest.param(*NATIVE.values, 200_000, 200_000,
+                                                               marks=NATIVE.marks)])
 def test_top_k_1_always_emits_the_argmax(backend, rows, chunk):
     """``top_k = 1`` leaves one token of probability 1 at every position. With 24-bit uniforms
     about ``(V - 1) / 2**24`` of the draws picked another token: ~12 expected in 200k rows at

@@ -54,9 +54,9 @@ OPS = ("verify_greedy", "verify_sampling", "accept_reject", "kv_compact_")
 #: reference under ``torch.compile(dynamic=True)``; ``hf``: ``transformers``'
 #: ``_speculative_sampling`` (batch 1, draft probabilities given, no top-k/top-p: what it does).
 PROVIDERS = {
-    "verify_greedy": ("triton", "reference", "torch_compile"),
-    "verify_sampling": ("triton", "reference", "torch_compile", "hf"),
-    "accept_reject": ("triton", "reference", "torch_compile"),
+    "verify_greedy": ("native", "triton", "reference", "torch_compile"),
+    "verify_sampling": ("native", "triton", "reference", "torch_compile", "hf"),
+    "accept_reject": ("native", "triton", "reference", "torch_compile"),
     "kv_compact_": ("extension", "reference", "torch_compile"),
 }
 
@@ -206,6 +206,7 @@ def setup_verify_greedy(case: Case, device: torch.device) -> Bench:
     needed = int(((n + 1) * case.V).sum()) * esize + _small_bytes(drafts) + case.B * (
         (case.K + 1) * 8 + 16)
     fns = {
+        "native": lambda: sk.verify_greedy(logits, drafts, backend="native", validate=False),
         "triton": lambda: sk.verify_greedy(logits, drafts, backend="triton", validate=False),
         "reference": lambda: ref_greedy.verify_greedy(logits, drafts, nd),
         "torch_compile": lambda: _compiled("verify_greedy")(logits, drafts, nd),
@@ -272,6 +273,7 @@ def setup_verify_sampling(case: Case, device: torch.device) -> Bench:
     kw = dict(temperature=1.0, top_k=TOP_K if case.top_k_top_p else None,
               top_p=TOP_P if case.top_k_top_p else None, seed=seeds, validate=False)
     fns = {
+        "native": lambda: sk.verify_sampling(logits, drafts, q, backend="native", **kw),
         "triton": lambda: sk.verify_sampling(logits, drafts, q, backend="triton", **kw),
         "reference": lambda: ref_sampling.verify_sampling(*ref_args),
         "torch_compile": lambda: _compiled("verify_sampling")(*ref_args),
@@ -299,6 +301,7 @@ def setup_accept_reject(case: Case, device: torch.device) -> Bench:
     draft, verifier = draft.to(device), verifier.to(device)
     n = ref_accept_reject.accept_reject(draft, verifier)
     fns = {
+        "native": lambda: sk.accept_reject(draft, verifier, backend="native"),
         "triton": lambda: sk.accept_reject(draft, verifier, backend="triton"),
         "reference": lambda: ref_accept_reject.accept_reject(draft, verifier),
         "torch_compile": lambda: _compiled("accept_reject")(draft, verifier),

@@ -1,0 +1,54 @@
+// Native CPU verification: the kernel arguments and the per-CPU-capability launchers.
+//
+// The kernels (verify_cpu_kernel.h) are compiled once per CPU capability that ATen knows
+// (verify_cpu_default.cpp, verify_cpu_avx2.cpp, verify_cpu_avx512.cpp); the checked adapter
+// (csrc/verify_cpu.cpp) picks the one matching at::native::get_cpu_capability(), so the
+// vectorised exp/log are the very Sleef routines torch's own CPU kernels (and so the reference)
+// use. The pure-PyTorch twins are specdec_kernels/reference/verify_{greedy,sampling}.py and
+// accept_reject.py.
+#pragma once
+
+#include <cstdint>
+
+namespace specdec {
+namespace verify_cpu {
+
+enum class FloatKind : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+// Pointers of one verify call. Strides are in elements; the vocabulary dim has stride 1.
+struct VerifyArgs {
+  const void* logits = nullptr;    // [B, K+1, V] logits_kind
+  FloatKind logits_kind = FloatKind::kFloat32;
+  int64_t logits_stride_b = 0, logits_stride_k = 0;
+  const int64_t* draft_tokens = nullptr;  // [B, K] contiguous
+  const void* draft_probs = nullptr;      // [B, K, V] probs_kind, or nullptr (one-hot drafts)
+  FloatKind probs_kind = FloatKind::kFloat32;
+  int64_t probs_stride_b = 0, probs_stride_k = 0;
+  const int64_t* num_draft_tokens = nullptr;  // [B]
+  const float* temperature = nullptr;         // [B]; nullptr when greedy_only
+  const int64_t* top_k = nullptr;             // [B] or nullptr (off)
+  const float* top_p = nullptr;               // [B] or nullptr (off)
+  const int64_t* seeds = nullptr;             // [B]; nullptr when greedy_only
+  int64_t* tokens = nullptr;                  // [B, K+1] out, -1 padded
+  int64_t* num_accepted = nullptr;            // [B] out
+  int64_t batch = 0, num_draft = 0, vocab = 0;  // B, K, V
+  bool greedy_only = false;
+};
+
+// Pointers of one accept_reject call (both [B, K] int64 contiguous; out [B]).
+struct AcceptRejectArgs {
+  const int64_t* draft = nullptr;
+  const int64_t* verifier = nullptr;
+  int64_t* out = nullptr;
+  int64_t batch = 0, num_draft = 0;
+};
+
+// One launcher per capability; each runs the whole call (parallel over rows, or over a row's
+// vocabulary chunks when the batch is smaller than the thread count).
+void launch_verify_DEFAULT(const VerifyArgs& a);
+void launch_verify_AVX2(const VerifyArgs& a);
+void launch_verify_AVX512(const VerifyArgs& a);
+void launch_accept_reject(const AcceptRejectArgs& a);
+
+}  // namespace verify_cpu
+}  // namespace specdec

@@ -1,0 +1,542 @@
+// Fused CPU verification kernels (greedy and rejection sampling) and their launcher.
+//
+// Included once per CPU capability by verify_cpu_<capability>.cpp, after that file has set
+// CPU_CAPABILITY (and the matching `#pragma GCC target`): everything here lives in an anonymous
+// namespace, so each capability gets its own copy and only launch_verify_<CPU_CAPABILITY> is
+// visible outside.
+//
+// Vocabulary of the file (as in specdec_kernels/ops/verify_sampling.py): a *row* is one batch
+// entry b; a *position* j in [0, k_b] is one logits row [V]; x = logit / T. A row's positions are
+// walked in order and the walk stops at the first rejection, so later logits rows are never read.
+// Each position's vocabulary is cut into fixed chunks of CHUNK tokens; per chunk the max of x,
+// sum(exp(x - max)) and the first argmax are computed, and chunks are merged in chunk order
+// (online log-sum-exp). The chunking never depends on the thread count, so the result does not
+// either: rows are spread over threads when the batch fills them ("row" strategy), otherwise each
+// position's chunks are ("split" strategy), with identical results.
+//
+// Top-k / top-p: the stats pass also collects candidate logits with a rising cutoff (a streaming
+// top-k: whatever falls below the k-th largest seen so far can never be in the top k), then an
+// exact selection (nth_element) on the few candidates gives the top-k threshold, and a walk over
+// the sorted survivors the top-p one, with the reference's rule (keep x >= threshold; ties kept).
+// No sort of V.
+//
+// Randomness: the uint32 counter RNG of specdec_kernels/reference/rng.py, bit for bit.
+#pragma once
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <vector>
+
+#include "verify_cpu.h"
+
+// The translation unit that includes this file has already included the vectorised ATen headers
+// for its capability (after its target pragma).
+
+namespace specdec {
+namespace verify_cpu {
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t W = Vec::size();
+constexpr int64_t CHUNK = 4096;  // tokens per chunk: 16 KiB of float32 x, resident in L1
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// --- counter RNG: keep in sync with specdec_kernels/reference/rng.py -------------------------
+constexpr uint32_t GOLDEN = 0x9E3779B9u;
+constexpr uint32_t POS_MULT = 0x85EBCA77u;
+constexpr uint32_t PURPOSE_MULT = 0xC2B2AE3Du;
+constexpr uint32_t INDEX_MULT = 0x27D4EB2Fu;
+constexpr uint32_t PURPOSE_ACCEPT = 0, PURPOSE_SAMPLE = 1;
+constexpr float UNIFORM_SCALE = 1.0f / 8388608.0f;  // 2**-23
+constexpr float EXP_FLOOR = 1.0f / 33554432.0f;     // 2**-25
+
+inline uint32_t fmix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+inline uint32_t row_key(int64_t seed) {
+  const uint64_t s = static_cast<uint64_t>(seed);
+  return fmix32(static_cast<uint32_t>(s) ^ fmix32(static_cast<uint32_t>(s >> 32) + GOLDEN));
+}
+
+inline uint32_t stream_key(uint32_t key, int64_t position, uint32_t purpose) {
+  return fmix32(key + static_cast<uint32_t>(position) * POS_MULT + purpose * PURPOSE_MULT);
+}
+
+// ((r >> 9) + 0.5) * 2**-23: exact in float32, in [2**-24, 1 - 2**-24].
+inline float uniform(uint32_t stream, uint32_t index) {
+  const uint32_t r = fmix32(fmix32(stream ^ (index * INDEX_MULT)) + stream);
+  return (static_cast<float>(r >> 9) + 0.5f) * UNIFORM_SCALE;
+}
+
+// --- loading ----------------------------------------------------------------------------------
+inline int64_t padded(int64_t n) { return (n + W - 1) / W * W; }
+
+template <typename T>
+inline Vec load_vec(const T* src) {
+  if constexpr (std::is_same_v<T, float>) {
+    return Vec::loadu(src);
+  } else {
+    Vec out;
+    at::vec::load_to_float<T>(src, out);
+    return out;
+  }
+}
+
+// W values of x = float(src[i, i + W)) / temp (no division when temp == 1), read in place;
+// lanes at or past n hold `pad`.
+template <typename T>
+inline Vec load_x(const T* src, int64_t i, int64_t n, float temp, float pad) {
+  Vec v;
+  if (i + W <= n) {
+    v = load_vec(src + i);
+  } else {
+    alignas(64) float tail[W];
+    for (int64_t l = 0; l < W; ++l) tail[l] = i + l < n ? static_cast<float>(src[i + l]) : pad;
+    v = Vec::loadu(tail);
+  }
+  return temp != 1.0f ? v / Vec(temp) : v;
+}
+
+// --- per-chunk statistics ---------------------------------------------------------------------
+struct Stats {
+  float m = kNegInf;  // max of x (NaN never wins a comparison)
+  float s = 0.0f;     // sum of exp(x - m)
+  int64_t a = 0;      // first index of the max
+};
+
+inline float safe_max(float m) { return m == kNegInf ? 0.0f : m; }
+
+// Max, first argmax and (need_sum) sum of exp(x - max) of x = src[0, n) / temp.
+template <typename T>
+inline Stats chunk_stats(const T* src,  // [n]
+                         int64_t n, float temp, int64_t base, bool need_sum) {
+  const int64_t npad = padded(n);
+  Vec best = load_x(src, 0, n, temp, kNegInf);
+  Vec best_i = Vec::arange(0.0f, 1.0f);  // chunk-local indices, exact in float
+  Vec idx = best_i;
+  const Vec step(static_cast<float>(W));
+  for (int64_t i = W; i < npad; i += W) {
+    idx = idx + step;
+    const Vec v = load_x(src, i, n, temp, kNegInf);
+    const Vec take = v > best;
+    best = Vec::blendv(best, v, take);
+    best_i = Vec::blendv(best_i, idx, take);
+  }
+  alignas(64) float lane_m[W];
+  alignas(64) float lane_i[W];
+  best.store(lane_m);
+  best_i.store(lane_i);
+  Stats st;
+  for (int64_t l = 0; l < W; ++l) {
+    if (lane_m[l] > st.m) st.m = lane_m[l];
+  }
+  float first = 0.0f;
+  bool found = false;
+  for (int64_t l = 0; l < W; ++l) {
+    if (lane_m[l] == st.m && (!found || lane_i[l] < first)) {
+      first = lane_i[l];
+      found = true;
+    }
+  }
+  st.a = base + static_cast<int64_t>(first);
+  if (need_sum) {
+    const Vec shift(safe_max(st.m));
+    Vec acc(0.0f);
+    for (int64_t i = 0; i < npad; i += W) {
+      acc = acc + (load_x(src, i, n, temp, kNegInf) - shift).exp_u20();
+    }
+    alignas(64) float lane_s[W];
+    acc.store(lane_s);
+    for (int64_t l = 0; l < W; ++l) st.s += lane_s[l];
+  }
+  return st;
+}
+
+// Merge chunk statistics in chunk order (the running side holds the earlier indices).
+inline void merge_stats(Stats& big, const Stats& c) {
+  const float m = c.m > big.m ? c.m : big.m;
+  const float safe = safe_max(m);
+  big.s = big.s * std::exp(big.m - safe) + c.s * std::exp(c.m - safe);
+  if (c.m > big.m) big.a = c.a;
+  big.m = m;
+}
+
+// --- top-k / top-p candidates -----------------------------------------------------------------
+// Streaming top-k over x: keeps every value >= the k-th largest seen so far (ties included), so
+// the final buffer holds the row's top k and everything tied with its k-th value.
+struct Candidates {
+  std::vector<float> buf;
+  float cutoff = kNegInf;
+  int64_t k = 0;
+  size_t cap = 0;
+
+  void reset(int64_t keep, int64_t vocab) {
+    buf.clear();
+    cutoff = kNegInf;
+    k = keep;
+    cap = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(2 * keep, 1024), vocab + 1));
+  }
+
+  void compact() {
+    if (static_cast<int64_t>(buf.size()) <= k) return;
+    std::nth_element(buf.begin(), buf.begin() + (k - 1), buf.end(), std::greater<float>());
+    cutoff = buf[k - 1];
+    const float cut = cutoff;
+    auto end = std::partition(buf.begin() + k, buf.end(), [cut](float v) { return v >= cut; });
+    buf.resize(end - buf.begin());
+    if (buf.size() * 2 > cap) cap *= 2;  // many ties at the cutoff
+  }
+
+  void push(float v) {
+    buf.push_back(v);
+    if (buf.size() >= cap) compact();
+  }
+
+  // x = src[0, n) / temp of one chunk whose max is chunk_max.
+  template <typename T>
+  void add(const T* src, int64_t n, float temp, float chunk_max) {
+    if (!(chunk_max >= cutoff)) return;
+    alignas(64) float lanes[W];
+    for (int64_t i = 0; i < n; i += W) {
+      const Vec v = load_x(src, i, n, temp, kNegInf);
+      if ((v >= Vec(cutoff)).zero_mask() == (1 << W) - 1) continue;  // no lane passes
+      v.store(lanes);
+      for (int64_t l = 0; l < W && i + l < n; ++l) {
+        if (lanes[l] >= cutoff) push(lanes[l]);
+      }
+    }
+  }
+};
+
+// The filter of one position: p(x) = exp(x - m) / z where x >= kappa, else 0.
+struct Filter {
+  float kappa = kNegInf;
+  float z = 0.0f;
+};
+
+// exp(v - shift) for every v in vals (vectorised, the reference's rounding).
+inline void exp_shifted(const float* vals, int64_t n, float shift, float* out) {
+  int64_t i = 0;
+  for (; i + W <= n; i += W) (Vec::loadu(vals + i) - Vec(shift)).exp().store(out + i);
+  if (i < n) {
+    alignas(64) float tmp[W];
+    for (int64_t l = 0; l < W; ++l) tmp[l] = i + l < n ? vals[i + l] : kNegInf;
+    (Vec::loadu(tmp) - Vec(shift)).exp().store(tmp);
+    for (int64_t l = 0; i + l < n; ++l) out[i + l] = tmp[l];
+  }
+}
+
+// Thresholds of the top-k and top-p filters from the candidates (reference/verify_sampling.py's
+// filtered_probs): top-k keeps x >= the k-th largest value; top-p, on the top-k survivors sorted
+// in descending order, keeps the prefix whose exclusive cumulative mass is below
+// top_p * (their total mass), extended to every token tied with its last value.
+inline Filter thresholds(std::vector<float>& cand, const Stats& st, bool topk_on, int64_t top_k,
+                         bool topp_on, float top_p) {
+  Filter f;
+  f.z = st.s;
+  if (!topk_on && !topp_on) return f;
+  const float shift = safe_max(st.m);
+  if (topk_on && !cand.empty()) {
+    const int64_t n = static_cast<int64_t>(cand.size());
+    if (top_k < n) {
+      std::nth_element(cand.begin(), cand.begin() + (top_k - 1), cand.end(),
+                       std::greater<float>());
+      f.kappa = cand[top_k - 1];
+    } else {
+      f.kappa = *std::min_element(cand.begin(), cand.end());
+    }
+    const float kappa = f.kappa;
+    cand.erase(std::partition(cand.begin(), cand.end(), [kappa](float v) { return v >= kappa; }),
+               cand.end());
+  }
+  std::sort(cand.begin(), cand.end(), std::greater<float>());
+  std::vector<float> e(cand.size());
+  exp_shifted(cand.data(), static_cast<int64_t>(cand.size()), shift, e.data());
+  size_t kept = cand.size();
+  if (topp_on && !cand.empty()) {
+    float total = 0.0f;
+    for (float v : e) total += v;
+    const float target = top_p * total;
+    double running = 0.0;  // torch.cumsum accumulates float32 in double on CPU
+    size_t last = 0;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      running += e[i];
+      const float above = static_cast<float>(running) - e[i];  // exclusive mass, as cumsum - e
+      if (!(above < target)) break;
+      last = i;
+    }
+    f.kappa = cand[last];
+    kept = last + 1;
+    while (kept < cand.size() && cand[kept] >= f.kappa) ++kept;  // ties at the threshold
+  }
+  float z = 0.0f;
+  for (size_t i = 0; i < kept; ++i) z += e[i];
+  f.z = z;
+  return f;
+}
+
+// --- the exponential race ---------------------------------------------------------------------
+// The uniforms u of W consecutive tokens and floor(log2(1 - u)) (1 - u is exact: 24 bits).
+inline void uniforms(uint32_t stream, int64_t first, float* u, float* log2_one_minus_u) {
+  for (int64_t l = 0; l < W; ++l) {
+    const uint32_t index = static_cast<uint32_t>(first + l);
+    const uint32_t r = fmix32(fmix32(stream ^ (index * INDEX_MULT)) + stream) >> 9;
+    u[l] = (static_cast<float>(r) + 0.5f) * UNIFORM_SCALE;
+    const float om = (static_cast<float>(0x7FFFFFu - r) + 0.5f) * UNIFORM_SCALE;
+    log2_one_minus_u[l] =
+        static_cast<float>(static_cast<int32_t>(std::bit_cast<uint32_t>(om) >> 23) - 127);
+  }
+}
+
+enum class RaceKind { kResidual, kPlain };
+
+constexpr float LN2 = 0.69314718f;
+
+// A running race: the best score S so far and its token, plus the bound that lets a token be
+// skipped without its exp, log and division when it provably scores below S. With
+// E = -log u >= 1 - u >= 2**floor(log2(1 - u)) and w <= p = exp(x - m) / z, a token with
+// x - m < log(S z) + ln 2 * floor(log2(1 - u)) - 0.01 scores w / E < 0.99 S (the 1% covers every
+// rounding of the float arithmetic and of Sleef's exp / log), and since 1 - u >= 2**-24 a whole
+// vector with x - m < log(S z) - 24 ln 2 - 0.01 is skipped before its uniforms are drawn.
+// Skipped tokens score strictly below an earlier token, so the winner (first index on ties) is
+// exactly the full race's.
+struct RaceState {
+  float s;                  // best score so far (0 residual / -1 plain: none yet)
+  int64_t index = 0;        // its token (the first on ties: tokens are offered in order)
+  float log_sz = kNegInf;   // log(S z) - 0.01 once S > 0
+  float log_z;
+
+  RaceState(RaceKind kind, float z)
+      : s(kind == RaceKind::kResidual ? 0.0f : -1.0f), log_z(std::log(z)) {}
+
+  void offer(float score, int64_t token) {
+    if (!(score > s)) return;
+    s = score;
+    index = token;
+    const float bound = std::log(s) + log_z - 0.01f;
+    log_sz = std::isnan(bound) ? kNegInf : bound;
+  }
+
+  // Merge the race of later tokens.
+  void merge(const RaceState& later) {
+    if (later.s > s) {
+      s = later.s;
+      index = later.index;
+    }
+  }
+};
+
+// The race of one chunk over x = src[0, n) / temp: argmax of w / E with E = max(-log u, 2**-25)
+// and w = max(0, p - q) (residual) or p (plain); zero (or NaN) weights never score. q comes
+// from q_src [n] or, when q_src is nullptr, is one-hot at chunk-local `draft_local` (-1: q = 0).
+template <RaceKind KIND, typename T, typename Q>
+inline void chunk_race(RaceState& rs, const T* src,  // [n]
+                       const Q* q_src,                // [n] or nullptr
+                       int64_t draft_local, int64_t n, float temp, int64_t base, float m,
+                       const Filter& f, uint32_t stream) {
+  const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), one(1.0f), ln2(LN2);
+  const Vec floor(EXP_FLOOR), draft(static_cast<float>(draft_local));
+  const int full = (1 << W) - 1;
+  alignas(64) float u[W];
+  alignas(64) float lg[W];
+  alignas(64) float lanes[W];
+  for (int64_t i = 0; i < n; i += W) {
+    const Vec xv = load_x(src, i, n, temp, kNegInf);
+    const Vec keep = xv >= kappa;
+    const Vec d = xv - shift;
+    if ((keep & (d >= Vec(rs.log_sz - 24.0f * LN2))).zero_mask() == full) continue;
+    uniforms(stream, base + i, u, lg);
+    if ((keep & (d >= Vec(rs.log_sz) + ln2 * Vec::loadu(lg))).zero_mask() == full) continue;
+    const Vec p = Vec::blendv(zero, d.exp() / z, keep);
+    Vec w = p;
+    if constexpr (KIND == RaceKind::kResidual) {
+      const Vec idx = Vec::arange(static_cast<float>(i), 1.0f);
+      const Vec qv = q_src != nullptr ? load_x(q_src, i, n, 1.0f, 0.0f)
+                                      : Vec::blendv(zero, one, idx == draft);
+      w = p - qv;
+    }
+    const Vec e = at::vec::maximum(Vec::loadu(u).log().neg(), floor);
+    const Vec score = KIND == RaceKind::kResidual ? Vec::blendv(zero, w / e, w > zero)
+                                                  : Vec::blendv(Vec(-1.0f), w / e, w > zero);
+    score.store(lanes);
+    for (int64_t l = 0; l < W && i + l < n; ++l) rs.offer(lanes[l], base + i + l);
+  }
+}
+
+// --- one position -----------------------------------------------------------------------------
+// Runs fn(c0, c1) over the chunks [0, nchunks): inline (row strategy; also what a nested
+// at::parallel_for does) or split across threads.
+template <typename F>
+inline void for_chunks(int64_t nchunks, bool split, const F& fn) {
+  if (!split || nchunks == 1) {
+    fn(0, nchunks);
+  } else {
+    at::parallel_for(0, nchunks, 1, fn);
+  }
+}
+
+// Stats (and top-k/top-p candidates when keep > 0) of one logits row [V].
+template <typename T>
+inline Stats position_stats(const T* row,  // [V]
+                            int64_t V, float temp, bool need_sum, int64_t keep, bool split,
+                            std::vector<float>& cand) {
+  const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
+  std::vector<Stats> parts(nchunks);
+  std::vector<Candidates> found(keep > 0 ? nchunks : 0);  // one per range, at its first chunk
+  for_chunks(nchunks, split, [&](int64_t c0, int64_t c1) {
+    Candidates* mine = keep > 0 ? &found[c0] : nullptr;
+    if (mine) mine->reset(keep, V);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t n = std::min(CHUNK, V - c * CHUNK);
+      parts[c] = chunk_stats(row + c * CHUNK, n, temp, c * CHUNK, need_sum);
+      if (mine) mine->add(row + c * CHUNK, n, temp, parts[c].m);
+    }
+  });
+  Stats st;
+  for (const Stats& p : parts) merge_stats(st, p);
+  cand.clear();
+  for (Candidates& c : found) cand.insert(cand.end(), c.buf.begin(), c.buf.end());
+  return st;
+}
+
+// One race over a position's chunks (per thread range, merged in range order).
+template <RaceKind KIND, typename T, typename Q>
+inline RaceState position_race(const T* row,    // [V]
+                               const Q* q_row,  // [V] draft probabilities, or nullptr
+                               int64_t draft, int64_t V, float temp, float m, const Filter& f,
+                               uint32_t stream, bool split) {
+  const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
+  std::vector<RaceState> parts(nchunks, RaceState(KIND, f.z));  // one per range, at its start
+  std::vector<char> used(nchunks, 0);
+  for_chunks(nchunks, split, [&](int64_t c0, int64_t c1) {
+    RaceState& rs = parts[c0];
+    used[c0] = 1;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t base = c * CHUNK;
+      const int64_t n = std::min(CHUNK, V - base);
+      const Q* qp = q_row != nullptr ? q_row + base : nullptr;
+      const int64_t draft_local = draft >= base && draft < base + n ? draft - base : -1;
+      chunk_race<KIND>(rs, row + base, qp, draft_local, n, temp, base, m, f, stream);
+    }
+  });
+  RaceState best(KIND, f.z);
+  for (int64_t c = 0; c < nchunks; ++c) {
+    if (used[c]) best.merge(parts[c]);
+  }
+  return best;
+}
+
+// The extra token of a position: at a rejection the residual race (when the residual has mass),
+// else (or at the bonus position) the plain race over p.
+template <typename T, typename Q>
+inline int64_t extra_token(const T* row, const Q* q_row, int64_t draft, bool rejected, int64_t V,
+                           float temp, float m, const Filter& f, uint32_t stream, bool split) {
+  if (rejected) {
+    const RaceState r = position_race<RaceKind::kResidual>(row, q_row, draft, V, temp, m, f,
+                                                           stream, split);
+    if (r.s > 0.0f) return r.index;
+  }
+  return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, temp, m, f, stream, split)
+      .index;
+}
+
+// --- one row ----------------------------------------------------------------------------------
+template <typename T, typename Q>
+void verify_row(const VerifyArgs& a, int64_t b, bool split) {
+  const int64_t K = a.num_draft, V = a.vocab;
+  const T* logits = static_cast<const T*>(a.logits);
+  const Q* probs = static_cast<const Q*>(a.draft_probs);
+  const int64_t* drafts = a.draft_tokens + b * K;
+  const int64_t kb = std::min(std::max<int64_t>(a.num_draft_tokens[b], 0), K);
+  float temp = a.greedy_only ? 1.0f : a.temperature[b];
+  const bool greedy = a.greedy_only || temp == 0.0f;
+  if (temp == 0.0f) temp = 1.0f;
+  const uint32_t key = greedy ? 0u : row_key(a.seeds[b]);
+  const int64_t top_k = (!greedy && a.top_k != nullptr) ? a.top_k[b] : 0;
+  const float top_p = (!greedy && a.top_p != nullptr) ? a.top_p[b] : 1.0f;
+  const bool topk_on = top_k > 0 && top_k < V;
+  const bool topp_on = top_p < 1.0f;
+  const int64_t keep = topk_on ? top_k : (topp_on ? V : 0);
+
+  std::vector<float> cand;
+  int64_t j = 0, extra = 0;
+  for (;;) {
+    const T* row = logits + b * a.logits_stride_b + j * a.logits_stride_k;
+    const Stats st = position_stats(row, V, temp, !greedy, keep, split, cand);
+    const int64_t draft = j < kb ? drafts[j] : -1;
+    bool accepted = j < kb && draft == st.a;
+    if (greedy) {
+      if (accepted) {
+        ++j;
+        continue;
+      }
+      extra = st.a;
+      break;
+    }
+    const Filter f = thresholds(cand, st, topk_on, top_k, topp_on, top_p);
+    const Q* q_row = probs != nullptr && j < kb
+                         ? probs + b * a.probs_stride_b + j * a.probs_stride_k
+                         : nullptr;
+    if (j < kb) {  // the accept test u * q(x) < p(x)
+      const bool in_vocab = draft >= 0 && draft < V;
+      const int64_t d = std::min(std::max<int64_t>(draft, 0), V - 1);
+      const float x = static_cast<float>(row[d]) / temp;
+      alignas(64) float e[W];
+      (Vec(x) - Vec(safe_max(st.m))).exp().store(e);
+      const float p = x >= f.kappa ? e[0] / f.z : 0.0f;
+      const float q = q_row != nullptr ? static_cast<float>(q_row[d]) : 1.0f;
+      const float u = uniform(stream_key(key, j, PURPOSE_ACCEPT), 0);
+      accepted = (u * q < p) && q > 0.0f && in_vocab;
+    }
+    if (accepted) {
+      ++j;
+      continue;
+    }
+    const bool rejected = j < kb;
+    const int64_t one_hot = rejected && draft >= 0 && draft < V ? draft : -1;
+    extra = extra_token(row, q_row, one_hot, rejected, V, temp, st.m, f,
+                        stream_key(key, j, PURPOSE_SAMPLE), split);
+    break;
+  }
+  int64_t* out = a.tokens + b * (K + 1);
+  for (int64_t i = 0; i <= K; ++i) out[i] = i < j ? drafts[i] : (i == j ? extra : -1);
+  a.num_accepted[b] = j;
+}
+
+template <typename T, typename Q>
+void run(const VerifyArgs& a) {
+  const bool split = a.batch < at::get_num_threads();
+  if (split) {
+    for (int64_t b = 0; b < a.batch; ++b) verify_row<T, Q>(a, b, true);
+  } else {
+    at::parallel_for(0, a.batch, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) verify_row<T, Q>(a, b, false);
+    });
+  }
+}
+
+template <typename T>
+void run_logits(const VerifyArgs& a) {
+  switch (a.draft_probs == nullptr ? FloatKind::kFloat32 : a.probs_kind) {
+    case FloatKind::kFloat32: return run<T, float>(a);
+    case FloatKind::kBFloat16: return run<T, c10::BFloat16>(a);
+    case FloatKind::kFloat16: return run<T, c10::Half>(a);
+  }
+}
+
+}  // namespace
+}  // namespace verify_cpu
+}  // namespace specdec

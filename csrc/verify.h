@@ -1,0 +1,35 @@
+// The native CPU verification ops of specdec_kernels: declarations of the checked adapters that
+// bindings.cpp registers with torch.library. Schemas (namespace `specdec`):
+//
+//   native_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs,
+//                 Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p,
+//                 Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)
+//   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
+//
+// target_logits [B, K+1, V] float32/bfloat16/float16 (vocabulary stride 1, other dims any
+// stride); draft_tokens [B, K] int32/int64; draft_probs [B, K, V] float or None;
+// num_draft_tokens [B] int; temperature [B] float, top_k [B] int, top_p [B] float, seeds [B]
+// int64 (temperature and seeds required unless greedy_only). Returns tokens [B, K+1] int64 and
+// num_accepted [B] int64. They are the `backend="native"` implementation of the public custom ops
+// specdec::verify_greedy / verify_sampling / accept_reject (specdec_kernels/verification.py);
+// the pure-PyTorch twins are specdec_kernels/reference/.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace specdec {
+
+std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only);
+
+at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
+                                    const at::Tensor& verifier_tokens);
+
+}  // namespace specdec

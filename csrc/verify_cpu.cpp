@@ -1,0 +1,186 @@
+// Checked adapters of the native CPU verification ops: every argument's shape, dtype, device and
+// strides are checked (TORCH_CHECK_VALUE / TORCH_CHECK_TYPE name the argument and what was seen),
+// the small per-row tensors are made int64/float32 contiguous (never the logits or draft_probs:
+// they are read in place), then the launcher of the CPU capability torch itself uses runs.
+// Value checks (ids in range, no NaN, ...) are the caller's (`validate=True` in Python); the
+// kernels stay in bounds whatever the values.
+#include "verify.h"
+
+#include <ATen/Version.h>
+
+#include <string>
+
+#include "kernels/verify_cpu.h"
+
+namespace specdec {
+namespace {
+
+using verify_cpu::FloatKind;
+
+FloatKind float_kind(const char* name, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return FloatKind::kFloat32;
+    case at::kBFloat16: return FloatKind::kBFloat16;
+    case at::kHalf: return FloatKind::kFloat16;
+    default:
+      TORCH_CHECK_TYPE(false, "native_verify: ", name,
+                       " must be float32, bfloat16 or float16, got ", t.scalar_type());
+  }
+  return FloatKind::kFloat32;
+}
+
+void check_cpu(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), op, ": ", name,
+                    " must be a CPU tensor (the native backend is CPU only), got ", t.device());
+}
+
+void check_int(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong || t.scalar_type() == at::kInt, op, ": ", name,
+                   " must be int32 or int64, got ", t.scalar_type());
+}
+
+// A [B] per-row tensor (any dtype of `kind`) as a contiguous tensor of `dtype`.
+at::Tensor per_row(const char* name, const at::Tensor& t, int64_t B, at::ScalarType dtype) {
+  check_cpu("native_verify", name, t);
+  TORCH_CHECK_VALUE(t.dim() == 1 && t.size(0) == B, "native_verify: ", name,
+                    " must have shape [B] = [", B, "], got ", t.sizes());
+  return t.to(dtype).contiguous();
+}
+
+void check_vocab_stride(const char* name, const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.stride(2) == 1 || t.size(2) == 1, "native_verify: ", name,
+                    " must have stride 1 in its last (vocabulary) dim, got strides ",
+                    t.strides());
+}
+
+enum class Capability { kDefault, kAvx2, kAvx512 };
+
+// The capability torch's own CPU kernels use (torch.backends.cpu.get_cpu_capability(): the
+// machine's, lowered by ATEN_CPU_CAPABILITY), read once.
+Capability capability() {
+  static const Capability cap = [] {
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    const std::string name = at::get_cpu_capability();
+    if (name == "AVX512") return Capability::kAvx512;
+    if (name == "AVX2") return Capability::kAvx2;
+#endif
+    return Capability::kDefault;
+  }();
+  return cap;
+}
+
+void launch(const verify_cpu::VerifyArgs& a) {
+  switch (capability()) {
+    case Capability::kAvx512: return verify_cpu::launch_verify_AVX512(a);
+    case Capability::kAvx2: return verify_cpu::launch_verify_AVX2(a);
+    case Capability::kDefault: return verify_cpu::launch_verify_DEFAULT(a);
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only) {
+  const char* op = "native_verify";
+  check_cpu(op, "target_logits", target_logits);
+  TORCH_CHECK_VALUE(target_logits.dim() == 3, op,
+                    ": target_logits must have shape [B, K+1, V] (3 dims), got ",
+                    target_logits.sizes());
+  const int64_t B = target_logits.size(0), K = target_logits.size(1) - 1,
+                V = target_logits.size(2);
+  TORCH_CHECK_VALUE(K >= 0 && V >= 1, op, ": target_logits must have K+1 >= 1 and V >= 1, got ",
+                    target_logits.sizes());
+  check_vocab_stride("target_logits", target_logits);
+  check_cpu(op, "draft_tokens", draft_tokens);
+  check_int(op, "draft_tokens", draft_tokens);
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == B &&
+                        draft_tokens.size(1) == K,
+                    op, ": draft_tokens must have shape [B, K] = [", B, ", ", K,
+                    "] (from target_logits ", target_logits.sizes(), "), got ",
+                    draft_tokens.sizes());
+  check_int(op, "num_draft_tokens", num_draft_tokens);
+  const at::Tensor drafts = draft_tokens.to(at::kLong).contiguous();
+  const at::Tensor nd = per_row("num_draft_tokens", num_draft_tokens, B, at::kLong);
+
+  verify_cpu::VerifyArgs a;
+  a.logits = target_logits.const_data_ptr();
+  a.logits_kind = float_kind("target_logits", target_logits);
+  a.logits_stride_b = target_logits.stride(0);
+  a.logits_stride_k = target_logits.stride(1);
+  a.draft_tokens = drafts.const_data_ptr<int64_t>();
+  a.num_draft_tokens = nd.const_data_ptr<int64_t>();
+  a.batch = B;
+  a.num_draft = K;
+  a.vocab = V;
+  a.greedy_only = greedy_only;
+
+  at::Tensor temp, topk, topp, seed;
+  if (!greedy_only) {
+    TORCH_CHECK_VALUE(temperature.has_value() && seeds.has_value(), op,
+                      ": temperature and seeds are required unless greedy_only");
+    temp = per_row("temperature", *temperature, B, at::kFloat);
+    TORCH_CHECK_TYPE(seeds->scalar_type() == at::kLong, op, ": seeds must be int64, got ",
+                     seeds->scalar_type());
+    seed = per_row("seeds", *seeds, B, at::kLong);
+    a.temperature = temp.const_data_ptr<float>();
+    a.seeds = seed.const_data_ptr<int64_t>();
+    if (top_k.has_value()) {
+      check_int(op, "top_k", *top_k);
+      topk = per_row("top_k", *top_k, B, at::kLong);
+      a.top_k = topk.const_data_ptr<int64_t>();
+    }
+    if (top_p.has_value()) {
+      topp = per_row("top_p", *top_p, B, at::kFloat);
+      a.top_p = topp.const_data_ptr<float>();
+    }
+    if (draft_probs.has_value()) {
+      const at::Tensor& q = *draft_probs;
+      check_cpu(op, "draft_probs", q);
+      TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == B && q.size(1) == K && q.size(2) == V, op,
+                        ": draft_probs must have shape [B, K, V] = [", B, ", ", K, ", ", V,
+                        "], got ", q.sizes());
+      check_vocab_stride("draft_probs", q);
+      a.draft_probs = q.const_data_ptr();
+      a.probs_kind = float_kind("draft_probs", q);
+      a.probs_stride_b = q.stride(0);
+      a.probs_stride_k = q.stride(1);
+    }
+  }
+  at::Tensor tokens = at::empty({B, K + 1}, target_logits.options().dtype(at::kLong));
+  at::Tensor num_accepted = at::empty({B}, target_logits.options().dtype(at::kLong));
+  a.tokens = tokens.mutable_data_ptr<int64_t>();
+  a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
+  if (B > 0) launch(a);
+  return {tokens, num_accepted};
+}
+
+at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
+                                    const at::Tensor& verifier_tokens) {
+  const char* op = "native_accept_reject";
+  check_cpu(op, "draft_tokens", draft_tokens);
+  check_cpu(op, "verifier_tokens", verifier_tokens);
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.sizes() == verifier_tokens.sizes(),
+                    op, ": draft_tokens and verifier_tokens must both be [B, K] with the same "
+                    "shape, got ", draft_tokens.sizes(), " and ", verifier_tokens.sizes());
+  TORCH_CHECK_TYPE(at::isIntegralType(draft_tokens.scalar_type(), /*includeBool=*/false) &&
+                       at::isIntegralType(verifier_tokens.scalar_type(), false),
+                   op, ": draft_tokens and verifier_tokens must be integer tensors, got ",
+                   draft_tokens.scalar_type(), " and ", verifier_tokens.scalar_type());
+  const at::Tensor d = draft_tokens.to(at::kLong).contiguous();
+  const at::Tensor v = verifier_tokens.to(at::kLong).contiguous();
+  at::Tensor out = at::empty({d.size(0)}, d.options());
+  verify_cpu::AcceptRejectArgs a;
+  a.draft = d.const_data_ptr<int64_t>();
+  a.verifier = v.const_data_ptr<int64_t>();
+  a.out = out.mutable_data_ptr<int64_t>();
+  a.batch = d.size(0);
+  a.num_draft = d.size(1);
+  verify_cpu::launch_accept_reject(a);
+  return out;
+}
+
+}  // namespace specdec

@@ -1,0 +1,126 @@
+"""The native C++ CPU kernels: what the shared matrix (test_verify_*.py, test_statistics.py,
+test_validation.py, test_zero_probability.py, test_custom_ops.py) does not cover: results that do
+not depend on the thread count (row vs split strategy) or on the CPU capability the kernels were
+compiled for, the adapter's own argument checks, and how the backend is chosen."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import specdec_kernels as sk
+from specdec_kernels import _dispatch
+
+from conftest import assert_verification_equal
+from helpers import make_draft_probs, make_inputs
+
+pytestmark = pytest.mark.skipif(not _dispatch.native_available(),
+                                reason="the C++ extension (native backend) is not built")
+
+
+def _case(b=6, k=4, v=9000, dtype=torch.bfloat16, filters=True):
+    logits, _, nd = make_inputs(b, k, v, dtype=dtype, ragged=True, strided=True, scale=3.0)
+    q, drafts = make_draft_probs(b, k, v, dtype=dtype)
+    kwargs = dict(draft_probs=q, num_draft_tokens=nd, seed=torch.arange(b) * 31 + 7,
+                  temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.9])[:b])
+    if filters:
+        kwargs["top_k"] = torch.tensor([0, 7, 50, 0, 3, 100])[:b]
+        kwargs["top_p"] = torch.tensor([0.9, 1.0, 0.7, 0.5, 1.0, 0.95])[:b]
+    return logits, drafts, kwargs
+
+
+@pytest.mark.parametrize("filters", [False, True])
+def test_result_does_not_depend_on_the_thread_count(filters):
+    """One thread walks rows (the row strategy); more threads than rows split every position's
+    vocabulary chunks across threads (the split strategy). Chunks are fixed by V alone and merged
+    in order, so both give the same tokens, and the reference's."""
+    logits, drafts, kwargs = _case(filters=filters)
+    expected = sk.verify_sampling(logits, drafts, backend="reference", **kwargs)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 16):  # 16 > B = 6: split strategy
+            torch.set_num_threads(n)
+            out = sk.verify_sampling(logits, drafts, backend="native", **kwargs)
+            assert_verification_equal(out, expected, f"{n} threads")
+            greedy = sk.verify_greedy(logits, drafts, backend="native",
+                                      num_draft_tokens=kwargs["num_draft_tokens"])
+            assert_verification_equal(
+                greedy, sk.verify_greedy(logits, drafts, backend="reference",
+                                         num_draft_tokens=kwargs["num_draft_tokens"]),
+                f"greedy, {n} threads")
+    finally:
+        torch.set_num_threads(threads)
+
+
+_CAPABILITY_SCRIPT = textwrap.dedent("""
+    import sys, torch
+    sys.path.insert(0, {tests!r})
+    import specdec_kernels as sk
+    from helpers import make_draft_probs, make_inputs
+    print(torch.backends.cpu.get_cpu_capability())
+    logits, _, nd = make_inputs(5, 3, 5000, ragged=True, strided=True, scale=3.0)
+    q, drafts = make_draft_probs(5, 3, 5000)
+    for kw in (dict(), dict(top_k=20, top_p=0.8), dict(temperature=0.0)):
+        a = sk.verify_sampling(logits, drafts, q, num_draft_tokens=nd, seed=11, backend="native", **kw)
+        b = sk.verify_sampling(logits, drafts, q, num_draft_tokens=nd, seed=11, backend="reference", **kw)
+        assert torch.equal(a.tokens, b.tokens), (kw, a.tokens, b.tokens)
+    print("ok")
+""")
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_every_cpu_capability_build_matches_the_reference(capability):
+    """The kernels are compiled per CPU capability and follow torch's own choice, which
+    ATEN_CPU_CAPABILITY lowers: the DEFAULT (scalar) and AVX2 builds are exercised here on any
+    machine that runs them (the AVX-512 one runs in every other test where the CPU has it)."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
+    proc = subprocess.run([sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests)],
+                          env=env, capture_output=True, text=True, timeout=300,
+                          cwd=os.path.dirname(tests))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    used, verdict = proc.stdout.split()[-2:]
+    if capability == "avx2" and used != "AVX2":
+        pytest.skip(f"this CPU cannot run AVX2 (torch chose {used})")
+    assert used == capability.upper() and verdict == "ok"
+
+
+def test_adapter_checks_name_the_argument():
+    logits, drafts, _ = make_inputs(2, 3, 10)
+    nd = torch.tensor([3, 3])
+    op = torch.ops.specdec.native_verify
+    with pytest.raises(ValueError, match=r"draft_tokens must have shape \[B, K\] = \[2, 3\]"):
+        op(logits, drafts[:, :2], None, nd, None, None, None, None, True)
+    with pytest.raises(ValueError, match="temperature and seeds are required"):
+        op(logits, drafts, None, nd, None, None, None, None, False)
+    with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, K, V\] = \[2, 3, 10\]"):
+        op(logits, drafts, torch.ones(2, 3, 9), nd, torch.ones(2), None, None,
+           torch.arange(2), False)
+    with pytest.raises(ValueError, match="stride 1 in its last"):
+        op(logits.transpose(1, 2), drafts.new_zeros(2, 9), None, nd, None, None, None, None, True)
+    with pytest.raises(TypeError, match="target_logits must be float32, bfloat16 or float16"):
+        op(logits.double(), drafts, None, nd, None, None, None, None, True)
+    with pytest.raises(ValueError, match="same shape"):
+        torch.ops.specdec.native_accept_reject(drafts, drafts[:, :2])
+
+
+def test_auto_backend_and_fallbacks(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(_dispatch, "_warned", set())  # the warnings below are one-time ones
+    monkeypatch.delenv("SPECDEC_BACKEND", raising=False)
+    assert _dispatch.resolve_backend(None, cpu) == "native"
+    assert _dispatch.resolve_backend("native", cpu) == "native"
+    monkeypatch.setenv("SPECDEC_BACKEND", "native")
+    assert _dispatch.resolve_backend(None, cpu) == "native"
+    # on another device: that device's automatic choice, with a one-time warning
+    with pytest.warns(RuntimeWarning, match="native backend runs on CPU tensors only"):
+        assert _dispatch.resolve_backend("native", torch.device("meta")) == "reference"
+    # without the extension: the reference, with a one-time warning
+    monkeypatch.setattr(_dispatch, "native_available", lambda: False)
+    monkeypatch.delenv("SPECDEC_BACKEND")
+    assert _dispatch.resolve_backend(None, cpu) == "reference"
+    with pytest.warns(RuntimeWarning, match="native backend needs the C..? extension"):
+        assert _dispatch.resolve_backend("native", cpu) == "reference"
