@@ -99,8 +99,11 @@ def _ops(args) -> int:
     header = results.run_header(device, "ops", grid=grid_name)
     copy = results.copy_bandwidth_gbs(device)
     header["copy_bandwidth_gbs"] = round(copy, 2)
+    read = results.read_bandwidth_gbs(device)
+    header["read_bandwidth_gbs"] = round(read, 2)
     print(f"specdec bench ops: {header['machine'].get('gpu') or header['machine']['cpu']}, "
-          f"commit {header['commit']}, copy bandwidth {copy:.1f} GB/s, grid {grid_name}, "
+          f"{header['machine']['torch_threads']} threads, commit {header['commit']}, "
+          f"copy bandwidth {copy:.1f} GB/s, read bandwidth {read:.1f} GB/s, grid {grid_name}, "
           f"providers {','.join(providers)}", flush=True)
     case_list = ops.cases(g, args.ops)
     rows, t0 = [], time.perf_counter()
@@ -109,13 +112,19 @@ def _ops(args) -> int:
             print(f"--max-seconds reached: {len(case_list) - i} cases not run", flush=True)
             break
         new = ops.run_case(case, providers, device, budget_s=args.budget,
-                           cuda_graph=not args.no_cuda_graph, copy_gbs=copy)
+                           cuda_graph=not args.no_cuda_graph, copy_gbs=copy, read_gbs=read)
         rows.extend({**header, **r} for r in new)
         for line in ops.summarize(new):
             print(line, flush=True)
         for r in new:
             if "error" in r:
                 print(f"  {r['provider']}: {r['error']}", flush=True)
+    if device.type == "cpu":
+        targets = ops.check_cpu_targets(rows, read)
+        if targets:
+            print("CPU targets (this run):")
+            for line in targets:
+                print("  " + line)
     if args.json:
         results.append_rows(args.json, rows)
         print(f"appended {len(rows)} rows to {args.json}")

@@ -49,6 +49,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("verify_greedy", "verify_sampling", "accept_reject", "kv_compact_")
 
 #: Providers of each op, in the order they are run and shown.
+#: ``native``: the C++ CPU kernels (``backend="native"``, CPU tensors only);
 #: ``triton``/``extension``: this package's kernels through the public API (``validate=False``);
 #: ``reference``: :mod:`specdec_kernels.reference`, called directly; ``torch_compile``: the same
 #: reference under ``torch.compile(dynamic=True)``; ``hf``: ``transformers``'
@@ -186,6 +187,17 @@ def _compiled(name: str) -> Callable:
     return torch.compile(fn, dynamic=True)
 
 
+def _native_skip(device: torch.device) -> dict[str, str]:
+    """``{"native": why}`` where the native provider cannot run, else ``{}``."""
+    from specdec_kernels._dispatch import native_available
+
+    if device.type != "cpu":
+        return {"native": "the native backend runs on CPU tensors only"}
+    if not native_available():
+        return {"native": "the C++ extension (native backend) is not built"}
+    return {}
+
+
 def _small_bytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
@@ -211,7 +223,7 @@ def setup_verify_greedy(case: Case, device: torch.device) -> Bench:
         "reference": lambda: ref_greedy.verify_greedy(logits, drafts, nd),
         "torch_compile": lambda: _compiled("verify_greedy")(logits, drafts, nd),
     }
-    return Bench(fns, needed, float(n.float().mean()))
+    return Bench(fns, needed, float(n.float().mean()), _native_skip(device))
 
 
 def _sampling_inputs(case: Case, g: torch.Generator):
@@ -278,7 +290,7 @@ def setup_verify_sampling(case: Case, device: torch.device) -> Bench:
         "reference": lambda: ref_sampling.verify_sampling(*ref_args),
         "torch_compile": lambda: _compiled("verify_sampling")(*ref_args),
     }
-    skipped = {}
+    skipped = _native_skip(device)
     hf = hf_speculative_sampling()
     if hf is None:
         skipped["hf"] = "transformers' _speculative_sampling not found"
@@ -306,7 +318,8 @@ def setup_accept_reject(case: Case, device: torch.device) -> Bench:
         "reference": lambda: ref_accept_reject.accept_reject(draft, verifier),
         "torch_compile": lambda: _compiled("accept_reject")(draft, verifier),
     }
-    return Bench(fns, _small_bytes(draft, verifier, n), float(n.float().mean()))
+    return Bench(fns, _small_bytes(draft, verifier, n), float(n.float().mean()),
+                 _native_skip(device))
 
 
 def setup_kv_compact(case: Case, device: torch.device) -> Bench:
@@ -376,15 +389,17 @@ SMOKE_COMPILE_OPS = ("verify_greedy", "accept_reject")
 
 
 def default_providers(device: torch.device) -> tuple[str, ...]:
-    """On CUDA every provider. On CPU the Triton kernels run in Triton's interpreter, which
-    times the interpreter, not the kernel: left out unless asked for."""
+    """On CUDA every GPU provider. On CPU the native C++ kernels first; the Triton kernels run in
+    Triton's interpreter there, which times the interpreter, not the kernel: left out unless
+    asked for."""
     if device.type == "cuda":
         return ("triton", "extension", "reference", "torch_compile", "hf")
-    return ("extension", "reference", "torch_compile", "hf")
+    return ("native", "extension", "reference", "torch_compile", "hf")
 
 
 def run_case(case: Case, providers: tuple[str, ...], device: torch.device, *,
              budget_s: float = 0.3, cuda_graph: bool = True, copy_gbs: float | None = None,
+             read_gbs: float | None = None,
              on_row: Callable[[dict], None] | None = None) -> list[dict]:
     """Time every requested provider of ``case``; one result row per provider (skipped ones
     carry ``skipped`` instead of timings)."""
@@ -413,6 +428,8 @@ def run_case(case: Case, providers: tuple[str, ...], device: torch.device, *,
                 row["bandwidth_gbs"] = round(bench.bytes_needed / (t.median_ms * 1e-3) / 1e9, 3)
                 if copy_gbs:
                     row["fraction_of_copy_bw"] = round(row["bandwidth_gbs"] / copy_gbs, 4)
+                if read_gbs:
+                    row["fraction_of_read_bw"] = round(row["bandwidth_gbs"] / read_gbs, 4)
         rows.append(row)
         if on_row is not None:
             on_row(row)
@@ -427,7 +444,7 @@ def summarize(rows: list[dict]) -> list[str]:
         by_case.setdefault(r["case"], {})[r["provider"]] = r
     lines = []
     for name, provs in by_case.items():
-        own = provs.get("triton") or provs.get("extension")
+        own = provs.get("native") or provs.get("triton") or provs.get("extension")
         parts = []
         for p, r in provs.items():
             if "median_ms" not in r:
@@ -477,6 +494,47 @@ def check_gpu_targets(rows: list[dict], copy_gbs: float | None = None) -> list[s
             ratio = r["median_ms"] / base["median_ms"]
             out.append(f"{mark(ratio <= 1.5)} {r['case']}: {ratio:.2f}x the time without "
                        f"top-k/top-p (<= 1.5x)")
+    return out
+
+
+def check_cpu_targets(rows: list[dict], read_gbs: float | None = None) -> list[str]:
+    """The issue's CPU targets for the native kernels over one run's rows, as ``PASS``/``MISS``
+    lines with figures: ``verify_sampling`` (B=1, K=4, fp32, draft probs, no filters) at least
+    10x faster than transformers' ``_speculative_sampling`` at V = 128256 and 5x at V = 32000;
+    top-k 50 + top-p 0.9 within 2x of the same call without, at B = 1 and B = 64; at B = 64,
+    V = 128256, acceptance 0.5, effective bandwidth >= 50% of the measured read bandwidth.
+    Pure Python: testable without timing anything."""
+    timed = [r for r in rows if "median_ms" in r]
+    read_gbs = read_gbs or next((r.get("read_bandwidth_gbs") for r in rows
+                                 if r.get("read_bandwidth_gbs")), None)
+    key = ("op", "B", "K", "V", "dtype", "acceptance", "draft_probs", "top_k_top_p")
+    by = {(tuple(r[k] for k in key), r["provider"]): r for r in timed}
+    out = []
+
+    def mark(ok):
+        return "PASS" if ok else "MISS"
+
+    for r in sorted(timed, key=lambda r: r["case"]):
+        if r["provider"] != "native":
+            continue
+        k = tuple(r[f] for f in key)
+        hf = by.get((k, "hf"))
+        if hf and r["B"] == 1 and r["dtype"] == "fp32" and r["V"] in (32000, 128256):
+            want = 10 if r["V"] == 128256 else 5
+            speed = hf["median_ms"] / r["median_ms"]
+            out.append(f"{mark(speed >= want)} {r['case']}: {speed:.1f}x faster than "
+                       f"transformers' _speculative_sampling (>= {want}x)")
+        if r["op"] == "verify_sampling" and r["top_k_top_p"] and r["B"] in (1, 64):
+            base = by.get((tuple(r[f] if f != "top_k_top_p" else False for f in key), "native"))
+            if base:
+                ratio = r["median_ms"] / base["median_ms"]
+                out.append(f"{mark(ratio <= 2)} {r['case']}: {ratio:.2f}x the time without "
+                           f"top-k/top-p (<= 2x)")
+        if (r["B"] == 64 and r["V"] == 128256 and r["acceptance"] == 0.5 and read_gbs
+                and not r["top_k_top_p"] and r["op"].startswith("verify")):
+            frac = r["bandwidth_gbs"] / read_gbs
+            out.append(f"{mark(frac >= 0.5)} {r['case']}: {r['bandwidth_gbs']:.3g} GB/s = "
+                       f"{frac:.0%} of the read bandwidth {read_gbs:.3g} GB/s (>= 50%)")
     return out
 
 

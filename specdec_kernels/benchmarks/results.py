@@ -90,6 +90,15 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 256 << 20) -> float:
     return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
 
 
+def read_bandwidth_gbs(device: torch.device, nbytes: int = 256 << 20) -> float:
+    """Measured read bandwidth, GB/s: ``nbytes / time`` of ``torch.sum`` over a float32 buffer of
+    ``nbytes`` (a streaming read, with the threads torch uses); the yardstick of the CPU kernels'
+    effective bandwidth, measured in the same run."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
+    t = measure(lambda: src.sum(), device, budget_s=0.5, cuda_graph=False)
+    return nbytes / (t.median_ms * 1e-3) / 1e9
+
+
 def git_commit() -> str:
     """Short commit of the checkout the package runs from, ``+dirty`` when it has changes;
     ``v<version>`` outside a git checkout (an installed package)."""
