@@ -262,13 +262,29 @@ inline Filter thresholds(std::vector<float>& cand, const Stats& st, bool topk_on
     cand.erase(std::partition(cand.begin(), cand.end(), [kappa](float v) { return v >= kappa; }),
                cand.end());
   }
-  std::sort(cand.begin(), cand.end(), std::greater<float>());
   std::vector<float> e(cand.size());
+  float total = 0.0f;  // top-p's normaliser: the mass of every top-k survivor
+  if (topp_on && !topk_on) {
+    // Top-p alone: a token whose mass is at most (1 - top_p) Z / n has at least Z - n times that
+    // = top_p Z of mass above it, so it is never kept; only the rest needs sorting (half the
+    // bound, for the rounding of the sums).
+    exp_shifted(cand.data(), static_cast<int64_t>(cand.size()), shift, e.data());
+    for (float v : e) total += v;
+    const float bound = 0.5f * (1.0f - top_p) * total / static_cast<float>(cand.size());
+    size_t live = 0;
+    for (size_t i = 0; i < cand.size(); ++i) {
+      if (e[i] > bound) cand[live++] = cand[i];
+    }
+    cand.resize(live);
+  }
+  std::sort(cand.begin(), cand.end(), std::greater<float>());
+  e.resize(cand.size());
   exp_shifted(cand.data(), static_cast<int64_t>(cand.size()), shift, e.data());
   size_t kept = cand.size();
   if (topp_on && !cand.empty()) {
-    float total = 0.0f;
-    for (float v : e) total += v;
+    if (topk_on) {
+      for (float v : e) total += v;
+    }
     const float target = top_p * total;
     double running = 0.0;  // torch.cumsum accumulates float32 in double on CPU
     size_t last = 0;
