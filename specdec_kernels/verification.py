@@ -131,9 +131,12 @@ def verify_greedy(target_logits: Tensor, draft_tokens: Tensor, *,
         `[B, K]` int32 or int64. Entries at positions ``>= k_b`` are ignored (``-1`` padding).
     num_draft_tokens : Tensor, optional
         `[B]` integer, ``0 <= k_b <= K`` (ragged batches). Default: ``K`` for every row.
-    backend : {None, "triton", "reference"}
-        ``None``: Triton for CUDA tensors, the reference for CPU tensors, unless the environment
-        variable ``SPECDEC_BACKEND`` says otherwise. ``"triton"`` on CPU runs Triton's interpreter.
+    backend : {None, "triton", "native", "reference"}
+        ``None``: Triton for CUDA tensors; for CPU tensors the native C++ kernels where the
+        extension is built, else the reference; unless the environment variable
+        ``SPECDEC_BACKEND`` says otherwise. ``"triton"`` on CPU runs Triton's interpreter.
+        ``"native"`` is CPU only (other devices fall back to their automatic choice, and a
+        missing extension to the reference, each with a one-time ``RuntimeWarning``).
     validate : bool
         Check values (ids in ``[0, V)``, no NaN or ``+inf`` logits and a finite entry in every
         row, ``k_b`` in ``[0, K]``) before any work; ``-inf`` logits mask tokens (never emitted);
@@ -187,7 +190,8 @@ def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Te
     accepted with probability ``min(1, p_j(x_j) / q_j(x_j))``, in order; at the first rejection the
     extra token is drawn from ``norm(max(0, p_j - q_j))``, after ``k_b`` acceptances from
     ``p_{k_b}``. The emitted tokens are distributed exactly as tokens sampled from the target one
-    at a time. No ``[B, K+1, V]`` probability tensor is materialised by the Triton backend.
+    at a time. No ``[B, K+1, V]`` probability tensor is materialised by the Triton and native
+    backends.
 
     Parameters
     ----------
@@ -236,8 +240,9 @@ def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Te
     Randomness is counter based (:mod:`specdec_kernels.reference.rng`): the accept uniform of
     position ``j`` and the race uniforms of the residual draw are pure functions of
     ``(seed_b, j, purpose, token)``. Residual and bonus tokens are drawn by the exponential race
-    ``argmax_x w(x) / E_x`` (``E_x ~ Exp(1)``). The reference and the Triton backend use the same
-    numbers and formulas and agree token for token except where float rounding decides a near-tie.
+    ``argmax_x w(x) / E_x`` (``E_x ~ Exp(1)``). The reference, the Triton and the native backends
+    use the same numbers and formulas and agree token for token except where float rounding
+    decides a near-tie.
 
     Examples
     --------
@@ -297,7 +302,7 @@ def accept_reject(draft_tokens: Tensor, verifier_tokens: Tensor, *,
     ----------
     draft_tokens, verifier_tokens : Tensor
         `[K]` or `[B, K]` integer tensors of the same shape, on the same device.
-    backend : {None, "triton", "reference"}
+    backend : {None, "triton", "native", "reference"}
         As in :func:`verify_greedy`.
 
     Returns
