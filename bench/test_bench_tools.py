@@ -85,6 +85,27 @@ def test_gpu_target_checker():
     assert any("MISS" in ln and "of copy bandwidth" in ln for ln in lines)  # 3333/4800 < 70%
 
 
+def test_cpu_target_checker():
+    rows = []
+    for v, native_ms, hf_ms in ((32000, 0.1, 0.4), (128256, 0.2, 3.0)):
+        for prov, ms in (("native", native_ms), ("hf", hf_ms)):
+            c = ops.Case("verify_sampling", 1, 4, v, "fp32", 0.5, True, False)
+            rows.append({**c.__dict__, "case": c.name, "provider": prov, "median_ms": ms,
+                         "bandwidth_gbs": 1.0})
+        c = ops.Case("verify_sampling", 1, 4, v, "fp32", 0.5, True, True)
+        rows.append({**c.__dict__, "case": c.name, "provider": "native",
+                     "median_ms": 3 * native_ms, "bandwidth_gbs": 1.0})
+    c = ops.Case("verify_greedy", 64, 4, 128256, "bf16", 0.5)
+    rows.append({**c.__dict__, "case": c.name, "provider": "native", "median_ms": 1.0,
+                 "bandwidth_gbs": 6.0, "read_bandwidth_gbs": 10.0})
+    lines = ops.check_cpu_targets(rows)
+    assert any(ln.startswith("MISS") and "4.0x faster" in ln and "(>= 5x)" in ln for ln in lines)
+    assert any(ln.startswith("PASS") and "15.0x faster" in ln and "(>= 10x)" in ln
+               for ln in lines)
+    assert sum(ln.startswith("MISS") and "3.00x the time" in ln for ln in lines) == 2
+    assert any(ln.startswith("PASS") and "60% of the read bandwidth" in ln for ln in lines)
+
+
 def test_plots_and_json_roundtrip(tmp_path):
     rows = [{"run_id": "x", "kind": "e2e", "date": "2026-01-01", "commit": "abc",
              "machine": {"cpu": "test"}, "system": s, "batch_size": b,

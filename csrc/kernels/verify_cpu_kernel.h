@@ -28,8 +28,8 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <limits>
@@ -312,8 +312,9 @@ inline void uniforms(uint32_t stream, int64_t first, float* u, float* log2_one_m
     const uint32_t r = fmix32(fmix32(stream ^ (index * INDEX_MULT)) + stream) >> 9;
     u[l] = (static_cast<float>(r) + 0.5f) * UNIFORM_SCALE;
     const float om = (static_cast<float>(0x7FFFFFu - r) + 0.5f) * UNIFORM_SCALE;
-    log2_one_minus_u[l] =
-        static_cast<float>(static_cast<int32_t>(std::bit_cast<uint32_t>(om) >> 23) - 127);
+    uint32_t bits;
+    std::memcpy(&bits, &om, sizeof(bits));  // std::bit_cast, C++17-compatible
+    log2_one_minus_u[l] = static_cast<float>(static_cast<int32_t>(bits >> 23) - 127);
   }
 }
 
