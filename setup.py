@@ -32,8 +32,11 @@ def _extensions():
         import torch
         from torch.utils import cpp_extension
     except Exception as exc:  # torch missing from the build environment
-        warnings.warn(f"specdec_kernels: torch not importable at build time ({exc}); "
-                      "building without the C++ extension", stacklevel=2)
+        warnings.warn(
+            f"specdec_kernels: torch not importable at build time ({exc}); "
+            "building without the C++ extension",
+            stacklevel=2,
+        )
         return [], {}
 
     cpp_sources = sorted(glob.glob(os.path.join("csrc", "**", "*.cpp"), recursive=True))
@@ -80,15 +83,21 @@ def _extensions():
             try:
                 super().run()
             except Exception as exc:  # compiler missing or broken
-                warnings.warn(f"specdec_kernels: C++ extension build failed ({exc}); "
-                              "the pure-PyTorch fallback will be used", stacklevel=2)
+                warnings.warn(
+                    f"specdec_kernels: C++ extension build failed ({exc}); "
+                    "the pure-PyTorch fallback will be used",
+                    stacklevel=2,
+                )
 
         def build_extension(self, ext):
             try:
                 super().build_extension(ext)
             except Exception as exc:
-                warnings.warn(f"specdec_kernels: building {ext.name} failed ({exc}); "
-                              "the pure-PyTorch fallback will be used", stacklevel=2)
+                warnings.warn(
+                    f"specdec_kernels: building {ext.name} failed ({exc}); "
+                    "the pure-PyTorch fallback will be used",
+                    stacklevel=2,
+                )
 
     return [ext], {"build_ext": BuildExtOptional.with_options(use_ninja=False)}
 

@@ -32,8 +32,7 @@ def pytest_generate_tests(metafunc):
 
     cases = ops.cases(_grid(metafunc.config))
     params = [(c, p) for c in cases for p in ops.PROVIDERS[c.op]]
-    metafunc.parametrize("bench_case,provider", params,
-                         ids=[f"{c.name}-{p}" for c, p in params])
+    metafunc.parametrize("bench_case,provider", params, ids=[f"{c.name}-{p}" for c, p in params])
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,8 @@
 """Draw the benchmark plots from the committed JSON (a separate step from measuring).
 
-    python bench/plot.py                      # bench/results/{e2e,ops}.json -> *.png, latest runs
-    python bench/plot.py --e2e PATH --out-e2e PNG --ops PATH --out-ops PNG
-    python bench/plot.py --markdown           # also print the README's results tables
+python bench/plot.py                      # bench/results/{e2e,ops}.json -> *.png, latest runs
+python bench/plot.py --e2e PATH --out-e2e PNG --ops PATH --out-ops PNG
+python bench/plot.py --markdown           # also print the README's results tables
 """
 
 import argparse
@@ -21,9 +21,11 @@ def describe(rows) -> str:
     r = rows[0]
     m = r["machine"]
     where = m.get("gpu") or f"{m['cpu']}, {m.get('torch_threads')} torch thread(s)"
-    return (f"Measured on {where} ({m.get('cpu_count')} cores visible, load average "
-            f"{m.get('loadavg_1m')}), torch {m.get('torch')}, transformers "
-            f"{m.get('transformers', '-')}, commit {r['commit']}, {r['date']}.")
+    return (
+        f"Measured on {where} ({m.get('cpu_count')} cores visible, load average "
+        f"{m.get('loadavg_1m')}), torch {m.get('torch')}, transformers "
+        f"{m.get('transformers', '-')}, commit {r['commit']}, {r['date']}."
+    )
 
 
 def main(argv=None) -> int:
@@ -32,11 +34,16 @@ def main(argv=None) -> int:
     p.add_argument("--out-e2e", default=os.path.join(HERE, "e2e_cpu.png"))
     p.add_argument("--ops", default=os.path.join(HERE, "ops.json"))
     p.add_argument("--out-ops", default=os.path.join(HERE, "ops_cpu.png"))
-    p.add_argument("--markdown", action="store_true",
-                   help="print Markdown tables of the latest runs (for README.md)")
+    p.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print Markdown tables of the latest runs (for README.md)",
+    )
     args = p.parse_args(argv)
-    for src, dst, kind, draw in ((args.e2e, args.out_e2e, "e2e", plot.plot_e2e),
-                                 (args.ops, args.out_ops, "ops", plot.plot_ops)):
+    for src, dst, kind, draw in (
+        (args.e2e, args.out_e2e, "e2e", plot.plot_e2e),
+        (args.ops, args.out_ops, "ops", plot.plot_ops),
+    ):
         if not os.path.exists(src):
             print(f"{src}: missing, skipped")
             continue

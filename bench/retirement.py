@@ -46,12 +46,13 @@ def main(batch=16, length=128, repeats=30):
                 if name.startswith("new"):
                     copy_into_new_cache(model, cache, torch.arange(1, batch), length)
                 else:  # retire row 0: the last row moves into its slot
-                    cache.select_rows(torch.tensor([batch - 1] + list(range(1, batch - 1))),
-                                      length)
+                    cache.select_rows(torch.tensor([batch - 1] + list(range(1, batch - 1))), length)
             times.append(time.perf_counter() - t0)
         results[name] = statistics.median(times) * 1e6
-        print(f"B={batch}, {length} cached tokens, target+draft: {name}: "
-              f"{results[name]:.0f} us per retirement")
+        print(
+            f"B={batch}, {length} cached tokens, target+draft: {name}: "
+            f"{results[name]:.0f} us per retirement"
+        )
     return results
 
 

@@ -32,8 +32,7 @@ def test_sampling_inputs_hit_the_acceptance(variant, acceptance):
         assert torch.allclose(q.sum(-1), torch.ones(1024, 4), atol=1e-5)
 
 
-@pytest.mark.parametrize("op", ["verify_greedy", "verify_sampling", "kv_compact_",
-                                "accept_reject"])
+@pytest.mark.parametrize("op", ["verify_greedy", "verify_sampling", "kv_compact_", "accept_reject"])
 def test_bytes_needed_grow_with_acceptance(op):
     lo = ops.SETUP[op](ops.Case(op, 8, 4, 1000, "fp32", 0.0), CPU)
     hi = ops.SETUP[op](ops.Case(op, 8, 4, 1000, "fp32", 0.9), CPU)
@@ -72,9 +71,16 @@ def _fake_ops_rows():
     for prov, ms in (("triton", 1.0), ("torch_compile", 4.0)):
         for tk, extra in ((False, 0.0), (True, 0.2)):
             c = ops.Case("verify_sampling", 64, 4, 128256, "bf16", 0.5, False, tk)
-            rows.append({**c.__dict__, "case": c.name, "provider": prov,
-                         "median_ms": ms + extra, "bandwidth_gbs": 4000 / (ms + extra),
-                         "copy_bandwidth_gbs": 4800.0})
+            rows.append(
+                {
+                    **c.__dict__,
+                    "case": c.name,
+                    "provider": prov,
+                    "median_ms": ms + extra,
+                    "bandwidth_gbs": 4000 / (ms + extra),
+                    "copy_bandwidth_gbs": 4800.0,
+                }
+            )
     return rows
 
 
@@ -90,35 +96,71 @@ def test_cpu_target_checker():
     for v, native_ms, hf_ms in ((32000, 0.1, 0.4), (128256, 0.2, 3.0)):
         for prov, ms in (("native", native_ms), ("hf", hf_ms)):
             c = ops.Case("verify_sampling", 1, 4, v, "fp32", 0.5, True, False)
-            rows.append({**c.__dict__, "case": c.name, "provider": prov, "median_ms": ms,
-                         "bandwidth_gbs": 1.0})
+            rows.append(
+                {
+                    **c.__dict__,
+                    "case": c.name,
+                    "provider": prov,
+                    "median_ms": ms,
+                    "bandwidth_gbs": 1.0,
+                }
+            )
         c = ops.Case("verify_sampling", 1, 4, v, "fp32", 0.5, True, True)
-        rows.append({**c.__dict__, "case": c.name, "provider": "native",
-                     "median_ms": 3 * native_ms, "bandwidth_gbs": 1.0})
+        rows.append(
+            {
+                **c.__dict__,
+                "case": c.name,
+                "provider": "native",
+                "median_ms": 3 * native_ms,
+                "bandwidth_gbs": 1.0,
+            }
+        )
     c = ops.Case("verify_greedy", 64, 4, 128256, "bf16", 0.5)
-    rows.append({**c.__dict__, "case": c.name, "provider": "native", "median_ms": 1.0,
-                 "bandwidth_gbs": 6.0, "read_bandwidth_gbs": 10.0})
+    rows.append(
+        {
+            **c.__dict__,
+            "case": c.name,
+            "provider": "native",
+            "median_ms": 1.0,
+            "bandwidth_gbs": 6.0,
+            "read_bandwidth_gbs": 10.0,
+        }
+    )
     lines = ops.check_cpu_targets(rows)
     assert any(ln.startswith("MISS") and "4.0x faster" in ln and "(>= 5x)" in ln for ln in lines)
-    assert any(ln.startswith("PASS") and "15.0x faster" in ln and "(>= 10x)" in ln
-               for ln in lines)
+    assert any(ln.startswith("PASS") and "15.0x faster" in ln and "(>= 10x)" in ln for ln in lines)
     assert sum(ln.startswith("MISS") and "3.00x the time" in ln for ln in lines) == 2
     assert any(ln.startswith("PASS") and "60% of the read bandwidth" in ln for ln in lines)
 
 
 def test_plots_and_json_roundtrip(tmp_path):
-    rows = [{"run_id": "x", "kind": "e2e", "date": "2026-01-01", "commit": "abc",
-             "machine": {"cpu": "test"}, "system": s, "batch_size": b,
-             "num_speculative_tokens": k, "temperature": t, "tokens_per_second": 100.0,
-             "speedup_vs_target_only": 1.2, "ideal_speedup": 1.5}
-            for s, k in (("specdec", 2), ("specdec", "auto"), ("hf_assisted", 2))
-            for b in (1, 4) for t in (0.0, 1.0) if not (s == "hf_assisted" and b > 1)]
+    rows = [
+        {
+            "run_id": "x",
+            "kind": "e2e",
+            "date": "2026-01-01",
+            "commit": "abc",
+            "machine": {"cpu": "test"},
+            "system": s,
+            "batch_size": b,
+            "num_speculative_tokens": k,
+            "temperature": t,
+            "tokens_per_second": 100.0,
+            "speedup_vs_target_only": 1.2,
+            "ideal_speedup": 1.5,
+        }
+        for s, k in (("specdec", 2), ("specdec", "auto"), ("hf_assisted", 2))
+        for b in (1, 4)
+        for t in (0.0, 1.0)
+        if not (s == "hf_assisted" and b > 1)
+    ]
     path = tmp_path / "e2e.json"
     results.append_rows(str(path), rows)
     results.append_rows(str(path), rows)
     assert len(json.loads(path.read_text())) == 2 * len(rows)
-    plot.plot_e2e(results.latest_run(results.load_rows(str(path)), "e2e"),
-                  str(tmp_path / "e2e.png"))
+    plot.plot_e2e(
+        results.latest_run(results.load_rows(str(path)), "e2e"), str(tmp_path / "e2e.png")
+    )
     plot.plot_ops(_fake_ops_rows(), str(tmp_path / "ops.png"))
     assert (tmp_path / "e2e.png").stat().st_size > 1000
     assert (tmp_path / "ops.png").stat().st_size > 1000

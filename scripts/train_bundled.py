@@ -66,9 +66,11 @@ def evaluate(target, draft, stream, seq, n=32) -> dict:
     gen = torch.Generator().manual_seed(1234)
     x = next(batches(stream, n, seq, gen))
     lt, ld = target(x[:, :-1]), draft(x[:, :-1])  # [n, seq, V]
-    out = dict(target_loss=F.cross_entropy(lt.flatten(0, 1), x[:, 1:].flatten()).item(),
-               draft_loss=F.cross_entropy(ld.flatten(0, 1), x[:, 1:].flatten()).item(),
-               greedy_agreement=(lt.argmax(-1) == ld.argmax(-1)).float().mean().item())
+    out = dict(
+        target_loss=F.cross_entropy(lt.flatten(0, 1), x[:, 1:].flatten()).item(),
+        draft_loss=F.cross_entropy(ld.flatten(0, 1), x[:, 1:].flatten()).item(),
+        greedy_agreement=(lt.argmax(-1) == ld.argmax(-1)).float().mean().item(),
+    )
     target.train(), draft.train()
     return out
 
@@ -78,10 +80,12 @@ def distill_draft(target, draft, train, held, args, t0) -> list[dict]:
     if args.draft_steps <= 0:
         return []
     target.requires_grad_(False)
-    opt = torch.optim.AdamW(draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95),
-                            weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.1 + 0.9 * 0.5 * (
-        1 + math.cos(math.pi * min(1.0, s / args.draft_steps))))
+    opt = torch.optim.AdamW(
+        draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.draft_steps)))
+    )
     data = batches(train, args.batch, args.seq, torch.Generator().manual_seed(args.seed + 1))
     log = []
     for step in range(1, args.draft_steps + 1):
@@ -90,8 +94,9 @@ def distill_draft(target, draft, train, held, args, t0) -> list[dict]:
             lt = target.eval()(x[:, :-1]).flatten(0, 1)  # [batch*seq, V]
         ld = draft(x[:, :-1]).flatten(0, 1)
         ce = F.cross_entropy(ld, x[:, 1:].flatten())
-        kl = F.kl_div(F.log_softmax(ld, -1), F.log_softmax(lt, -1), log_target=True,
-                      reduction="batchmean")
+        kl = F.kl_div(
+            F.log_softmax(ld, -1), F.log_softmax(lt, -1), log_target=True, reduction="batchmean"
+        )
         loss = 0.8 * kl + 0.2 * ce
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -99,11 +104,16 @@ def distill_draft(target, draft, train, held, args, t0) -> list[dict]:
         opt.step()
         sched.step()
         if step % 100 == 0 or step == args.draft_steps:
-            row = dict(draft_step=step, seconds=round(time.time() - t0, 1), draft_loss=ce.item(),
-                       kl=kl.item())
+            row = dict(
+                draft_step=step,
+                seconds=round(time.time() - t0, 1),
+                draft_loss=ce.item(),
+                kl=kl.item(),
+            )
             if step % 400 == 0 or step == args.draft_steps:
-                row.update({f"heldout_{k}": v for k, v in
-                            evaluate(target, draft, held, args.seq).items()})
+                row.update(
+                    {f"heldout_{k}": v for k, v in evaluate(target, draft, held, args.seq).items()}
+                )
             log.append(row)
             print(json.dumps(row), flush=True)
     return log
@@ -126,8 +136,11 @@ def main(argv=None) -> None:
     torch.manual_seed(args.seed)
     train_files, held_files = corpus_files()
     train, held = token_stream(train_files), token_stream(held_files)
-    print(f"train {len(train_files)} files {len(train)} bytes, held-out {len(held_files)} files "
-          f"{len(held)} bytes", flush=True)
+    print(
+        f"train {len(train_files)} files {len(train)} bytes, held-out {len(held_files)} files "
+        f"{len(held)} bytes",
+        flush=True,
+    )
     if args.resume:
         target = CausalLM.load(os.path.join(args.out, "target.safetensors")).train()
         draft = CausalLM.load(os.path.join(args.out, "draft.safetensors")).train()
@@ -136,8 +149,13 @@ def main(argv=None) -> None:
     params = list(target.parameters()) + list(draft.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     warmup = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1, (s + 1) / warmup) * (
-        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(args.steps, 1))))))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: (
+            min(1, (s + 1) / warmup)
+            * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(args.steps, 1)))))
+        ),
+    )
     data = batches(train, args.batch, args.seq, torch.Generator().manual_seed(args.seed))
     t0, log = time.time(), []
     for step in range(1, args.steps + 1):  # phase 1: target and draft together
@@ -147,8 +165,12 @@ def main(argv=None) -> None:
         ld = draft(inp).flatten(0, 1)
         loss_t = F.cross_entropy(lt, tgt)
         ce_d = F.cross_entropy(ld, tgt)
-        kl_d = F.kl_div(F.log_softmax(ld, -1), F.log_softmax(lt.detach(), -1),
-                        log_target=True, reduction="batchmean")
+        kl_d = F.kl_div(
+            F.log_softmax(ld, -1),
+            F.log_softmax(lt.detach(), -1),
+            log_target=True,
+            reduction="batchmean",
+        )
         loss = loss_t + 0.5 * ce_d + 0.5 * kl_d
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -156,11 +178,17 @@ def main(argv=None) -> None:
         opt.step()
         sched.step()
         if step % 50 == 0 or step == args.steps:
-            row = dict(step=step, seconds=round(time.time() - t0, 1), target_loss=loss_t.item(),
-                       draft_loss=ce_d.item(), kl=kl_d.item())
+            row = dict(
+                step=step,
+                seconds=round(time.time() - t0, 1),
+                target_loss=loss_t.item(),
+                draft_loss=ce_d.item(),
+                kl=kl_d.item(),
+            )
             if step % 200 == 0 or step == args.steps:
-                row.update({f"heldout_{k}": v for k, v in
-                            evaluate(target, draft, held, args.seq).items()})
+                row.update(
+                    {f"heldout_{k}": v for k, v in evaluate(target, draft, held, args.seq).items()}
+                )
             log.append(row)
             print(json.dumps(row), flush=True)
     log += distill_draft(target, draft, train, held, args, t0)
@@ -171,11 +199,19 @@ def main(argv=None) -> None:
         heldout_text = fh.read()[:6000]
     with open(os.path.join(args.out, "heldout.txt"), "w", encoding="utf-8") as fh:
         fh.write(heldout_text)
-    summary = dict(command="PYTHONPATH=. python scripts/train_bundled.py " + " ".join(
-        sys.argv[1:] if argv is None else argv), args=vars(args), python=sys.version.split()[0],
-        torch=torch.__version__, train_files=len(train_files), train_bytes=len(train),
-        heldout_files=[os.path.basename(f) for f in held_files], heldout_text=os.path.basename(
-            held_files[0]), wall_seconds=round(time.time() - t0, 1), log=log)
+    summary = dict(
+        command="PYTHONPATH=. python scripts/train_bundled.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        args=vars(args),
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        train_files=len(train_files),
+        train_bytes=len(train),
+        heldout_files=[os.path.basename(f) for f in held_files],
+        heldout_text=os.path.basename(held_files[0]),
+        wall_seconds=round(time.time() - t0, 1),
+        log=log,
+    )
     with open(os.path.join(args.out, "train_log.json"), "w") as fh:
         json.dump(summary, fh, indent=1)
     print(f"done in {summary['wall_seconds']} s", flush=True)

@@ -10,8 +10,11 @@ import torch as _torch
 
 # Triton fixes interpreter mode when it is first imported. Without CUDA the interpreter is the only
 # way its kernels run, so switch it on here, before anything imports triton.
-if ("triton" not in _sys.modules and "TRITON_INTERPRET" not in _os.environ
-        and not _torch.cuda.is_available()):
+if (
+    "triton" not in _sys.modules
+    and "TRITON_INTERPRET" not in _os.environ
+    and not _torch.cuda.is_available()
+):
     _os.environ["TRITON_INTERPRET"] = "1"
 
 from specdec_kernels import models  # noqa: E402

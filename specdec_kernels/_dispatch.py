@@ -93,32 +93,46 @@ def resolve_backend(backend: str | None, device: torch.device) -> str:
 def _resolve_native(device: torch.device) -> str:
     if device.type != "cpu":
         fallback = _auto(device)
-        warn_once(f"native-{device.type}", f"specdec_kernels: the native backend runs on CPU "
-                  f"tensors only; {device.type} tensors use {fallback!r}")
+        warn_once(
+            f"native-{device.type}",
+            f"specdec_kernels: the native backend runs on CPU "
+            f"tensors only; {device.type} tensors use {fallback!r}",
+        )
         return fallback
     if not native_available():
         from specdec_kernels import _extension
 
-        warn_once("no-native", "specdec_kernels: the native backend needs the C++ extension, "
-                  f"which is not in use ({_extension.load_error()}); falling back to the "
-                  "pure-PyTorch reference")
+        warn_once(
+            "no-native",
+            "specdec_kernels: the native backend needs the C++ extension, "
+            f"which is not in use ({_extension.load_error()}); falling back to the "
+            "pure-PyTorch reference",
+        )
         return "reference"
     return "native"
 
 
 def _resolve_triton(device: torch.device) -> str:
     if not triton_available():
-        warn_once("no-triton", "specdec_kernels: triton is not installed; "
-                  "falling back to the pure-PyTorch reference")
+        warn_once(
+            "no-triton",
+            "specdec_kernels: triton is not installed; falling back to the pure-PyTorch reference",
+        )
         return "reference"
     if device.type == "cpu" and not interpreter_active():
-        warn_once("triton-cpu", "specdec_kernels: Triton kernels run on CPU tensors only under "
-                  "Triton's interpreter: set TRITON_INTERPRET=1 before triton is imported; "
-                  "falling back to the pure-PyTorch reference")
+        warn_once(
+            "triton-cpu",
+            "specdec_kernels: Triton kernels run on CPU tensors only under "
+            "Triton's interpreter: set TRITON_INTERPRET=1 before triton is imported; "
+            "falling back to the pure-PyTorch reference",
+        )
         return "reference"
     if device.type not in ("cuda", "cpu"):
-        warn_once(f"triton-{device.type}", f"specdec_kernels: no Triton path for {device.type} "
-                  "tensors; falling back to the pure-PyTorch reference")
+        warn_once(
+            f"triton-{device.type}",
+            f"specdec_kernels: no Triton path for {device.type} "
+            "tensors; falling back to the pure-PyTorch reference",
+        )
         return "reference"
     return "triton"
 

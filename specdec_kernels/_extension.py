@@ -29,24 +29,27 @@ import torch
 from specdec_kernels._dispatch import warn_once
 from specdec_kernels.reference import kv_cache as _ref
 
-__all__ = ["SCHEMAS", "extension_available", "force_fallback", "load_error",
-           "native_ops_available"]
+__all__ = ["SCHEMAS", "extension_available", "force_fallback", "load_error", "native_ops_available"]
 
 FORCE_FALLBACK_ENV = "SPECDEC_FORCE_FALLBACK"
 
 # The public ops. Their native kernels are csrc/bindings.cpp's `native_<name>` ops, which must
 # have the same arguments (tests/test_kv_cache.py parses bindings.cpp and compares).
 SCHEMAS = {
-    "kv_write_":
-        "(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, Tensor offsets) -> ()",
-    "kv_compact_":
-        "(Tensor(a!) kv_cache, Tensor src_positions, Tensor num_keep, Tensor start) -> ()",
-    "paged_kv_write_":
+    "kv_write_": (
+        "(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, Tensor offsets) -> ()"
+    ),
+    "kv_compact_": (
+        "(Tensor(a!) kv_cache, Tensor src_positions, Tensor num_keep, Tensor start) -> ()"
+    ),
+    "paged_kv_write_": (
         "(Tensor(a!) kv_cache, int layer, Tensor key, Tensor value, Tensor block_tables, "
-        "Tensor offsets) -> ()",
-    "paged_kv_compact_":
+        "Tensor offsets) -> ()"
+    ),
+    "paged_kv_compact_": (
         "(Tensor(a!) kv_cache, Tensor block_tables, Tensor src_positions, Tensor num_keep, "
-        "Tensor start) -> ()",
+        "Tensor start) -> ()"
+    ),
 }
 NATIVE_PREFIX = "native_"
 
@@ -68,10 +71,12 @@ def _load():
         return None, f"specdec_kernels._C could not be imported ({exc})"
     if not hasattr(torch.ops.specdec, NATIVE_PREFIX + "kv_write_"):
         # An extension built from an older csrc/bindings.cpp defines the public ops itself.
-        raise ImportError(f"{module.__file__} was built from an older csrc/bindings.cpp (it has "
-                          f"no specdec::{NATIVE_PREFIX}kv_write_ op): rebuild it (`python "
-                          f"setup.py build_ext --inplace`, or reinstall), or set "
-                          f"{FORCE_FALLBACK_ENV}=1 to run without it")
+        raise ImportError(
+            f"{module.__file__} was built from an older csrc/bindings.cpp (it has "
+            f"no specdec::{NATIVE_PREFIX}kv_write_ op): rebuild it (`python "
+            f"setup.py build_ext --inplace`, or reinstall), or set "
+            f"{FORCE_FALLBACK_ENV}=1 to run without it"
+        )
     return module, None
 
 
@@ -85,8 +90,11 @@ def _native_devices() -> frozenset[str]:
     if _C is None:
         return frozenset()
     op = getattr(torch.ops.specdec, NATIVE_PREFIX + "kv_write_").default
-    return frozenset(device for device, key in (("cpu", "CPU"), ("cuda", "CUDA"))
-                     if op.has_kernel_for_dispatch_key(key))
+    return frozenset(
+        device
+        for device, key in (("cpu", "CPU"), ("cuda", "CUDA"))
+        if op.has_kernel_for_dispatch_key(key)
+    )
 
 
 _NATIVE_DEVICES = _native_devices()
@@ -136,9 +144,11 @@ def _routing_kernel(name: str):
                 native(kv_cache, *args)
                 return
             reason = _load_error or f"it has no kernel for {kv_cache.device.type} tensors"
-            warn_once(f"kv-fallback-{name}",
-                      f"specdec_kernels: torch.ops.specdec.{name} runs the pure-PyTorch "
-                      f"fallback because {reason}; build the extension for the C++/CUDA kernels")
+            warn_once(
+                f"kv-fallback-{name}",
+                f"specdec_kernels: torch.ops.specdec.{name} runs the pure-PyTorch "
+                f"fallback because {reason}; build the extension for the C++/CUDA kernels",
+            )
         reference(kv_cache, *args)
 
     kernel.__name__ = f"{name}_kernel"
@@ -158,8 +168,7 @@ def _fake_paged_write(kv_cache, layer, key, value, block_tables, offsets):
 
 
 def _fake_paged_compact(kv_cache, block_tables, src_positions, num_keep, start):
-    _ref.check_compact("paged_kv_compact_", kv_cache, block_tables, src_positions, num_keep,
-                       start)
+    _ref.check_compact("paged_kv_compact_", kv_cache, block_tables, src_positions, num_keep, start)
 
 
 _FAKES = {

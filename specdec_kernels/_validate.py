@@ -28,7 +28,9 @@ def require_tensor(name: str, value) -> torch.Tensor:
 def require_dtype(name: str, t: torch.Tensor, allowed) -> None:
     if t.dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}")
+        raise TypeError(
+            f"{name} must have dtype in ({names}), got {str(t.dtype).replace('torch.', '')}"
+        )
 
 
 def require_device(name: str, t: torch.Tensor, device: torch.device) -> None:
@@ -46,14 +48,20 @@ def check_logits(target_logits) -> tuple[int, int, int]:
     """``target_logits [B, K+1, V]`` float, last stride 1. Returns ``(B, K, V)``."""
     require_tensor("target_logits", target_logits)
     if target_logits.dim() != 3:
-        raise ValueError(f"target_logits must have shape [B, K+1, V] (3 dims), got {_shape(target_logits)}")
+        raise ValueError(
+            f"target_logits must have shape [B, K+1, V] (3 dims), got {_shape(target_logits)}"
+        )
     require_dtype("target_logits", target_logits, FLOAT_DTYPES)
     b, k1, v = target_logits.shape
     if k1 < 1 or v < 1:
-        raise ValueError(f"target_logits must have K+1 >= 1 and V >= 1, got {_shape(target_logits)}")
+        raise ValueError(
+            f"target_logits must have K+1 >= 1 and V >= 1, got {_shape(target_logits)}"
+        )
     if target_logits.stride(-1) != 1 and v > 1:
-        raise ValueError("target_logits must have stride 1 in its last (vocabulary) dim, got "
-                         f"strides {tuple(target_logits.stride())}")
+        raise ValueError(
+            "target_logits must have stride 1 in its last (vocabulary) dim, got "
+            f"strides {tuple(target_logits.stride())}"
+        )
     return b, k1 - 1, v
 
 
@@ -70,7 +78,10 @@ def check_draft_probs(draft_probs, b: int, k: int, v: int, device: torch.device)
     require_shape("draft_probs", draft_probs, (b, k, v), "[B, K, V]")
     require_device("draft_probs", draft_probs, device)
     if draft_probs.stride(-1) != 1 and v > 1:
-        raise ValueError(f"draft_probs must have stride 1 in its last dim, got strides {tuple(draft_probs.stride())}")
+        raise ValueError(
+            "draft_probs must have stride 1 in its last dim, got strides "
+            f"{tuple(draft_probs.stride())}"
+        )
 
 
 def num_draft_tensor(num_draft_tokens, b: int, k: int, device: torch.device) -> torch.Tensor:
@@ -84,8 +95,9 @@ def num_draft_tensor(num_draft_tokens, b: int, k: int, device: torch.device) -> 
     return num_draft_tokens
 
 
-def per_row(name: str, value, b: int, device: torch.device, dtype: torch.dtype, allowed,
-            python_type) -> torch.Tensor:
+def per_row(
+    name: str, value, b: int, device: torch.device, dtype: torch.dtype, allowed, python_type
+) -> torch.Tensor:
     """A float/int scalar or a ``[B]`` tensor as a ``[B]`` tensor of ``dtype`` on ``device``."""
     if isinstance(value, torch.Tensor):
         require_dtype(name, value, allowed)
@@ -125,14 +137,18 @@ def check_logit_values(target_logits: torch.Tensor) -> None:
     bad = torch.isnan(target_logits) | (target_logits == float("inf"))
     if bool(bad.any()):
         row, pos, tok = _first(bad)
-        raise ValueError(f"target_logits must not hold NaN or +inf (-inf masks a token), got "
-                         f"target_logits[{row}, {pos}, {tok}] = "
-                         f"{float(target_logits[row, pos, tok])}")
+        raise ValueError(
+            f"target_logits must not hold NaN or +inf (-inf masks a token), got "
+            f"target_logits[{row}, {pos}, {tok}] = "
+            f"{float(target_logits[row, pos, tok])}"
+        )
     empty = ~torch.isfinite(target_logits).any(dim=-1)
     if bool(empty.any()):
         row, pos = _first(empty)
-        raise ValueError(f"target_logits[{row}, {pos}] has no finite entry (every token is "
-                         f"masked with -inf): there is nothing to emit")
+        raise ValueError(
+            f"target_logits[{row}, {pos}] has no finite entry (every token is "
+            f"masked with -inf): there is nothing to emit"
+        )
 
 
 def check_temperature_range(target_logits: torch.Tensor, temperature: torch.Tensor) -> None:
@@ -147,49 +163,69 @@ def check_temperature_range(target_logits: torch.Tensor, temperature: torch.Tens
     overflow = (temp > 0) & torch.isinf(biggest / torch.where(temp > 0, temp, 1.0))
     if bool(overflow.any()):
         (row,) = _first(overflow)
-        raise ValueError(f"temperature[{row}] = {float(temperature[row]):.3g} is so small that "
-                         f"logits / temperature overflows float32 (max |logit| in row {row} is "
-                         f"{float(biggest[row]):.4g}); use temperature 0 for greedy decoding")
+        raise ValueError(
+            f"temperature[{row}] = {float(temperature[row]):.3g} is so small that "
+            f"logits / temperature overflows float32 (max |logit| in row {row} is "
+            f"{float(biggest[row]):.4g}); use temperature 0 for greedy decoding"
+        )
 
 
 def _first(mask: torch.Tensor) -> tuple:
     return tuple(int(i) for i in mask.nonzero()[0])
 
 
-def check_values(target_logits, draft_tokens, num_draft_tokens, draft_probs=None,
-                 temperature=None, top_k=None, top_p=None) -> None:
+def check_values(
+    target_logits,
+    draft_tokens,
+    num_draft_tokens,
+    draft_probs=None,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+) -> None:
     """Value checks of ``validate=True`` (reads the tensors; synchronises)."""
     b, k1, v = target_logits.shape
     k = k1 - 1
     bad_nd = (num_draft_tokens < 0) | (num_draft_tokens > k)
     if bool(bad_nd.any()):
         (row,) = _first(bad_nd)
-        raise ValueError(f"num_draft_tokens must lie in [0, K] = [0, {k}], got "
-                         f"num_draft_tokens[{row}] = {int(num_draft_tokens[row])}")
+        raise ValueError(
+            f"num_draft_tokens must lie in [0, K] = [0, {k}], got "
+            f"num_draft_tokens[{row}] = {int(num_draft_tokens[row])}"
+        )
     live = torch.arange(k, device=draft_tokens.device)[None, :] < num_draft_tokens[:, None]
     bad_ids = live & ((draft_tokens < 0) | (draft_tokens >= v))
     if bool(bad_ids.any()):
         row, pos = _first(bad_ids)
-        raise ValueError(f"draft_tokens[{row}, {pos}] = {int(draft_tokens[row, pos])} is outside "
-                         f"[0, V) with V = {v} (positions < num_draft_tokens[{row}] = "
-                         f"{int(num_draft_tokens[row])} must be real token ids)")
+        raise ValueError(
+            f"draft_tokens[{row}, {pos}] = {int(draft_tokens[row, pos])} is outside "
+            f"[0, V) with V = {v} (positions < num_draft_tokens[{row}] = "
+            f"{int(num_draft_tokens[row])} must be real token ids)"
+        )
     check_logit_values(target_logits)
     if draft_probs is not None:
         tol = probs_tolerance(draft_probs.dtype)
         negative = (draft_probs < 0).any(dim=-1) & live
         sums = draft_probs.float().sum(dim=-1)
         off = ((sums - 1).abs() > tol) & live | ~torch.isfinite(sums) & live
-        for bad, what in ((negative, "has negative entries"),
-                          (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})")):
+        for bad, what in (
+            (negative, "has negative entries"),
+            (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})"),
+        ):
             if bool(bad.any()):
                 row, pos = _first(bad)
-                raise ValueError(f"draft_probs[{row}, {pos}] {what}: sum = {float(sums[row, pos]):.6g}, "
-                                 f"min = {float(draft_probs[row, pos].min()):.6g}")
+                raise ValueError(
+                    f"draft_probs[{row}, {pos}] {what}: sum = {float(sums[row, pos]):.6g}, "
+                    f"min = {float(draft_probs[row, pos].min()):.6g}"
+                )
     if temperature is not None:
         bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
         if bool(bad.any()):
             (row,) = _first(bad)
-            raise ValueError(f"temperature must be finite and >= 0, got temperature[{row}] = {float(temperature[row])}")
+            raise ValueError(
+                "temperature must be finite and >= 0, got "
+                f"temperature[{row}] = {float(temperature[row])}"
+            )
         check_temperature_range(target_logits, temperature)
     if top_k is not None:
         bad = top_k < 0

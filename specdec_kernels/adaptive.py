@@ -80,8 +80,9 @@ class AcceptanceTracker:
         return ((self.accepted + self.prior * w) / (self.drafted + w)).clamp(0.0, 0.999)
 
     def select(self, rows: torch.Tensor) -> AcceptanceTracker:
-        return AcceptanceTracker(self.accepted[rows], self.drafted[rows], self.prior,
-                                 self.prior_weight)
+        return AcceptanceTracker(
+            self.accepted[rows], self.drafted[rows], self.prior, self.prior_weight
+        )
 
 
 def measure_cost_ratio(target, draft, *, context: int = 64, repeats: int = 5) -> float:
@@ -103,14 +104,19 @@ def measure_cost_ratio(target, draft, *, context: int = 64, repeats: int = 5) ->
         device = next(model.parameters()).device
         cache = model.new_cache(1, context + repeats + 1)
         with torch.inference_mode():
-            model.hidden_states(torch.zeros(1, context, dtype=torch.int64, device=device), cache,
-                                context)
+            model.hidden_states(
+                torch.zeros(1, context, dtype=torch.int64, device=device), cache, context
+            )
             cache.advance(context)
             times = []
             for _ in range(repeats):
                 t0 = time.perf_counter()
-                model(torch.zeros(1, 1, dtype=torch.int64, device=device), cache,
-                      kv_len=int(cache.lengths.max()) + 1, validate=False)
+                model(
+                    torch.zeros(1, 1, dtype=torch.int64, device=device),
+                    cache,
+                    kv_len=int(cache.lengths.max()) + 1,
+                    validate=False,
+                )
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times.append(time.perf_counter() - t0)

@@ -26,8 +26,11 @@ class _Progress:
         now = time.perf_counter() - self.start
         if now > self.after and now - self.last > self.every:
             self.last = now
-            print(f"  [{self.label}] {done}/{self.total} tokens, {live_rows} rows live, "
-                  f"{now:.0f} s", file=self.stream, flush=True)
+            print(
+                f"  [{self.label}] {done}/{self.total} tokens, {live_rows} rows live, {now:.0f} s",
+                file=self.stream,
+                flush=True,
+            )
 
 
 def render(ids, accepted, prompt_len: int, color: bool) -> str:
@@ -63,22 +66,33 @@ def demo(args) -> int:
     prompts = args.prompt or list(DEFAULT_PROMPTS)
     ids = [encode(p) for p in prompts]
     gen = sk.SpeculativeGenerator(target, "ngram" if args.draft == "ngram" else draft, k)
-    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-              eos_token_id=EOS_ID, seed=args.seed)
+    kw = dict(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        eos_token_id=EOS_ID,
+        seed=args.seed,
+    )
     total = args.max_new_tokens * len(ids)
-    drafter = "n-gram lookup" if args.draft == "ngram" else (
-        f"{draft.config.n_layer} layer d={draft.config.n_embd}")
-    print(f"specdec demo: target {target.config.n_layer} layers d={target.config.n_embd}, draft "
-          f"{drafter}, K={k}, {len(ids)} prompts, {args.max_new_tokens} new tokens each, "
-          f"temperature {args.temperature}", flush=True)
+    drafter = (
+        "n-gram lookup"
+        if args.draft == "ngram"
+        else (f"{draft.config.n_layer} layer d={draft.config.n_embd}")
+    )
+    print(
+        f"specdec demo: target {target.config.n_layer} layers d={target.config.n_embd}, draft "
+        f"{drafter}, K={k}, {len(ids)} prompts, {args.max_new_tokens} new tokens each, "
+        f"temperature {args.temperature}",
+        flush=True,
+    )
     gen.generate([ids[0][:4]], max_new_tokens=2, temperature=args.temperature, seed=0)  # warm-up
     sk.autoregressive_generate(target, [ids[0][:4]], max_new_tokens=2)
     # interleaved repeats, best wall time of each: short runs on a shared CPU are noisy
     spec = base = None
     for r in range(args.repeats):
         s = gen.generate(ids, progress=_Progress(f"speculative, run {r + 1}", total), **kw)
-        t = sk.autoregressive_generate(target, ids, progress=_Progress(
-            f"target alone, run {r + 1}", total), **kw)
+        t = sk.autoregressive_generate(
+            target, ids, progress=_Progress(f"target alone, run {r + 1}", total), **kw
+        )
         spec = s if spec is None or s.stats.wall_seconds < spec.stats.wall_seconds else spec
         base = t if base is None or t.stats.wall_seconds < base.stats.wall_seconds else base
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
@@ -91,10 +105,12 @@ def demo(args) -> int:
     speedup = t.wall_seconds / max(s.wall_seconds, 1e-9)
     same = "identical to" if spec.sequences == base.sequences else "differs from"
     print("-" * 54)
-    print(f"acceptance rate {s.acceptance_rate:.2f} | mean accepted per target pass "
-          f"{s.mean_accepted:.2f} ({s.mean_emitted:.2f} tokens/pass, {s.target_forwards} passes) | "
-          f"{s.tokens_per_second:.0f} tokens/s | target alone {t.tokens_per_second:.0f} tokens/s "
-          f"({t.target_forwards} passes) | speedup {speedup:.2f}x")
+    print(
+        f"acceptance rate {s.acceptance_rate:.2f} | mean accepted per target pass "
+        f"{s.mean_accepted:.2f} ({s.mean_emitted:.2f} tokens/pass, {s.target_forwards} passes) | "
+        f"{s.tokens_per_second:.0f} tokens/s | target alone {t.tokens_per_second:.0f} tokens/s "
+        f"({t.target_forwards} passes) | speedup {speedup:.2f}x"
+    )
     if args.temperature == 0:
         print(f"greedy output {same} the target's own greedy decoding")
     return 0
@@ -109,13 +125,18 @@ def main(argv=None) -> int:
     d.add_argument("-k", "--num-speculative-tokens", default="4", help="an int or 'auto'")
     d.add_argument("-t", "--temperature", type=float, default=0.0)
     d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--repeats", type=int, default=3,
-                   help="timed runs of each decoder; the fastest is reported")
+    d.add_argument(
+        "--repeats", type=int, default=3, help="timed runs of each decoder; the fastest is reported"
+    )
     d.add_argument("--draft", choices=("bundled", "ngram"), default="bundled")
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    d.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: the bundled models are too small to gain "
-                        "from more; 0 keeps torch's default)")
+    d.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: the bundled models are too small to gain "
+        "from more; 0 keeps torch's default)",
+    )
     d.set_defaults(func=demo)
     from specdec_kernels.benchmarks.cli import add_bench_parser
 

@@ -22,8 +22,13 @@ from specdec_kernels.decoding import (
     Sampling,
 )
 
-__all__ = ["GenerationOutput", "GenerationStats", "SpeculativeGenerator",
-           "autoregressive_generate", "cost_per_token"]
+__all__ = [
+    "GenerationOutput",
+    "GenerationStats",
+    "SpeculativeGenerator",
+    "autoregressive_generate",
+    "cost_per_token",
+]
 
 
 @dataclass
@@ -90,9 +95,16 @@ class SpeculativeGenerator:
     28
     """
 
-    def __init__(self, target, draft, num_speculative_tokens: int | str = 4, *,
-                 max_speculative_tokens: int = 8, cost_ratio: float | None = None,
-                 ngram_size: int = 3):
+    def __init__(
+        self,
+        target,
+        draft,
+        num_speculative_tokens: int | str = 4,
+        *,
+        max_speculative_tokens: int = 8,
+        cost_ratio: float | None = None,
+        ngram_size: int = 3,
+    ):
         self.target, self.draft = target, draft
         ngram = isinstance(draft, str)
         if ngram and draft != "ngram":
@@ -100,25 +112,38 @@ class SpeculativeGenerator:
         if not ngram:
             tp, dp = next(target.parameters()), next(draft.parameters())
             if draft.vocab_size != target.vocab_size:
-                raise ValueError(f"draft vocabulary size {draft.vocab_size} differs from the "
-                                 f"target's {target.vocab_size}")
+                raise ValueError(
+                    f"draft vocabulary size {draft.vocab_size} differs from the "
+                    f"target's {target.vocab_size}"
+                )
             if dp.device != tp.device or dp.dtype != tp.dtype:
-                raise ValueError(f"draft is on {dp.device}/{dp.dtype} but the target is on "
-                                 f"{tp.device}/{tp.dtype}; move one of them")
+                raise ValueError(
+                    f"draft is on {dp.device}/{dp.dtype} but the target is on "
+                    f"{tp.device}/{tp.dtype}; move one of them"
+                )
         if cost_ratio is None:
             cost_ratio = 0.0 if ngram else cost_per_token(draft) / cost_per_token(target)
         self.cost_ratio = cost_ratio
         self._decoder = lambda: Decoder(
             CausalLMAdapter(target),
             NgramDrafter(ngram_size) if ngram else ModelDrafter(CausalLMAdapter(draft)),
-            num_speculative_tokens, max_speculative_tokens=max_speculative_tokens,
-            cost_ratio=cost_ratio)
+            num_speculative_tokens,
+            max_speculative_tokens=max_speculative_tokens,
+            cost_ratio=cost_ratio,
+        )
         self._decoder()  # check the arguments now
 
-    def generate(self, prompts, max_new_tokens: int = 64, temperature: float = 0.0,
-                 top_k: int | None = None, top_p: float | None = None,
-                 eos_token_id: int | None = None, seed: int | None = None,
-                 progress=None) -> GenerationOutput:
+    def generate(
+        self,
+        prompts,
+        max_new_tokens: int = 64,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | None = None,
+        seed: int | None = None,
+        progress=None,
+    ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens for every prompt.
 
         Parameters
@@ -141,20 +166,38 @@ class SpeculativeGenerator:
         -------
         GenerationOutput
         """
-        result = self._decoder().run(prompts, max_new_tokens, Sampling(temperature, top_k, top_p),
-                                     eos_token_id=eos_token_id, seed=seed, progress=progress)
+        result = self._decoder().run(
+            prompts,
+            max_new_tokens,
+            Sampling(temperature, top_k, top_p),
+            eos_token_id=eos_token_id,
+            seed=seed,
+            progress=progress,
+        )
         return GenerationOutput.from_result(result)
 
 
-def autoregressive_generate(model, prompts, max_new_tokens: int = 64, temperature: float = 0.0,
-                            top_k: int | None = None, top_p: float | None = None,
-                            eos_token_id: int | None = None, seed: int | None = None,
-                            progress=None) -> GenerationOutput:
+def autoregressive_generate(
+    model,
+    prompts,
+    max_new_tokens: int = 64,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    seed: int | None = None,
+    progress=None,
+) -> GenerationOutput:
     """The target alone: one token per forward pass, batched over ragged prompts with a KV
     cache. The baseline that speculative generation must equal (greedy) and beat (speed).
     Same arguments and output as :meth:`SpeculativeGenerator.generate`; the tokens are drawn by
     the same verification ops with no draft (``K = 0``)."""
     result = Decoder(CausalLMAdapter(model)).run(
-        prompts, max_new_tokens, Sampling(temperature, top_k, top_p),
-        eos_token_id=eos_token_id, seed=seed, progress=progress)
+        prompts,
+        max_new_tokens,
+        Sampling(temperature, top_k, top_p),
+        eos_token_id=eos_token_id,
+        seed=seed,
+        progress=progress,
+    )
     return GenerationOutput.from_result(result)

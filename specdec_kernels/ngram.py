@@ -8,8 +8,13 @@ from __future__ import annotations
 import torch
 
 
-def ngram_draft(tokens: torch.Tensor, seq_len: torch.Tensor, num_draft: int,
-                max_ngram: int = 3, min_ngram: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+def ngram_draft(
+    tokens: torch.Tensor,
+    seq_len: torch.Tensor,
+    num_draft: int,
+    max_ngram: int = 3,
+    min_ngram: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draft ``num_draft`` tokens per row by n-gram lookup in the row's own sequence.
 
     Parameters

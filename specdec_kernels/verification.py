@@ -43,18 +43,30 @@ class Verification(NamedTuple):
 
 # --- custom ops ------------------------------------------------------------------------------
 
+
 @torch.library.custom_op("specdec::verify_greedy", mutates_args=())
-def _verify_greedy_op(target_logits: Tensor, draft_tokens: Tensor, num_draft_tokens: Tensor,
-                      backend: str) -> tuple[Tensor, Tensor, Tensor]:
+def _verify_greedy_op(
+    target_logits: Tensor, draft_tokens: Tensor, num_draft_tokens: Tensor, backend: str
+) -> tuple[Tensor, Tensor, Tensor]:
     if backend == "native":
         tokens, accepted = torch.ops.specdec.native_verify(
-            target_logits, draft_tokens, None, num_draft_tokens, None, None, None, None, True)
+            target_logits, draft_tokens, None, num_draft_tokens, None, None, None, None, True
+        )
         return tokens, accepted, accepted + 1
     if backend == "triton":
         from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
 
-        tokens, accepted = triton_ops.verify(target_logits, draft_tokens, None, num_draft_tokens,
-                                             None, None, None, None, greedy_only=True)
+        tokens, accepted = triton_ops.verify(
+            target_logits,
+            draft_tokens,
+            None,
+            num_draft_tokens,
+            None,
+            None,
+            None,
+            None,
+            greedy_only=True,
+        )
         return tokens, accepted, accepted + 1
     return ref_greedy.verify_greedy(target_logits, draft_tokens, num_draft_tokens)
 
@@ -67,29 +79,62 @@ def _(target_logits, draft_tokens, num_draft_tokens, backend):
 
 
 @torch.library.custom_op("specdec::verify_sampling", mutates_args=())
-def _verify_sampling_op(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None,
-                        num_draft_tokens: Tensor, temperature: Tensor, top_k: Tensor | None,
-                        top_p: Tensor | None, seeds: Tensor,
-                        backend: str) -> tuple[Tensor, Tensor, Tensor]:
+def _verify_sampling_op(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    num_draft_tokens: Tensor,
+    temperature: Tensor,
+    top_k: Tensor | None,
+    top_p: Tensor | None,
+    seeds: Tensor,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
     if backend == "native":
         tokens, accepted = torch.ops.specdec.native_verify(
-            target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
-            seeds, False)
+            target_logits,
+            draft_tokens,
+            draft_probs,
+            num_draft_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seeds,
+            False,
+        )
         return tokens, accepted, accepted + 1
     if backend == "triton":
         from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
 
-        tokens, accepted = triton_ops.verify(target_logits, draft_tokens, draft_probs,
-                                             num_draft_tokens, temperature, top_k, top_p, seeds,
-                                             greedy_only=False)
+        tokens, accepted = triton_ops.verify(
+            target_logits,
+            draft_tokens,
+            draft_probs,
+            num_draft_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seeds,
+            greedy_only=False,
+        )
         return tokens, accepted, accepted + 1
-    return ref_sampling.verify_sampling(target_logits, draft_tokens, draft_probs,
-                                        num_draft_tokens, temperature, top_k, top_p, seeds)
+    return ref_sampling.verify_sampling(
+        target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p, seeds
+    )
 
 
 @_verify_sampling_op.register_fake
-def _(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
-      seeds, backend):
+def _(
+    target_logits,
+    draft_tokens,
+    draft_probs,
+    num_draft_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seeds,
+    backend,
+):
     b, k1, _ = target_logits.shape
     tokens = target_logits.new_empty((b, k1), dtype=torch.int64)
     return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
@@ -113,9 +158,15 @@ def _(draft_tokens, verifier_tokens, backend):
 
 # --- public functions ------------------------------------------------------------------------
 
-def verify_greedy(target_logits: Tensor, draft_tokens: Tensor, *,
-                  num_draft_tokens: Tensor | None = None, backend: str | None = None,
-                  validate: bool = True) -> Verification:
+
+def verify_greedy(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    *,
+    num_draft_tokens: Tensor | None = None,
+    backend: str | None = None,
+    validate: bool = True,
+) -> Verification:
     """Greedy verification of a batch of drafts in one fused pass over the target logits.
 
     Row ``b`` accepts the longest prefix of ``draft_tokens[b, :k_b]`` equal to
@@ -171,15 +222,25 @@ def verify_greedy(target_logits: Tensor, draft_tokens: Tensor, *,
     if validate:
         check.check_values(target_logits, draft_tokens, nd)
     tokens, accepted, emitted = torch.ops.specdec.verify_greedy(
-        target_logits, draft_tokens, nd, resolve_backend(backend, device))
+        target_logits, draft_tokens, nd, resolve_backend(backend, device)
+    )
     return Verification(tokens, accepted, emitted)
 
 
-def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Tensor | None = None,
-                    *, temperature: float | Tensor = 1.0, top_k: int | Tensor | None = None,
-                    top_p: float | Tensor | None = None, num_draft_tokens: Tensor | None = None,
-                    seed: int | Tensor | None = None, generator: torch.Generator | None = None,
-                    backend: str | None = None, validate: bool = True) -> Verification:
+def verify_sampling(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None = None,
+    *,
+    temperature: float | Tensor = 1.0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    num_draft_tokens: Tensor | None = None,
+    seed: int | Tensor | None = None,
+    generator: torch.Generator | None = None,
+    backend: str | None = None,
+    validate: bool = True,
+) -> Verification:
     """Lossless rejection-sampling verification (speculative sampling), fused over the logits.
 
     Implements Leviathan et al., "Fast Inference from Transformers via Speculative Decoding"
@@ -266,7 +327,9 @@ def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Te
         check.require_shape("seed", seed, (b,), "[B]")
         check.require_device("seed", seed, device)
     elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}")
+        raise TypeError(
+            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
+        )
     check.check_scalar_ranges(temperature, top_k, top_p)
     resolved = resolve_backend(backend, device)
 
@@ -274,25 +337,39 @@ def verify_sampling(target_logits: Tensor, draft_tokens: Tensor, draft_probs: Te
         if validate:
             check.check_values(target_logits, draft_tokens, nd)
         tokens, accepted, emitted = torch.ops.specdec.verify_greedy(
-            target_logits, draft_tokens, nd, resolved)
+            target_logits, draft_tokens, nd, resolved
+        )
         return Verification(tokens, accepted, emitted)
 
-    temp = check.per_row("temperature", temperature, b, device, torch.float32,
-                         check.FLOAT_DTYPES, numbers.Real)
-    topk = None if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0) else \
-        check.per_row("top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral)
-    topp = None if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1) else \
-        check.per_row("top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real)
+    temp = check.per_row(
+        "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
+    )
+    topk = (
+        None
+        if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
+        else check.per_row(
+            "top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral
+        )
+    )
+    topp = (
+        None
+        if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
+        else check.per_row(
+            "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
+        )
+    )
     if validate:
         check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
     seeds = rng.seeds_for_batch(b, device, seed, generator)
     tokens, accepted, emitted = torch.ops.specdec.verify_sampling(
-        target_logits, draft_tokens, draft_probs, nd, temp, topk, topp, seeds, resolved)
+        target_logits, draft_tokens, draft_probs, nd, temp, topk, topp, seeds, resolved
+    )
     return Verification(tokens, accepted, emitted)
 
 
-def accept_reject(draft_tokens: Tensor, verifier_tokens: Tensor, *,
-                  backend: str | None = None) -> Tensor:
+def accept_reject(
+    draft_tokens: Tensor, verifier_tokens: Tensor, *, backend: str | None = None
+) -> Tensor:
     """Length of the longest common prefix of draft and verifier tokens.
 
     The ``accept_reject/2`` of the Edifice ``SpeculativeDecoding`` module: the number of leading
@@ -325,18 +402,25 @@ def accept_reject(draft_tokens: Tensor, verifier_tokens: Tensor, *,
     """
     for name, t in (("draft_tokens", draft_tokens), ("verifier_tokens", verifier_tokens)):
         check.require_tensor(name, t)
-        check.require_dtype(name, t, (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8))
+        check.require_dtype(
+            name, t, (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+        )
     if draft_tokens.shape != verifier_tokens.shape:
-        raise ValueError(f"draft_tokens and verifier_tokens must have the same shape, got "
-                         f"{check._shape(draft_tokens)} and {check._shape(verifier_tokens)}")
+        raise ValueError(
+            f"draft_tokens and verifier_tokens must have the same shape, got "
+            f"{check._shape(draft_tokens)} and {check._shape(verifier_tokens)}"
+        )
     if draft_tokens.dim() not in (1, 2):
         raise ValueError(f"draft_tokens must be [K] or [B, K], got {check._shape(draft_tokens)}")
     if draft_tokens.device != verifier_tokens.device:
-        raise ValueError(f"draft_tokens is on {draft_tokens.device} but verifier_tokens is on "
-                         f"{verifier_tokens.device}")
+        raise ValueError(
+            f"draft_tokens is on {draft_tokens.device} but verifier_tokens is on "
+            f"{verifier_tokens.device}"
+        )
     single = draft_tokens.dim() == 1
     d2 = draft_tokens.reshape(1, -1) if single else draft_tokens
     v2 = verifier_tokens.reshape(1, -1) if single else verifier_tokens
-    out = torch.ops.specdec.accept_reject(d2.contiguous(), v2.contiguous(),
-                                          resolve_backend(backend, draft_tokens.device))
+    out = torch.ops.specdec.accept_reject(
+        d2.contiguous(), v2.contiguous(), resolve_backend(backend, draft_tokens.device)
+    )
     return out[0] if single else out

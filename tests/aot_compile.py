@@ -32,12 +32,30 @@ from triton.compiler import ASTSource  # noqa: E402
 from specdec_kernels.ops import accept_reject, verify_sampling  # noqa: E402
 
 POINTER_TYPES = {
-    "logits_ptr": "*bf16", "q_ptr": "*fp32", "draft_ptr": "*i64", "nd_ptr": "*i64",
-    "topk_ptr": "*i64", "seed_ptr": "*i64", "tokens_ptr": "*i64", "nacc_ptr": "*i64",
-    "kappa_ptr": "*i64", "temp_ptr": "*fp32", "topp_ptr": "*fp32", "part_m_ptr": "*fp32",
-    "part_s_ptr": "*fp32", "z_ptr": "*fp32", "race_rb_ptr": "*fp32", "race_pb_ptr": "*fp32",
-    "part_a_ptr": "*i32", "race_ri_ptr": "*i32", "race_pi_ptr": "*i32", "out_ptr": "*i64",
-    "verifier_ptr": "*i32", "m_ptr": "*fp32", "lo_ptr": "*i64", "hi_ptr": "*i64",
+    "logits_ptr": "*bf16",
+    "q_ptr": "*fp32",
+    "draft_ptr": "*i64",
+    "nd_ptr": "*i64",
+    "topk_ptr": "*i64",
+    "seed_ptr": "*i64",
+    "tokens_ptr": "*i64",
+    "nacc_ptr": "*i64",
+    "kappa_ptr": "*i64",
+    "temp_ptr": "*fp32",
+    "topp_ptr": "*fp32",
+    "part_m_ptr": "*fp32",
+    "part_s_ptr": "*fp32",
+    "z_ptr": "*fp32",
+    "race_rb_ptr": "*fp32",
+    "race_pb_ptr": "*fp32",
+    "part_a_ptr": "*i32",
+    "race_ri_ptr": "*i32",
+    "race_pi_ptr": "*i32",
+    "out_ptr": "*i64",
+    "verifier_ptr": "*i32",
+    "m_ptr": "*fp32",
+    "lo_ptr": "*i64",
+    "hi_ptr": "*i64",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
 MODES = {}  # non-boolean mode constexprs and their values
@@ -58,18 +76,31 @@ def _signature(fn, constexprs):
 
 
 def _compile(fn, constexprs, target):
-    src = ASTSource(fn, _signature(fn, constexprs),
-                    constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()})
+    src = ASTSource(
+        fn,
+        _signature(fn, constexprs),
+        constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
+    )
     return triton.compile(src, target=target, options=verify_sampling.compile_options(fn))
 
 
 def kernels():
     cfg = verify_sampling.launch_config(128256)
-    sizes = {"CHUNK": cfg["CHUNK"], "BLOCK": cfg["BLOCK"], "TBLOCK": cfg["TBLOCK"],
-             "NPIV": cfg["NPIV"], "BLOCK_K": 16}
-    for fn in (verify_sampling._verify_row_kernel, verify_sampling._split_stats_kernel,
-               verify_sampling._split_threshold_kernel, verify_sampling._split_race_kernel,
-               verify_sampling._split_decide_kernel, accept_reject._accept_reject_kernel):
+    sizes = {
+        "CHUNK": cfg["CHUNK"],
+        "BLOCK": cfg["BLOCK"],
+        "TBLOCK": cfg["TBLOCK"],
+        "NPIV": cfg["NPIV"],
+        "BLOCK_K": 16,
+    }
+    for fn in (
+        verify_sampling._verify_row_kernel,
+        verify_sampling._split_stats_kernel,
+        verify_sampling._split_threshold_kernel,
+        verify_sampling._split_race_kernel,
+        verify_sampling._split_decide_kernel,
+        accept_reject._accept_reject_kernel,
+    ):
         flags = [f for f in FLAGS if f in fn.arg_names]
         modes = [m for m in MODES if m in fn.arg_names]
         fixed = {k: v for k, v in sizes.items() if k in fn.arg_names}
@@ -91,19 +122,24 @@ def ptxas_resources(ptx: str, arch: str) -> dict:
             f.write(ptx)
         target = re.search(r"\.target\s+(sm_\w+)", ptx)  # e.g. sm_90a: as Triton built it
         arch = target.group(1) if target else f"sm_{arch}"
-        out = subprocess.run([ptxas, f"-arch={arch}", "-v", src, "-o",
-                              os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
-                             check=True).stderr
+        out = subprocess.run(
+            [ptxas, f"-arch={arch}", "-v", src, "-o", os.path.join(tmp, "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
 
     def number(pattern):
         m = re.search(pattern, out)
         return int(m.group(1)) if m else 0
 
-    return {"registers": number(r"Used (\d+) registers"),
-            "spill_stores_bytes": number(r"(\d+) bytes spill stores"),
-            "spill_loads_bytes": number(r"(\d+) bytes spill loads"),
-            "stack_frame_bytes": number(r"(\d+) bytes stack frame"),
-            "shared_bytes_ptxas": number(r"(\d+) bytes smem")}
+    return {
+        "registers": number(r"Used (\d+) registers"),
+        "spill_stores_bytes": number(r"(\d+) bytes spill stores"),
+        "spill_loads_bytes": number(r"(\d+) bytes spill loads"),
+        "stack_frame_bytes": number(r"(\d+) bytes stack frame"),
+        "shared_bytes_ptxas": number(r"(\d+) bytes smem"),
+    }
 
 
 def main(archs, report=None, fail_on_spills=False):
@@ -120,9 +156,13 @@ def main(archs, report=None, fail_on_spills=False):
                 failures += not ok
                 if report is not None or fail_on_spills:
                     res = ptxas_resources(compiled.asm["ptx"], arch)
-                    res.update(kernel=fn.__name__, arch=f"sm_{arch}", flags=flags,
-                               num_warps=compiled.metadata.num_warps,
-                               shared_bytes=compiled.metadata.shared)
+                    res.update(
+                        kernel=fn.__name__,
+                        arch=f"sm_{arch}",
+                        flags=flags,
+                        num_warps=compiled.metadata.num_warps,
+                        shared_bytes=compiled.metadata.shared,
+                    )
                     rows.append(res)
                     spills = res["spill_stores_bytes"] + res["spill_loads_bytes"]
                     line += f" ({res['registers']} regs, {spills} spill bytes)"
@@ -134,12 +174,24 @@ def main(archs, report=None, fail_on_spills=False):
                 print(f"sm_{arch} {fn.__name__} {flags}: FAILED {type(exc).__name__}: {exc}")
                 failures += 1
     if report is not None:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=os.path.dirname(os.path.abspath(__file__))).stdout
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        ).stdout
         with open(report, "w") as f:
-            json.dump({"date": datetime.date.today().isoformat(), "commit": commit.strip(),
-                       "triton": triton.__version__, "vocab_size": 128256,
-                       "kernels": rows}, f, indent=1)
+            json.dump(
+                {
+                    "date": datetime.date.today().isoformat(),
+                    "commit": commit.strip(),
+                    "triton": triton.__version__,
+                    "vocab_size": 128256,
+                    "kernels": rows,
+                },
+                f,
+                indent=1,
+            )
     return failures
 
 

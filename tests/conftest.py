@@ -9,8 +9,12 @@ from specdec_kernels._dispatch import native_available
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 #: The C++ CPU kernels' backend, skipped only where the extension is not built (CI asserts it is).
-NATIVE = pytest.param("native", marks=pytest.mark.skipif(
-    not native_available(), reason="the C++ extension (native backend) is not built"))
+NATIVE = pytest.param(
+    "native",
+    marks=pytest.mark.skipif(
+        not native_available(), reason="the C++ extension (native backend) is not built"
+    ),
+)
 #: The backends with kernels of their own, compared with the reference.
 KERNEL_BACKENDS = ["triton", NATIVE]
 #: Every backend.
@@ -40,8 +44,11 @@ def device(request):
 def available(backends) -> list[str]:
     """The names among ``backends`` (strings or the params above) whose skip marks do not
     apply, for tests that loop over backends inside one test."""
-    return [b if isinstance(b, str) else b.values[0] for b in backends
-            if isinstance(b, str) or not any(m.args[0] for m in b.marks)]
+    return [
+        b if isinstance(b, str) else b.values[0]
+        for b in backends
+        if isinstance(b, str) or not any(m.args[0] for m in b.marks)
+    ]
 
 
 def skip_native_off_cpu(backend, device) -> None:
@@ -56,8 +63,9 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str = "") -> None:
     """Exact (bit-for-bit for floats) equality; the message shows how many entries differ and
     the first five mismatching indices with their values."""
-    assert actual.shape == expected.shape, \
+    assert actual.shape == expected.shape, (
         f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    )
     assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
     a, e = actual.detach().cpu(), expected.detach().cpu()
     if a.is_floating_point():
@@ -67,10 +75,10 @@ def assert_same(actual: torch.Tensor, expected: torch.Tensor, what: str = "") ->
         bad = a != e
     if bool(bad.any()):
         idx = bad.nonzero()[:5].tolist()
-        shown = ", ".join(f"{tuple(i)}: {a[tuple(i)].item()} != {e[tuple(i)].item()}"
-                          for i in idx)
-        raise AssertionError(f"{what}: {int(bad.sum())} of {bad.numel()} entries differ; "
-                             f"first {shown}")
+        shown = ", ".join(f"{tuple(i)}: {a[tuple(i)].item()} != {e[tuple(i)].item()}" for i in idx)
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} of {bad.numel()} entries differ; first {shown}"
+        )
 
 
 def assert_verification_equal(actual, expected, what: str = "") -> None:
@@ -85,4 +93,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
-

@@ -3,13 +3,23 @@
 import torch
 
 
-def make_inputs(b, k, v, dtype=torch.float32, device="cpu", accept_rate=0.7, ragged=False,
-                strided=False, scale=2.0, seed=0):
+def make_inputs(
+    b,
+    k,
+    v,
+    dtype=torch.float32,
+    device="cpu",
+    accept_rate=0.7,
+    ragged=False,
+    strided=False,
+    scale=2.0,
+    seed=0,
+):
     """Logits, drafts (mostly equal to the target's argmax) and num_draft_tokens."""
     g = torch.Generator().manual_seed(seed)
     if strided:  # a slice of a wider buffer: stride(0) and stride(1) are not contiguous
         big = torch.randn(b, k + 3, v + 5, generator=g) * scale
-        logits = big[:, 1:k + 2, 2:v + 2]
+        logits = big[:, 1 : k + 2, 2 : v + 2]
     else:
         logits = torch.randn(b, k + 1, v, generator=g) * scale
     logits = logits.to(dtype)

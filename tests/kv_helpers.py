@@ -26,8 +26,17 @@ def implementation(name: str):
 
 
 # Everything that copies a tensor's values to the host (a device synchronisation on CUDA).
-SYNCING_METHODS = ("tolist", "item", "nonzero", "cpu", "numpy", "__bool__", "__int__", "__float__",
-                   "__index__")
+SYNCING_METHODS = (
+    "tolist",
+    "item",
+    "nonzero",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+)
 
 
 @contextlib.contextmanager
@@ -40,6 +49,7 @@ def no_host_sync():
     def refuse(name):
         def method(*args, **kwargs):
             raise AssertionError(f"Tensor.{name} was called: a host synchronisation")
+
         return method
 
     cuda_mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else None
@@ -62,11 +72,12 @@ def random_values(shape, dtype, device="cpu", generator=None) -> torch.Tensor:
     return x.to(dtype).to(device)
 
 
-def disjoint_block_tables(rows: int, blocks_per_row: int, width: int, num_blocks: int,
-                          generator=None) -> torch.Tensor:
+def disjoint_block_tables(
+    rows: int, blocks_per_row: int, width: int, num_blocks: int, generator=None
+) -> torch.Tensor:
     """``[rows, width]`` int32: each row owns ``blocks_per_row`` distinct random blocks (no two
     rows share one), ``-1`` after them."""
-    perm = torch.randperm(num_blocks, generator=generator)[:rows * blocks_per_row]
+    perm = torch.randperm(num_blocks, generator=generator)[: rows * blocks_per_row]
     tables = torch.full((rows, width), -1, dtype=torch.int32)
     tables[:, :blocks_per_row] = perm.view(rows, blocks_per_row).to(torch.int32)
     return tables
@@ -85,7 +96,7 @@ def compaction(rows: int, capacity: int, max_keep: int, kind: str, generator=Non
     start = torch.zeros(rows, dtype=torch.int64)
     for b in range(rows):
         s = int(torch.randint(0, capacity, (1,), generator=generator))
-        span = capacity - s                       # sources in [s, capacity)
+        span = capacity - s  # sources in [s, capacity)
         n = int(torch.randint(0, min(P, span) + 1, (1,), generator=generator))
         if kind == "shift":
             n = min(n, span - 1)

@@ -1,4 +1,5 @@
-"""The verification ops are real torch.library custom ops: opcheck, and torch.compile traces them."""
+"""The verification ops are real torch.library custom ops: opcheck, and torch.compile traces
+them."""
 
 import pytest
 import torch
@@ -19,8 +20,17 @@ def _sampling_args(backend, filters):
     q, drafts = make_draft_probs(3, 4, 40)
     top_k = torch.tensor([0, 5, 40]) if filters else None
     top_p = torch.tensor([0.9, 1.0, 0.5]) if filters else None
-    return (logits, drafts, q, torch.tensor([4, 3, 1]), torch.tensor([1.0, 0.0, 0.7]), top_k,
-            top_p, torch.tensor([1, 2, 3]), backend)
+    return (
+        logits,
+        drafts,
+        q,
+        torch.tensor([4, 3, 1]),
+        torch.tensor([1.0, 0.0, 0.7]),
+        top_k,
+        top_p,
+        torch.tensor([1, 2, 3]),
+        backend,
+    )
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
@@ -31,13 +41,17 @@ def test_opcheck_verify_greedy(backend):
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 @pytest.mark.parametrize("filters", [False, True])
 def test_opcheck_verify_sampling(backend, filters):
-    torch.library.opcheck(torch.ops.specdec.verify_sampling.default, _sampling_args(backend, filters))
+    torch.library.opcheck(
+        torch.ops.specdec.verify_sampling.default, _sampling_args(backend, filters)
+    )
 
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_opcheck_accept_reject(backend):
     a = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    torch.library.opcheck(torch.ops.specdec.accept_reject.default, (a, a.flip(1).contiguous(), backend))
+    torch.library.opcheck(
+        torch.ops.specdec.accept_reject.default, (a, a.flip(1).contiguous(), backend)
+    )
 
 
 def test_torch_compile_fullgraph_traces_through():
@@ -47,8 +61,17 @@ def test_torch_compile_fullgraph_traces_through():
 
     def step(logits, drafts, q, seeds):
         g = sk.verify_greedy(logits, drafts, backend="reference", validate=False)
-        s = sk.verify_sampling(logits, drafts, q, temperature=0.8, top_k=10, top_p=0.9,
-                               seed=seeds, backend="reference", validate=False)
+        s = sk.verify_sampling(
+            logits,
+            drafts,
+            q,
+            temperature=0.8,
+            top_k=10,
+            top_p=0.9,
+            seed=seeds,
+            backend="reference",
+            validate=False,
+        )
         n = sk.accept_reject(drafts, g.tokens[:, :4], backend="reference")
         return g.tokens, s.tokens, s.num_emitted + n
 

@@ -63,8 +63,9 @@ def test_retiring_rows_allocates_no_new_cache():
     made = {"target": 0, "draft": 0}
     for name, model in (("target", target), ("draft", draft)):
         orig = model.new_cache
-        model.new_cache = lambda *a, _o=orig, _n=name, **k: made.__setitem__(
-            _n, made[_n] + 1) or _o(*a, **k)
+        model.new_cache = lambda *a, _o=orig, _n=name, **k: (
+            made.__setitem__(_n, made[_n] + 1) or _o(*a, **k)
+        )
     try:
         eos = 3
         out = sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 30, eos_token_id=eos)
@@ -73,8 +74,9 @@ def test_retiring_rows_allocates_no_new_cache():
     assert made == {"target": 1, "draft": 1}
     lengths = {len(s) - len(p) for s, p in zip(out.sequences, prompts)}
     assert len(lengths) > 1, "rows should finish at different times"
-    want = [sk.autoregressive_generate(target, [p], 30, eos_token_id=eos).sequences[0]
-            for p in prompts]
+    want = [
+        sk.autoregressive_generate(target, [p], 30, eos_token_id=eos).sequences[0] for p in prompts
+    ]
     assert out.sequences == want
 
 

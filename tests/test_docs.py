@@ -39,8 +39,10 @@ def test_docstring_examples(name):
     prompts = len(re.findall(r"^[\s#]*>>>", inspect.getsource(module), flags=re.M))
     tests = doctest.DocTestFinder().find(module, name)
     examples = sum(len(t.examples) for t in tests)
-    assert examples == prompts, (f"{name}: {prompts} '>>>' lines but doctest finds {examples} "
-                                 "examples: some are not in a docstring doctest reads")
+    assert examples == prompts, (
+        f"{name}: {prompts} '>>>' lines but doctest finds {examples} "
+        "examples: some are not in a docstring doctest reads"
+    )
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     report: list[str] = []
     for test in tests:

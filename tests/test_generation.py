@@ -22,14 +22,33 @@ def tiny_pair(vocab=VOCAB, n_positions=96, dtype=torch.float64, seed=0):
     head, so that acceptance is neither 0 nor 1. Float64 keeps argmax ties away, so batched and
     per-row decoding agree exactly."""
     torch.manual_seed(seed)
-    target = CausalLM(CausalLMConfig(vocab_size=vocab, n_positions=n_positions, n_embd=32,
-                                     n_layer=3, n_head=2, tie_word_embeddings=False))
+    target = CausalLM(
+        CausalLMConfig(
+            vocab_size=vocab,
+            n_positions=n_positions,
+            n_embd=32,
+            n_layer=3,
+            n_head=2,
+            tie_word_embeddings=False,
+        )
+    )
     for p in target.parameters():  # larger weights than GPT-2's init: less degenerate outputs
         p.data.mul_(2.0) if p.dim() >= 2 else None
-    draft = CausalLM(CausalLMConfig(vocab_size=vocab, n_positions=n_positions, n_embd=32,
-                                    n_layer=1, n_head=2, tie_word_embeddings=False))
-    shared = {k: v for k, v in target.state_dict().items()
-              if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")}
+    draft = CausalLM(
+        CausalLMConfig(
+            vocab_size=vocab,
+            n_positions=n_positions,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            tie_word_embeddings=False,
+        )
+    )
+    shared = {
+        k: v
+        for k, v in target.state_dict().items()
+        if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")
+    }
     draft.load_state_dict(shared)
     return target.to(dtype).eval(), draft.to(dtype).eval()
 
@@ -47,16 +66,20 @@ def ragged_prompts(batch, seed=1):
 
 def reference(target, prompts, max_new_tokens, eos=None):
     """The target's own greedy decoding, one row at a time."""
-    return [autoregressive_generate(target, [p], max_new_tokens, eos_token_id=eos).sequences[0]
-            for p in prompts]
+    return [
+        autoregressive_generate(target, [p], max_new_tokens, eos_token_id=eos).sequences[0]
+        for p in prompts
+    ]
 
 
 def assert_rows_equal(got, want):
     for b, (g, w) in enumerate(zip(got, want)):
         if g != w:
             i = next((i for i, (x, y) in enumerate(zip(g, w)) if x != y), min(len(g), len(w)))
-            raise AssertionError(f"row {b} differs first at index {i}: got {g[i:i + 8]} "
-                                 f"(len {len(g)}), want {w[i:i + 8]} (len {len(w)})")
+            raise AssertionError(
+                f"row {b} differs first at index {i}: got {g[i : i + 8]} "
+                f"(len {len(g)}), want {w[i : i + 8]} (len {len(w)})"
+            )
 
 
 # ---------------------------------------------------------------- losslessness
@@ -67,8 +90,9 @@ def test_greedy_lossless(pair, batch, k):
     prompts = ragged_prompts(batch)
     free = reference(target, prompts, 24)
     eos = free[-1][len(prompts[-1]) + 5]  # the last row emits it as its 6th token
-    out = sk.SpeculativeGenerator(target, draft, k).generate(prompts, max_new_tokens=24,
-                                                             eos_token_id=eos)
+    out = sk.SpeculativeGenerator(target, draft, k).generate(
+        prompts, max_new_tokens=24, eos_token_id=eos
+    )
     assert_rows_equal(out.sequences, reference(target, prompts, 24, eos))
     assert len(out.sequences[-1]) <= len(prompts[-1]) + 6  # eos in the middle
     s = out.stats
@@ -152,8 +176,9 @@ def test_sampling_first_token_distribution_and_acceptance():
     with torch.no_grad():
         p = target(torch.tensor([prompt]))[0, -1].softmax(-1).double()
         q = draft(torch.tensor([prompt]))[0, -1].softmax(-1).double()
-    out = sk.SpeculativeGenerator(target, draft, 1).generate([prompt] * N, max_new_tokens=1,
-                                                             temperature=1.0, seed=123)
+    out = sk.SpeculativeGenerator(target, draft, 1).generate(
+        [prompt] * N, max_new_tokens=1, temperature=1.0, seed=123
+    )
     first = torch.tensor([s[len(prompt)] for s in out.sequences])
     counts = torch.bincount(first, minlength=11).double()
     expected = p * N
@@ -172,8 +197,10 @@ def test_sampling_seeded_reproducible(pair):
     assert a.sequences == b.sequences
     assert all(0 <= t < VOCAB for s in a.sequences for t in s)
     # it really samples: other seeds give other tokens, and not the greedy ones
-    others = [gen.generate(prompts, 12, temperature=0.8, top_k=10, top_p=0.9, seed=s).sequences
-              for s in (8, 9)]
+    others = [
+        gen.generate(prompts, 12, temperature=0.8, top_k=10, top_p=0.9, seed=s).sequences
+        for s in (8, 9)
+    ]
     assert a.sequences not in others
     assert a.sequences != gen.generate(prompts, 12).sequences
 
@@ -218,8 +245,7 @@ def test_autoregressive_ragged_batch_near_the_context_limit():
     prompts = [[5] * 23, [5]]
     out = autoregressive_generate(target, prompts, max_new_tokens=5)
     assert [len(s) for s in out.sequences] == [24, 6]
-    assert out.sequences == [autoregressive_generate(target, [p], 5).sequences[0]
-                             for p in prompts]
+    assert out.sequences == [autoregressive_generate(target, [p], 5).sequences[0] for p in prompts]
 
 
 # ---------------------------------------------------------------- stats, adaptive K, n-gram
@@ -235,8 +261,10 @@ def test_stats_consistent(pair):
     assert s.draft_forwards == 4 * s.target_forwards
 
 
-@pytest.mark.parametrize("alpha, cost, want", [(0.0, 0.1, 1), (0.5, 0.0, 8), (0.8, 0.05, 8),
-                                               (0.6, 0.5, 1), (0.9, 0.2, 7)])
+@pytest.mark.parametrize(
+    "alpha, cost, want",
+    [(0.0, 0.1, 1), (0.5, 0.0, 8), (0.8, 0.05, 8), (0.6, 0.5, 1), (0.9, 0.2, 7)],
+)
 def test_best_num_draft_tokens(alpha, cost, want):
     k = best_num_draft_tokens(torch.tensor([alpha]), cost, 8)
     brute = max(range(1, 9), key=lambda k: (1 - alpha ** (k + 1)) / (1 - alpha) / (cost * k + 1))
@@ -258,29 +286,34 @@ def test_ngram_draft():
 
 
 # ---------------------------------------------------------------- bad input
-@pytest.mark.parametrize("prompts, kwargs, match", [
-    ([[]], {}, "empty"),
-    ([[1, 2], []], {}, "empty"),
-    ([], {}, "non-empty"),
-    ([list(range(97))], {}, "context"),
-    ([[1, VOCAB]], {}, "outside"),
-    ([[1, -1]], {}, "outside"),
-    ([[1, 2]], {"max_new_tokens": 0}, "max_new_tokens"),
-    ([[1, 2]], {"max_new_tokens": -3}, "max_new_tokens"),
-    ([[1, 2]], {"temperature": -1.0}, "temperature"),
-    ([[1, 2]], {"eos_token_id": VOCAB}, "eos_token_id"),
-])
+@pytest.mark.parametrize(
+    "prompts, kwargs, match",
+    [
+        ([[]], {}, "empty"),
+        ([[1, 2], []], {}, "empty"),
+        ([], {}, "non-empty"),
+        ([list(range(97))], {}, "context"),
+        ([[1, VOCAB]], {}, "outside"),
+        ([[1, -1]], {}, "outside"),
+        ([[1, 2]], {"max_new_tokens": 0}, "max_new_tokens"),
+        ([[1, 2]], {"max_new_tokens": -3}, "max_new_tokens"),
+        ([[1, 2]], {"temperature": -1.0}, "temperature"),
+        ([[1, 2]], {"eos_token_id": VOCAB}, "eos_token_id"),
+    ],
+)
 def test_bad_input(pair, prompts, kwargs, match):
     target, draft = pair
     with pytest.raises(ValueError, match=match):
-        sk.SpeculativeGenerator(target, draft, 4).generate(prompts, **{"max_new_tokens": 4,
-                                                                       **kwargs})
+        sk.SpeculativeGenerator(target, draft, 4).generate(
+            prompts, **{"max_new_tokens": 4, **kwargs}
+        )
 
 
 def test_bad_pair(pair):
     target, draft = pair
-    other_vocab = CausalLM(CausalLMConfig(vocab_size=VOCAB + 1, n_positions=96, n_embd=8,
-                                          n_layer=1, n_head=1)).double()
+    other_vocab = CausalLM(
+        CausalLMConfig(vocab_size=VOCAB + 1, n_positions=96, n_embd=8, n_layer=1, n_head=1)
+    ).double()
     with pytest.raises(ValueError, match="vocabulary"):
         sk.SpeculativeGenerator(target, other_vocab)
     with pytest.raises(ValueError, match="dtype|float"):

@@ -21,16 +21,26 @@ def gpt2_pair(n_positions=64, seed=0):
     """A 3-layer GPT-2 target and a 1-layer draft holding the target's embeddings, first layer,
     final norm and (untied) head: acceptance between 0 and 1. Float64: no argmax near-ties."""
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=VOCAB, n_positions=n_positions, n_embd=32, n_head=4,
-               tie_word_embeddings=False, bos_token_id=EOS, eos_token_id=EOS,
-               pad_token_id=PAD)
+    cfg = dict(
+        vocab_size=VOCAB,
+        n_positions=n_positions,
+        n_embd=32,
+        n_head=4,
+        tie_word_embeddings=False,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+        pad_token_id=PAD,
+    )
     target = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=3, **cfg))
     for p in target.parameters():
         if p.dim() >= 2:
             p.data.mul_(2.0)
     draft = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, **cfg))
-    shared = {k: v for k, v in target.state_dict().items()
-              if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")}
+    shared = {
+        k: v
+        for k, v in target.state_dict().items()
+        if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")
+    }
     draft.load_state_dict(shared, strict=False)
     return target.double().eval(), draft.double().eval()
 
@@ -47,8 +57,8 @@ def left_padded(batch, seed=1):
     ids = torch.full((batch, T), PAD, dtype=torch.int64)
     mask = torch.zeros(batch, T, dtype=torch.int64)
     for b, n in enumerate(lengths):
-        ids[b, T - n:] = torch.randint(8, VOCAB, (n,), generator=g)
-        mask[b, T - n:] = 1
+        ids[b, T - n :] = torch.randint(8, VOCAB, (n,), generator=g)
+        mask[b, T - n :] = 1
     return ids, mask
 
 
@@ -57,9 +67,15 @@ def hf_greedy(target, ids, mask, max_new, eos):
     rows = []
     for b in range(ids.shape[0]):
         row = ids[b][mask[b].bool()][None]
-        out = target.generate(row, attention_mask=torch.ones_like(row), do_sample=False,
-                              max_new_tokens=max_new, eos_token_id=eos, pad_token_id=PAD)
-        new = out[0, row.shape[1]:].tolist()
+        out = target.generate(
+            row,
+            attention_mask=torch.ones_like(row),
+            do_sample=False,
+            max_new_tokens=max_new,
+            eos_token_id=eos,
+            pad_token_id=PAD,
+        )
+        new = out[0, row.shape[1] :].tolist()
         if eos is not None and eos in new:
             new = new[: new.index(eos) + 1]
         rows.append(new)
@@ -79,8 +95,16 @@ def test_greedy_lossless_left_padded(pair, batch, k):
     target, draft = pair
     ids, mask = left_padded(batch)
     eos = hf_greedy(target, ids[-1:], mask[-1:], 20, None)[0][5]  # the last row's 6th token
-    out = speculative_generate(target, draft, ids, mask, max_new_tokens=20,
-                               num_speculative_tokens=k, eos_token_id=eos, pad_token_id=PAD)
+    out = speculative_generate(
+        target,
+        draft,
+        ids,
+        mask,
+        max_new_tokens=20,
+        num_speculative_tokens=k,
+        eos_token_id=eos,
+        pad_token_id=PAD,
+    )
     assert out.shape == (batch, ids.shape[1] + 20)
     assert torch.equal(out[:, : ids.shape[1]], ids)
     got = new_tokens(out, ids.shape[1], eos)
@@ -88,7 +112,7 @@ def test_greedy_lossless_left_padded(pair, batch, k):
     assert len(got[-1]) <= 6  # eos in the middle
     for b, (g, w) in enumerate(zip(got, want)):
         assert g == w, f"row {b}: {g} != {w}"
-        assert all(t == PAD for t in out[b, ids.shape[1] + len(g):].tolist())
+        assert all(t == PAD for t in out[b, ids.shape[1] + len(g) :].tolist())
 
 
 def test_matches_causal_lm_generator(pair):
@@ -96,12 +120,13 @@ def test_matches_causal_lm_generator(pair):
     target, draft = pair
     ids, mask = left_padded(3)
     out = speculative_generate(target, draft, ids, mask, max_new_tokens=12)
-    gen = sk.SpeculativeGenerator(sk.models.CausalLM.from_hf(target),
-                                  sk.models.CausalLM.from_hf(draft), 4)
+    gen = sk.SpeculativeGenerator(
+        sk.models.CausalLM.from_hf(target), sk.models.CausalLM.from_hf(draft), 4
+    )
     prompts = [ids[b][mask[b].bool()].tolist() for b in range(3)]
     res = gen.generate(prompts, max_new_tokens=12)
     for b in range(3):
-        assert out[b, ids.shape[1]:].tolist() == res.sequences[b][len(prompts[b]):]
+        assert out[b, ids.shape[1] :].tolist() == res.sequences[b][len(prompts[b]) :]
 
 
 def test_context_limit(pair):
@@ -110,20 +135,39 @@ def test_context_limit(pair):
     out = speculative_generate(target, draft, ids, mask, max_new_tokens=30, pad_token_id=PAD)
     for b in range(3):
         n = int(mask[b].sum())
-        got = out[b, ids.shape[1]: ids.shape[1] + 20 - n].tolist()
-        ref = target.generate(ids[b][mask[b].bool()][None], do_sample=False,
-                              max_new_tokens=20 - n, pad_token_id=PAD)[0, n:].tolist()
+        got = out[b, ids.shape[1] : ids.shape[1] + 20 - n].tolist()
+        ref = target.generate(
+            ids[b][mask[b].bool()][None], do_sample=False, max_new_tokens=20 - n, pad_token_id=PAD
+        )[0, n:].tolist()
         assert got == ref
-        assert all(t == PAD for t in out[b, ids.shape[1] + 20 - n:].tolist())
+        assert all(t == PAD for t in out[b, ids.shape[1] + 20 - n :].tolist())
 
 
 def test_sampling_runs_and_is_seeded(pair):
     target, draft = pair
     ids, mask = left_padded(4)
-    a = speculative_generate(target, draft, ids, mask, max_new_tokens=10, do_sample=True,
-                             temperature=0.9, top_k=20, seed=3)
-    b = speculative_generate(target, draft, ids, mask, max_new_tokens=10, do_sample=True,
-                             temperature=0.9, top_k=20, seed=3)
+    a = speculative_generate(
+        target,
+        draft,
+        ids,
+        mask,
+        max_new_tokens=10,
+        do_sample=True,
+        temperature=0.9,
+        top_k=20,
+        seed=3,
+    )
+    b = speculative_generate(
+        target,
+        draft,
+        ids,
+        mask,
+        max_new_tokens=10,
+        do_sample=True,
+        temperature=0.9,
+        top_k=20,
+        seed=3,
+    )
     assert torch.equal(a, b) and a.shape == (4, ids.shape[1] + 10)
     assert ((a >= 0) & (a < VOCAB)).all()
 
@@ -155,21 +199,22 @@ def test_bad_input(pair):
         speculative_generate(target, draft, ids, mask, max_new_tokens=0)
     for k in (0, "fast", True):
         with pytest.raises(ValueError, match="num_speculative_tokens"):
-            speculative_generate(target, draft, ids, mask, max_new_tokens=3,
-                                 num_speculative_tokens=k)
+            speculative_generate(
+                target, draft, ids, mask, max_new_tokens=3, num_speculative_tokens=k
+            )
     with pytest.raises(ValueError, match="left-padded"):
         speculative_generate(target, draft, ids, mask.flip(1), max_new_tokens=3)
     with pytest.raises(ValueError, match="outside"):
         speculative_generate(target, draft, ids + VOCAB, None, max_new_tokens=3)
     with pytest.raises(ValueError, match="dtype|float"):
         speculative_generate(target, gpt2_pair()[1].float(), ids, mask, max_new_tokens=3)
-    other = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB + 2, n_positions=64, n_embd=8, n_layer=1, n_head=1)).double()
+    other = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=VOCAB + 2, n_positions=64, n_embd=8, n_layer=1, n_head=1)
+    ).double()
     with pytest.raises(ValueError, match="vocabulary"):
         speculative_generate(target, other, ids, mask, max_new_tokens=3)
     with pytest.raises(ValueError, match="context"):
-        speculative_generate(target, draft, torch.ones(1, 65, dtype=torch.int64),
-                             max_new_tokens=3)
+        speculative_generate(target, draft, torch.ones(1, 65, dtype=torch.int64), max_new_tokens=3)
 
 
 def test_drop_in_inside_real_assisted_generation(pair, monkeypatch):
@@ -196,15 +241,29 @@ def test_drop_in_inside_real_assisted_generation(pair, monkeypatch):
     monkeypatch.setattr(utils, "_speculative_sampling", spy)
     ids = torch.tensor([[8, 9, 10, 11, 12]])
     torch.manual_seed(0)
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
-                          do_sample=True, temperature=0.9, top_k=10, top_p=0.9,
-                          max_new_tokens=12, pad_token_id=PAD)
+    out = target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        assistant_model=draft,
+        do_sample=True,
+        temperature=0.9,
+        top_k=10,
+        top_p=0.9,
+        max_new_tokens=12,
+        pad_token_id=PAD,
+    )
     assert captured, "generate() never called the patched _speculative_sampling"
     assert out.shape[0] == 1 and 5 < out.shape[1] <= 5 + 12
     assert ((out >= 0) & (out < VOCAB)).all()
     torch.manual_seed(1)  # no explicit top_k: GenerationConfig's default top_k = 50 masks too
-    target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft,
-                    do_sample=True, max_new_tokens=6, pad_token_id=PAD)
+    target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        assistant_model=draft,
+        do_sample=True,
+        max_new_tokens=6,
+        pad_token_id=PAD,
+    )
 
     cand, cand_logits, gamma, new_logits = captured[0][:4]
     assert bool(torch.isinf(new_logits).any()), "the warpers should have masked tokens"
@@ -223,9 +282,12 @@ def test_drop_in_inside_real_assisted_generation(pair, monkeypatch):
     rep = lambda t: t.expand(n_ours, *t.shape[1:]).contiguous()  # noqa: E731
     tokens, _ = speculative_sampling(candidates(n_ours), rep(cand_logits), gamma, rep(new_logits))
     monkeypatch.undo()  # transformers' own function again
-    theirs = torch.tensor([int(utils._speculative_sampling(c[None], cand_logits, gamma,
-                                                            new_logits)[0][0, 0])
-                           for c in candidates(n_theirs)])
+    theirs = torch.tensor(
+        [
+            int(utils._speculative_sampling(c[None], cand_logits, gamma, new_logits)[0][0, 0])
+            for c in candidates(n_theirs)
+        ]
+    )
     for name, first in (("specdec drop-in", tokens[:, 0]), ("transformers", theirs)):
         counts = torch.bincount(first, minlength=VOCAB).double()
         assert counts[p == 0].sum() == 0, f"{name}: a masked token was emitted"
@@ -262,11 +324,24 @@ def test_same_seed_same_tokens_as_causal_lm_generator(top_k, top_p):
     ids, mask = left_padded(3, seed=4)
     prompts = [ids[b][mask[b].bool()].tolist() for b in range(3)]
     ours = sk.SpeculativeGenerator(target, draft, 4).generate(
-        prompts, max_new_tokens=16, temperature=1.0, top_k=top_k, top_p=top_p, seed=21)
-    theirs = speculative_generate(target.to_hf(), draft.to_hf(), ids, mask, max_new_tokens=16,
-                                  do_sample=True, temperature=1.0, top_k=top_k, top_p=top_p,
-                                  num_speculative_tokens=4, seed=21)
+        prompts, max_new_tokens=16, temperature=1.0, top_k=top_k, top_p=top_p, seed=21
+    )
+    theirs = speculative_generate(
+        target.to_hf(),
+        draft.to_hf(),
+        ids,
+        mask,
+        max_new_tokens=16,
+        do_sample=True,
+        temperature=1.0,
+        top_k=top_k,
+        top_p=top_p,
+        num_speculative_tokens=4,
+        seed=21,
+    )
     greedy = sk.SpeculativeGenerator(target, draft, 4).generate(prompts, max_new_tokens=16)
     assert ours.sequences != greedy.sequences  # sampling, not a silent greedy fallback
     for b in range(3):
-        assert theirs[b, ids.shape[1]:].tolist() == ours.sequences[b][len(prompts[b]):], f"row {b}"
+        assert theirs[b, ids.shape[1] :].tolist() == ours.sequences[b][len(prompts[b]) :], (
+            f"row {b}"
+        )

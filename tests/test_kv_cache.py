@@ -74,7 +74,7 @@ def test_kv_write_matches_reference(shape, dtype, strided):
     torch.ops.specdec.kv_write_(cache, L - 1, k, v, offsets)
     assert_same(cache, expected, "kv_write_")
     b = B - 1  # spot-check the reference itself
-    assert_same(expected[L - 1, 0, b, :, offsets[b]:offsets[b] + T], k[b], "reference write")
+    assert_same(expected[L - 1, 0, b, :, offsets[b] : offsets[b] + T], k[b], "reference write")
 
 
 @pytest.mark.parametrize("kind", ["random", "reverse", "shift", "same"])
@@ -95,7 +95,7 @@ def test_kv_compact_matches_reference(shape, dtype, kind):
     ref.kv_compact_(after, src, keep, start)
     for b in range(B):
         n, s = int(keep[b]), int(start[b])
-        assert_same(after[:, :, b, :, s:s + n], before[:, :, b, :, src[b, :n]], f"row {b}")
+        assert_same(after[:, :, b, :, s : s + n], before[:, :, b, :, src[b, :n]], f"row {b}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -140,15 +140,20 @@ def test_compact_nothing_kept_is_a_no_op(impl):
     cache = random_values((2, 2, 3, 2, 6, 4), torch.float32)
     before = cache.clone()
     src = torch.full((3, 4), -1)
-    torch.ops.specdec.kv_compact_(cache, src, torch.zeros(3, dtype=torch.int64),
-                                  torch.tensor([0, 5, 2]))
+    torch.ops.specdec.kv_compact_(
+        cache, src, torch.zeros(3, dtype=torch.int64), torch.tensor([0, 5, 2])
+    )
     assert_same(cache, before, "kv_compact_ with num_keep = 0")
     paged = random_values((1, 2, 4, 2, 3, 4), torch.float32)
     before = paged.clone()
     tables = torch.tensor([[-1, -1], [2, 0]], dtype=torch.int32)
-    torch.ops.specdec.paged_kv_compact_(paged, tables, torch.zeros(2, 3, dtype=torch.int64),
-                                        torch.zeros(2, dtype=torch.int64),
-                                        torch.zeros(2, dtype=torch.int64))
+    torch.ops.specdec.paged_kv_compact_(
+        paged,
+        tables,
+        torch.zeros(2, 3, dtype=torch.int64),
+        torch.zeros(2, dtype=torch.int64),
+        torch.zeros(2, dtype=torch.int64),
+    )
     assert_same(paged, before, "paged_kv_compact_ with num_keep = 0")
 
 
@@ -160,15 +165,18 @@ def test_native_ops_reject_bad_values():
     with pytest.raises(ValueError, match=r"row 1: write positions \[4, 6\) are outside \[0, 5\)"):
         torch.ops.specdec.kv_write_(cache, 0, k, k, torch.tensor([0, 4]))
     with pytest.raises(ValueError, match="row 0: num_keep 3 is outside"):
-        torch.ops.specdec.kv_compact_(cache, torch.zeros(2, 2, dtype=torch.int64),
-                                      torch.tensor([3, 0]), torch.tensor([0, 0]))
+        torch.ops.specdec.kv_compact_(
+            cache, torch.zeros(2, 2, dtype=torch.int64), torch.tensor([3, 0]), torch.tensor([0, 0])
+        )
     with pytest.raises(ValueError, match="row 0: source positions \\[7, 8\\)"):
-        torch.ops.specdec.kv_compact_(cache, torch.tensor([[7], [0]]), torch.tensor([1, 0]),
-                                      torch.tensor([0, 0]))
+        torch.ops.specdec.kv_compact_(
+            cache, torch.tensor([[7], [0]]), torch.tensor([1, 0]), torch.tensor([0, 0])
+        )
     paged = torch.zeros(1, 2, 3, 1, 2, 3)
     tables = torch.tensor([[0, -1], [1, 2]], dtype=torch.int32)
-    with pytest.raises(ValueError, match="row 0: write positions \\[1, 3\\) need block-table "
-                                         "entry 1, which is -1"):
+    with pytest.raises(
+        ValueError, match="row 0: write positions \\[1, 3\\) need block-table entry 1, which is -1"
+    ):
         torch.ops.specdec.paged_kv_write_(paged, 0, k, k, tables, torch.tensor([1, 0]))
     assert not cache.any() and not paged.any()
 
@@ -180,7 +188,7 @@ def _out_of_cache_cases(device="cpu"):
     g = torch.Generator().manual_seed(3)
     cache = random_values((1, 2, 3, 2, 5, 4), torch.float32, generator=g)
     k, v = (random_values((3, 2, 3, 4), torch.float32, generator=g) for _ in range(2))
-    offsets = torch.tensor([3, -2, 7])       # row 0: 3, 4 exist, 5 not; row 1: only 0; row 2: none
+    offsets = torch.tensor([3, -2, 7])  # row 0: 3, 4 exist, 5 not; row 1: only 0; row 2: none
     written = cache.clone()
     for b in range(3):
         for t in range(3):
@@ -211,9 +219,10 @@ def _out_of_cache_cases(device="cpu"):
         "kv_compact_": ((cache, src, keep, start), compacted),
         "paged_kv_write_": ((paged, 0, k, v, tables, paged_offsets), paged_written),
     }
-    return {name: (tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args),
-                   expected)
-            for name, (args, expected) in cases.items()}
+    return {
+        name: (tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args), expected)
+        for name, (args, expected) in cases.items()
+    }
 
 
 @pytest.mark.parametrize("name", ["kv_write_", "kv_compact_", "paged_kv_write_"])
@@ -235,8 +244,10 @@ def test_ops_reject_bad_metadata(impl_name):
         off = torch.zeros(3, dtype=torch.int64)
         cases = [
             (("kv_write_", cache, 2, k, k, off), "layer 2 is outside"),
-            (("kv_write_", cache, 0, k[:, :3], k[:, :3], off),
-             r"key must have shape \[B, H, T, D\]"),
+            (
+                ("kv_write_", cache, 0, k[:, :3], k[:, :3], off),
+                r"key must have shape \[B, H, T, D\]",
+            ),
             (("kv_write_", cache, 0, k.half(), k.half(), off), "key is (torch.float16|Half)"),
             (("kv_write_", cache, 0, k, k[:, :, :1], off), "key and value must have the same"),
             (("kv_write_", cache, 0, k, k, off.int()), "offsets must be"),
@@ -263,14 +274,25 @@ def _op_args(device="cpu"):
     tables = torch.tensor([[4, 1, -1], [0, 6, 2], [3, -1, -1]], dtype=torch.int32)
     args = {
         "kv_write_": (cache, 1, k, v, torch.tensor([0, 5, 2])),
-        "kv_compact_": (cache, torch.tensor([[3, 2, 4], [6, 5, 0], [1, 1, 9]]),
-                        torch.tensor([3, 2, 0]), torch.tensor([1, 4, 0])),
+        "kv_compact_": (
+            cache,
+            torch.tensor([[3, 2, 4], [6, 5, 0], [1, 1, 9]]),
+            torch.tensor([3, 2, 0]),
+            torch.tensor([1, 4, 0]),
+        ),
         "paged_kv_write_": (paged, 0, k, v, tables, torch.tensor([2, 7, 0])),
-        "paged_kv_compact_": (paged, tables, torch.tensor([[5, 2, 3], [8, 4, 0], [0, 0, 0]]),
-                              torch.tensor([2, 3, 1]), torch.tensor([2, 3, 0])),
+        "paged_kv_compact_": (
+            paged,
+            tables,
+            torch.tensor([[5, 2, 3], [8, 4, 0], [0, 0, 0]]),
+            torch.tensor([2, 3, 1]),
+            torch.tensor([2, 3, 0]),
+        ),
     }
-    return {name: tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in t)
-            for name, t in args.items()}
+    return {
+        name: tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in t)
+        for name, t in args.items()
+    }
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -299,8 +321,9 @@ def test_python_schemas_match_bindings_cpp(name):
     """The public op (defined in Python) and its native kernel (defined in C++) take the same
     arguments: the routing kernel passes them through positionally."""
     native = bindings_schemas()
-    assert native.get(_extension.NATIVE_PREFIX + name) == _extension.SCHEMAS[name], \
+    assert native.get(_extension.NATIVE_PREFIX + name) == _extension.SCHEMAS[name], (
         f"csrc/bindings.cpp and _extension.SCHEMAS disagree on {name}"
+    )
 
 
 def test_bindings_cpp_defines_no_other_kv_op():
@@ -333,8 +356,10 @@ def test_fake_kernels_propagate_under_torch_compile_tracing():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
-        args = {n: tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in t)
-                for n, t in _op_args().items()}
+        args = {
+            n: tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in t)
+            for n, t in _op_args().items()
+        }
         for name, a in args.items():
             getattr(torch.ops.specdec, name)(*a)
         with pytest.raises(ValueError, match="layer 5 is outside"):
@@ -381,8 +406,14 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
         print("OK", cache.lengths.tolist())
     """)
     env = dict(os.environ, SPECDEC_FORCE_FALLBACK="1")
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                            text=True, timeout=120, cwd=ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK [2, 1]" in result.stdout
 
@@ -408,8 +439,14 @@ def test_no_warning_from_registration_or_forced_fallback():
         print("OK", native)
     """)
     env = {k: v for k, v in os.environ.items() if k != _extension.FORCE_FALLBACK_ENV}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, cwd=ROOT, env=env)
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "OK" in result.stdout
 
@@ -476,10 +513,16 @@ def test_kvcache_tree_compaction_flow(impl, device):
     for layer in range(L):
         for b in range(B):
             n, s = int(keep[b]), int(start[b])
-            assert_same(cache.key(layer)[b, :, s:s + n], (tree + layer)[b, :, path[b, :n]],
-                        f"layer {layer} row {b} keys")
-            assert_same(cache.value(layer)[b, :, s:s + n], (tree - layer)[b, :, path[b, :n]],
-                        f"layer {layer} row {b} values")
+            assert_same(
+                cache.key(layer)[b, :, s : s + n],
+                (tree + layer)[b, :, path[b, :n]],
+                f"layer {layer} row {b} keys",
+            )
+            assert_same(
+                cache.value(layer)[b, :, s : s + n],
+                (tree - layer)[b, :, path[b, :n]],
+                f"layer {layer} row {b} values",
+            )
             assert_same(cache.key(layer)[b, :, :s], (prefix + layer)[b, :, :s], "prefix kept")
 
 
@@ -493,39 +536,70 @@ def test_kvcache_bad_input_raises_and_leaves_cache_unchanged(impl):
     lengths = cache.lengths
     k_ok = random_values((3, 2, 6, 4), torch.float32)
     cases = [
-        (lambda: cache.rollback(torch.tensor([1, 3, 0])),
-         "row 1 holds 2 tokens; cannot roll back 3"),
+        (
+            lambda: cache.rollback(torch.tensor([1, 3, 0])),
+            "row 1 holds 2 tokens; cannot roll back 3",
+        ),
         (lambda: cache.rollback(-1), "row 0 .* cannot roll back -1"),
-        (lambda: cache.advance(torch.tensor([0, 0, 11])),
-         "row 2 holds 0 tokens; cannot advance by 11"),
-        (lambda: cache.advance(torch.tensor([2**63 - 1, 0, 0])),
-         "row 0 holds 5 tokens; cannot advance by 9223372036854775807"),
-        (lambda: cache.rollback(torch.tensor([-(2**63), 0, 0])),
-         "row 0 holds 5 tokens; cannot roll back -9223372036854775808"),
+        (
+            lambda: cache.advance(torch.tensor([0, 0, 11])),
+            "row 2 holds 0 tokens; cannot advance by 11",
+        ),
+        (
+            lambda: cache.advance(torch.tensor([2**63 - 1, 0, 0])),
+            "row 0 holds 5 tokens; cannot advance by 9223372036854775807",
+        ),
+        (
+            lambda: cache.rollback(torch.tensor([-(2**63), 0, 0])),
+            "row 0 holds 5 tokens; cannot roll back -9223372036854775808",
+        ),
         (lambda: cache.advance(torch.tensor([1, 2])), r"must be an int or have shape \[3\]"),
         (lambda: cache.advance(1.5), "must be an int or an integer tensor"),
-        (lambda: cache.write(0, k_ok, k_ok), "row 0 holds 5 tokens; writing 6 more passes "
-                                            "max_seq_len = 10"),
+        (
+            lambda: cache.write(0, k_ok, k_ok),
+            "row 0 holds 5 tokens; writing 6 more passes max_seq_len = 10",
+        ),
         (lambda: cache.write(2, k, k), r"layer must be an int in \[0, 2\)"),
-        (lambda: cache.write(0, k.half(), k.half()), "k is torch.float16 but the cache is "
-                                                     "torch.float32"),
-        (lambda: cache.write(0, k[:2], k[:2]),
-         r"k must have shape \[B, H, T, D\] = \[3, 2, T, 4\]"),
+        (
+            lambda: cache.write(0, k.half(), k.half()),
+            "k is torch.float16 but the cache is torch.float32",
+        ),
+        (
+            lambda: cache.write(0, k[:2], k[:2]),
+            r"k must have shape \[B, H, T, D\] = \[3, 2, T, 4\]",
+        ),
         (lambda: cache.write(0, k, k[:, :, :2]), "k and v must have the same shape"),
         (lambda: cache.write(0, k, k.to("meta")), "v is on meta but the cache is on cpu"),
-        (lambda: cache.compact(torch.tensor([[4, 5], [0, 1], [0, 0]]), torch.tensor([2, 2, 0]),
-                               torch.tensor([3, 0, 0])),
-         r"row 0: src_positions\[0, 1\] = 5 is outside \[start, lengths\) = \[3, 5\)"),
-        (lambda: cache.compact(torch.tensor([[4, 3], [0, 1], [0, 0]]), torch.tensor([2, 2, 0]),
-                               torch.tensor([-1, 0, 0])),
-         r"row 0: start -1 \+ num_keep 2 must lie in \[0, lengths\] = \[0, 5\]"),
-        (lambda: cache.compact(torch.tensor([[4], [0], [0]]), torch.tensor([1, 3, 0]), 0),
-         r"row 1: num_keep 3 is outside \[0, 1\]"),
-        (lambda: cache.compact(torch.tensor([[4], [0], [0]]), torch.tensor([1, 0, 0]),
-                               torch.tensor([1, 3, 0])),
-         r"row 1: start 3 \+ num_keep 0 must lie in \[0, lengths\] = \[0, 2\]"),
-        (lambda: cache.compact(torch.tensor([[4], [0], [0]]), 1, 0),
-         r"row 2: start 0 \+ num_keep 1 must lie in \[0, lengths\] = \[0, 0\]"),
+        (
+            lambda: cache.compact(
+                torch.tensor([[4, 5], [0, 1], [0, 0]]),
+                torch.tensor([2, 2, 0]),
+                torch.tensor([3, 0, 0]),
+            ),
+            r"row 0: src_positions\[0, 1\] = 5 is outside \[start, lengths\) = \[3, 5\)",
+        ),
+        (
+            lambda: cache.compact(
+                torch.tensor([[4, 3], [0, 1], [0, 0]]),
+                torch.tensor([2, 2, 0]),
+                torch.tensor([-1, 0, 0]),
+            ),
+            r"row 0: start -1 \+ num_keep 2 must lie in \[0, lengths\] = \[0, 5\]",
+        ),
+        (
+            lambda: cache.compact(torch.tensor([[4], [0], [0]]), torch.tensor([1, 3, 0]), 0),
+            r"row 1: num_keep 3 is outside \[0, 1\]",
+        ),
+        (
+            lambda: cache.compact(
+                torch.tensor([[4], [0], [0]]), torch.tensor([1, 0, 0]), torch.tensor([1, 3, 0])
+            ),
+            r"row 1: start 3 \+ num_keep 0 must lie in \[0, lengths\] = \[0, 2\]",
+        ),
+        (
+            lambda: cache.compact(torch.tensor([[4], [0], [0]]), 1, 0),
+            r"row 2: start 0 \+ num_keep 1 must lie in \[0, lengths\] = \[0, 0\]",
+        ),
         (lambda: cache.compact(torch.tensor([[4.0], [0], [0]]), 0, 0), "integer tensor"),
         (lambda: cache.compact(torch.tensor([4, 0, 0]), 0, 0), r"shape \[3, P\]"),
     ]
@@ -542,8 +616,9 @@ def test_kvcache_without_validation_never_syncs_and_clamps(impl, device):
     """validate=False: same results for valid input; lengths clamped to [0, max_seq_len]."""
     cache = sk.KVCache(2, 2, 3, 4, 6, device=device)
     k = random_values((2, 3, 4, 4), torch.float32, device)
-    args = [torch.tensor(x, device=device) for x in ([4, 2], [[3, 1], [0, 0]], [2, 1], [1, 1],
-                                                     [5, 1])]
+    args = [
+        torch.tensor(x, device=device) for x in ([4, 2], [[3, 1], [0, 0]], [2, 1], [1, 1], [5, 1])
+    ]
     with no_host_sync():
         cache.write(0, k, -k, validate=False)
         cache.advance(args[0], validate=False)
@@ -593,14 +668,18 @@ def test_attention_over_ragged_rows_without_copying(device):
     kv_len = 12
     mask = cache.attention_mask(T, kv_len)
     assert mask.shape == (B, 1, T, kv_len) and mask.dtype == torch.bool
-    out = F.scaled_dot_product_attention(q, cache.key(0)[:, :, :kv_len],
-                                         cache.value(0)[:, :, :kv_len], attn_mask=mask)
+    out = F.scaled_dot_product_attention(
+        q, cache.key(0)[:, :, :kv_len], cache.value(0)[:, :, :kv_len], attn_mask=mask
+    )
     for b in range(B):
         n = int(cache.lengths[b]) + T
         expected = F.scaled_dot_product_attention(
-            q[b:b + 1], cache.key(0)[b:b + 1, :, :n], cache.value(0)[b:b + 1, :, :n],
-            attn_mask=torch.ones(T, n, dtype=torch.bool, device=device).tril(n - T))
-        torch.testing.assert_close(out[b:b + 1], expected, atol=1e-5, rtol=1e-5)
+            q[b : b + 1],
+            cache.key(0)[b : b + 1, :, :n],
+            cache.value(0)[b : b + 1, :, :n],
+            attn_mask=torch.ones(T, n, dtype=torch.bool, device=device).tril(n - T),
+        )
+        torch.testing.assert_close(out[b : b + 1], expected, atol=1e-5, rtol=1e-5)
 
 
 # ============================================================================================
@@ -645,8 +724,11 @@ def test_paged_tree_compaction_frees_blocks(impl, device):
     for layer in range(2):
         paged.write(layer, tree + layer, tree - layer)
     paged.advance(7)
-    freed = paged.compact(torch.tensor([[1, 6, 2], [5, 4, 0]], device=device),
-                          torch.tensor([3, 1], device=device), torch.tensor([1, 2], device=device))
+    freed = paged.compact(
+        torch.tensor([[1, 6, 2], [5, 4, 0]], device=device),
+        torch.tensor([3, 1], device=device),
+        torch.tensor([1, 2], device=device),
+    )
     assert paged.lengths.tolist() == [4, 3]
     assert [len(f) for f in freed] == [2, 2] and paged.num_free_blocks == 12 - 4
     for layer in range(2):
@@ -662,8 +744,9 @@ def test_paged_without_validation_never_syncs_and_clamps(impl, device):
     paged = sk.PagedKVCache(2, 8, 2, 3, 4, device=device, max_blocks_per_row=3)
     paged.add_rows(2)
     k = random_values((2, 3, 5, 4), torch.float32, device)
-    n, src, keep, start = (torch.tensor(x, device=device)
-                           for x in ([5, 3], [[4, 1], [0, 2]], [2, 1], [1, 0]))
+    n, src, keep, start = (
+        torch.tensor(x, device=device) for x in ([5, 3], [[4, 1], [0, 2]], [2, 1], [1, 0])
+    )
     with no_host_sync():
         for layer in range(2):
             paged.write(layer, k, -k, validate=False)
@@ -700,21 +783,38 @@ def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
     paged.advance(torch.tensor([4, 2]))
 
     def snapshot():
-        return (paged.kv.clone(), paged.lengths.clone(), paged.block_tables.clone(),
-                paged.num_free_blocks, paged.row_ids.clone())
+        return (
+            paged.kv.clone(),
+            paged.lengths.clone(),
+            paged.block_tables.clone(),
+            paged.num_free_blocks,
+            paged.row_ids.clone(),
+        )
 
     big = random_values((2, 2, 6, 4), torch.float32)
     cases = [
-        (lambda: paged.write(0, big, big), r"row 0 \(id 0\) holds 4 tokens; writing 6 more needs "
-                                           r"4 blocks of 3, a row holds at most 3"),
-        (lambda: paged.write(0, big[:, :, :5], big[:, :, :5]),
-         "out of free blocks: the rows need 2 more blocks, 1 are free"),
-        (lambda: paged.advance(torch.tensor([3, 0])),
-         r"row 0 \(id 0\) holds 4 tokens and owns 2 blocks \(6 positions\); cannot advance by 3"),
-        (lambda: paged.rollback(torch.tensor([0, 3])), r"row 1 \(id 1\) holds 2 tokens; cannot "
-                                                       "roll back 3"),
-        (lambda: paged.compact(torch.tensor([[3], [2]]), 1, torch.tensor([0, 1])),
-         r"row 1: src_positions\[1, 0\] = 2 is outside \[start, lengths\) = \[1, 2\)"),
+        (
+            lambda: paged.write(0, big, big),
+            r"row 0 \(id 0\) holds 4 tokens; writing 6 more needs "
+            r"4 blocks of 3, a row holds at most 3",
+        ),
+        (
+            lambda: paged.write(0, big[:, :, :5], big[:, :, :5]),
+            "out of free blocks: the rows need 2 more blocks, 1 are free",
+        ),
+        (
+            lambda: paged.advance(torch.tensor([3, 0])),
+            r"row 0 \(id 0\) holds 4 tokens and owns 2 blocks \(6 positions\); cannot advance by 3",
+        ),
+        (
+            lambda: paged.rollback(torch.tensor([0, 3])),
+            r"row 1 \(id 1\) holds 2 tokens; cannot "
+            "roll back 3",
+        ),
+        (
+            lambda: paged.compact(torch.tensor([[3], [2]]), 1, torch.tensor([0, 1])),
+            r"row 1: src_positions\[1, 0\] = 2 is outside \[start, lengths\) = \[1, 2\)",
+        ),
         (lambda: paged.write(0, k.double(), k.double()), "k is torch.float64"),
         (lambda: paged.remove_rows([1, 7]), "7 is not the id of a live row"),
         (lambda: paged.remove_rows([1, 1]), "duplicate ids"),
@@ -770,8 +870,10 @@ def test_cuda_kernels_match_cpu_kernel(shape, dtype):
     offsets = torch.randint(0, per_row * BS - T + 1, (B,))
     on_gpu = paged.cuda()
     for c, dev in ((paged, "cpu"), (on_gpu, "cuda")):
-        torch.ops.specdec.paged_kv_write_(c, 0, k.to(dev), v.to(dev), tables.to(dev),
-                                          offsets.to(dev))
-        torch.ops.specdec.paged_kv_compact_(c, tables.to(dev), src.to(dev), keep.to(dev),
-                                            start.to(dev))
+        torch.ops.specdec.paged_kv_write_(
+            c, 0, k.to(dev), v.to(dev), tables.to(dev), offsets.to(dev)
+        )
+        torch.ops.specdec.paged_kv_compact_(
+            c, tables.to(dev), src.to(dev), keep.to(dev), start.to(dev)
+        )
     assert_same(on_gpu.cpu(), paged, "paged cuda vs cpu")

@@ -20,8 +20,12 @@ from kv_helpers import assert_same, implementation, no_host_sync
 
 L, H, D = 2, 2, 3
 # KV_EXAMPLES=300 for a longer search (30 keeps the run short on a small CI machine).
-SETTINGS = settings(max_examples=int(os.environ.get("KV_EXAMPLES", 30)), deadline=None,
-                    derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=int(os.environ.get("KV_EXAMPLES", 30)),
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 class Row:
@@ -93,8 +97,9 @@ class Harness:
                     continue
                 for kv, got in ((0, keys), (1, values)):
                     expected = torch.stack([entry(row.buf[p], layer, kv) for p in known], dim=1)
-                    assert_same(got[b, :, known], expected,
-                                f"{what}: layer {layer} row {b} {'KV'[kv]}")
+                    assert_same(
+                        got[b, :, known], expected, f"{what}: layer {layer} row {b} {'KV'[kv]}"
+                    )
         if self.paged:
             tables = self.cache.block_tables
             owned = tables[tables >= 0].tolist()
@@ -158,9 +163,12 @@ class Harness:
     def compact(self, src: list[list[int]], keep: list[int], start: list[int]) -> None:
         P = max([len(s) for s in src], default=0)
         padded = torch.tensor([s + [-1] * (P - len(s)) for s in src], dtype=torch.int64)
-        freed = self.verb("compact", padded.view(len(self.rows), P),
-                          torch.tensor(keep, dtype=torch.int64),
-                          torch.tensor(start, dtype=torch.int64))
+        freed = self.verb(
+            "compact",
+            padded.view(len(self.rows), P),
+            torch.tensor(keep, dtype=torch.int64),
+            torch.tensor(start, dtype=torch.int64),
+        )
         for row, s, n, first in zip(self.rows, src, keep, start):
             moved = [row.buf.get(p) for p in s[:n]]  # None: unspecified data moves
             for i, token in enumerate(moved):
@@ -195,15 +203,17 @@ def _step(data, h: Harness, step: int) -> None:
         T = data.draw(st.integers(0, min(3, room)), label="T")
         if h.paged:  # enough free blocks?
             bs = h.cache.block_size
-            need = sum(max(0, math.ceil((r.length + T) / bs) - int((h.cache.block_tables[b] >= 0)
-                                                                   .sum()))
-                       for b, r in enumerate(rows))
+            need = sum(
+                max(0, math.ceil((r.length + T) / bs) - int((h.cache.block_tables[b] >= 0).sum()))
+                for b, r in enumerate(rows)
+            )
             if need > h.cache.num_free_blocks:
                 return
         h.write(T)
     elif kind == "advance":
-        h.advance([data.draw(st.integers(0, max(0, r.written - r.length)), label="n")
-                   for r in rows])
+        h.advance(
+            [data.draw(st.integers(0, max(0, r.written - r.length)), label="n") for r in rows]
+        )
     elif kind == "rollback":
         h.rollback([data.draw(st.integers(0, r.length), label="n") for r in rows])
     elif kind == "compact":
@@ -266,12 +276,14 @@ def _step(data, h: Harness, step: int) -> None:
 @pytest.mark.parametrize("validate", [True, False])
 @pytest.mark.parametrize("impl_name", ["native", "fallback"])
 @SETTINGS
-@given(data=st.data(), rows=st.integers(1, 3), max_seq_len=st.integers(1, 9),
-       steps=st.integers(1, 12))
+@given(
+    data=st.data(), rows=st.integers(1, 3), max_seq_len=st.integers(1, 9), steps=st.integers(1, 12)
+)
 def test_kvcache_matches_list_model(impl_name, validate, data, rows, max_seq_len, steps):
     with implementation(impl_name):
-        h = Harness(sk.KVCache(L, rows, H, D, max_seq_len), paged=False, rows=rows,
-                    validate=validate)
+        h = Harness(
+            sk.KVCache(L, rows, H, D, max_seq_len), paged=False, rows=rows, validate=validate
+        )
         for step in range(steps):
             _step(data, h, step)
 
@@ -279,10 +291,17 @@ def test_kvcache_matches_list_model(impl_name, validate, data, rows, max_seq_len
 @pytest.mark.parametrize("validate", [True, False])
 @pytest.mark.parametrize("impl_name", ["native", "fallback"])
 @SETTINGS
-@given(data=st.data(), rows=st.integers(0, 3), block_size=st.integers(1, 4),
-       num_blocks=st.integers(1, 10), max_blocks=st.integers(1, 4), steps=st.integers(1, 12))
-def test_paged_kvcache_matches_list_model(impl_name, validate, data, rows, block_size,
-                                          num_blocks, max_blocks, steps):
+@given(
+    data=st.data(),
+    rows=st.integers(0, 3),
+    block_size=st.integers(1, 4),
+    num_blocks=st.integers(1, 10),
+    max_blocks=st.integers(1, 4),
+    steps=st.integers(1, 12),
+)
+def test_paged_kvcache_matches_list_model(
+    impl_name, validate, data, rows, block_size, num_blocks, max_blocks, steps
+):
     with implementation(impl_name):
         cache = sk.PagedKVCache(L, num_blocks, block_size, H, D, max_blocks_per_row=max_blocks)
         cache.add_rows(rows)

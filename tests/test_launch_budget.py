@@ -31,8 +31,17 @@ def test_counter_counts_every_launch():
     assert sum(launches.values()) == 0
 
 
-_SYNCS = ("item", "tolist", "cpu", "numpy", "nonzero", "__bool__", "__int__", "__float__",
-          "__index__")
+_SYNCS = (
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "nonzero",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+)
 
 
 @contextlib.contextmanager
@@ -43,6 +52,7 @@ def no_host_sync():
     def forbid(name):
         def raise_(*args, **kwargs):
             raise AssertionError(f"host synchronisation: Tensor.{name}")
+
         return raise_
 
     try:
@@ -79,12 +89,18 @@ def _calls(backend):
     kw = dict(backend=backend, validate=False, num_draft_tokens=nd)
     return [
         lambda: sk.verify_greedy(logits, drafts, **kw),
-        lambda: sk.verify_sampling(logits, drafts, q, temperature=temp, seed=torch.arange(b),
-                                   **kw),
-        lambda: sk.verify_sampling(logits, drafts, None, temperature=0.8, top_k=5, top_p=0.9,
-                                   seed=3, **kw),
-        lambda: sk.verify_sampling(logits, drafts, q, top_k=torch.tensor([0, 3, 5, 50]),
-                                   top_p=torch.tensor([1.0, 0.5, 0.9, 0.99]), **kw),
+        lambda: sk.verify_sampling(logits, drafts, q, temperature=temp, seed=torch.arange(b), **kw),
+        lambda: sk.verify_sampling(
+            logits, drafts, None, temperature=0.8, top_k=5, top_p=0.9, seed=3, **kw
+        ),
+        lambda: sk.verify_sampling(
+            logits,
+            drafts,
+            q,
+            top_k=torch.tensor([0, 3, 5, 50]),
+            top_p=torch.tensor([1.0, 0.5, 0.9, 0.99]),
+            **kw,
+        ),
         lambda: sk.accept_reject(drafts, drafts, backend=backend),
     ]
 

@@ -17,17 +17,21 @@ def assert_close_verbose(actual, expected, atol, rtol, what=""):
     bad = ~torch.isclose(actual, expected, atol=atol, rtol=rtol)
     if bad.any():
         idx = bad.nonzero()[:5].tolist()
-        raise AssertionError(f"{what}: {int(bad.sum())} mismatches, first at {idx}: "
-                             f"{[actual[tuple(i)].item() for i in idx]} vs "
-                             f"{[expected[tuple(i)].item() for i in idx]}")
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} mismatches, first at {idx}: "
+            f"{[actual[tuple(i)].item() for i in idx]} vs "
+            f"{[expected[tuple(i)].item() for i in idx]}"
+        )
 
 
 # ---------------------------------------------------------------- build / output_size
 @pytest.mark.parametrize("batch, seq, embed_dim", [(1, 1, 8), (3, 7, 37), (2, 33, 64)])
 def test_build_shapes(batch, seq, embed_dim):
-    draft, verifier = sk.build(embed_dim=embed_dim,
-                               draft_model_opts={"hidden_size": 32, "num_layers": 1},
-                               verifier_model_opts={"hidden_size": 64, "num_layers": 2})
+    draft, verifier = sk.build(
+        embed_dim=embed_dim,
+        draft_model_opts={"hidden_size": 32, "num_layers": 1},
+        verifier_model_opts={"hidden_size": 64, "num_layers": 2},
+    )
     x = torch.randn(batch, seq, embed_dim)
     assert draft(x).shape == (batch, 32)
     assert verifier(x).shape == (batch, 64)
@@ -35,10 +39,16 @@ def test_build_shapes(batch, seq, embed_dim):
 
 def test_build_defaults():
     draft, verifier = sk.build(embed_dim=16)
-    assert (draft.config.hidden_size, draft.config.num_layers,
-            draft.config.num_heads) == (128, 2, 2)
-    assert (verifier.config.hidden_size, verifier.config.num_layers,
-            verifier.config.num_heads) == (512, 8, 8)
+    assert (draft.config.hidden_size, draft.config.num_layers, draft.config.num_heads) == (
+        128,
+        2,
+        2,
+    )
+    assert (verifier.config.hidden_size, verifier.config.num_layers, verifier.config.num_heads) == (
+        512,
+        8,
+        8,
+    )
     assert sk.output_size() == 512
     assert sk.output_size(verifier_model_opts={"hidden_size": 256}) == 256
     assert sk.output_size(embed_dim=16, verifier_model_opts={"hidden_size": 96}) == 96
@@ -64,13 +74,16 @@ def test_build_is_causal_last_position():
     assert not torch.allclose(states[0][:, 3:], states[1][:, 3:])
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(draft_model_type="lstm"), "draft_model_type"),
-    (dict(verifier_model_type="encoder"), "verifier_model_type"),
-    (dict(draft_model_opts={"hidden": 3}), "hidden"),
-    (dict(verifier_model_opts={"num_layers": 0}), "num_layers"),
-    (dict(verifier_model_opts={"hidden_size": 100, "num_heads": 3}), "divisible"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(draft_model_type="lstm"), "draft_model_type"),
+        (dict(verifier_model_type="encoder"), "verifier_model_type"),
+        (dict(draft_model_opts={"hidden": 3}), "hidden"),
+        (dict(verifier_model_opts={"num_layers": 0}), "num_layers"),
+        (dict(verifier_model_opts={"hidden_size": 100, "num_heads": 3}), "divisible"),
+    ],
+)
 def test_build_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         sk.build(embed_dim=8, **kwargs)
@@ -85,15 +98,24 @@ def test_build_requires_embed_dim():
 
 # ---------------------------------------------------------------- CausalLM <-> GPT-2
 def tiny_gpt2(tie=True, vocab=101, n_layer=2, dtype=torch.float64, **kw):
-    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=64, n_embd=32, n_layer=n_layer,
-                                  n_head=4, tie_word_embeddings=tie, bos_token_id=0,
-                                  eos_token_id=0, **kw)
+    cfg = transformers.GPT2Config(
+        vocab_size=vocab,
+        n_positions=64,
+        n_embd=32,
+        n_layer=n_layer,
+        n_head=4,
+        tie_word_embeddings=tie,
+        bos_token_id=0,
+        eos_token_id=0,
+        **kw,
+    )
     return transformers.GPT2LMHeadModel(cfg).eval().to(dtype)
 
 
 @pytest.mark.parametrize("tie", [True, False])
-@pytest.mark.parametrize("dtype, atol, rtol", [(torch.float64, 1e-12, 1e-12),
-                                               (torch.float32, 2e-5, 2e-5)])
+@pytest.mark.parametrize(
+    "dtype, atol, rtol", [(torch.float64, 1e-12, 1e-12), (torch.float32, 2e-5, 2e-5)]
+)
 def test_from_hf_same_logits(tie, dtype, atol, rtol):
     hf = tiny_gpt2(tie, dtype=dtype)
     lm = CausalLM.from_hf(hf)
@@ -106,8 +128,20 @@ def test_from_hf_same_logits(tie, dtype, atol, rtol):
 
 @pytest.mark.parametrize("tie", [True, False])
 def test_to_hf_roundtrip(tie):
-    lm = CausalLM(CausalLMConfig(vocab_size=53, n_positions=32, n_embd=24, n_layer=2, n_head=3,
-                                 tie_word_embeddings=tie)).double().eval()
+    lm = (
+        CausalLM(
+            CausalLMConfig(
+                vocab_size=53,
+                n_positions=32,
+                n_embd=24,
+                n_layer=2,
+                n_head=3,
+                tie_word_embeddings=tie,
+            )
+        )
+        .double()
+        .eval()
+    )
     hf = lm.to_hf()
     x = torch.randint(0, 53, (2, 11))
     with torch.no_grad():
@@ -127,8 +161,11 @@ def test_from_hf_rejects_unsupported():
 def test_cached_ragged_forward_matches_full(lengths):
     """Ragged right-padded prefill through the cache, then one chunk per row, equals a plain
     forward pass of each row alone."""
-    lm = CausalLM(CausalLMConfig(vocab_size=41, n_positions=32, n_embd=16, n_layer=2,
-                                 n_head=2)).double().eval()
+    lm = (
+        CausalLM(CausalLMConfig(vocab_size=41, n_positions=32, n_embd=16, n_layer=2, n_head=2))
+        .double()
+        .eval()
+    )
     B, chunk = len(lengths), 3
     rows = [torch.randint(0, 41, (n + chunk,)) for n in lengths]
     cache = lm.new_cache(B, 32)
@@ -149,8 +186,9 @@ def test_cached_ragged_forward_matches_full(lengths):
 
 
 def test_save_load_roundtrip(tmp_path):
-    lm = CausalLM(CausalLMConfig(vocab_size=19, n_positions=16, n_embd=8, n_layer=1, n_head=2,
-                                 eos_token_id=3)).eval()
+    lm = CausalLM(
+        CausalLMConfig(vocab_size=19, n_positions=16, n_embd=8, n_layer=1, n_head=2, eos_token_id=3)
+    ).eval()
     lm.save(tmp_path / "m.safetensors")
     back = CausalLM.load(tmp_path / "m.safetensors")
     assert back.config == lm.config

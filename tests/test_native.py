@@ -17,15 +17,20 @@ from specdec_kernels import _dispatch
 from conftest import assert_verification_equal
 from helpers import make_draft_probs, make_inputs
 
-pytestmark = pytest.mark.skipif(not _dispatch.native_available(),
-                                reason="the C++ extension (native backend) is not built")
+pytestmark = pytest.mark.skipif(
+    not _dispatch.native_available(), reason="the C++ extension (native backend) is not built"
+)
 
 
 def _case(b=6, k=4, v=9000, dtype=torch.bfloat16, filters=True):
     logits, _, nd = make_inputs(b, k, v, dtype=dtype, ragged=True, strided=True, scale=3.0)
     q, drafts = make_draft_probs(b, k, v, dtype=dtype)
-    kwargs = dict(draft_probs=q, num_draft_tokens=nd, seed=torch.arange(b) * 31 + 7,
-                  temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.9])[:b])
+    kwargs = dict(
+        draft_probs=q,
+        num_draft_tokens=nd,
+        seed=torch.arange(b) * 31 + 7,
+        temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.9])[:b],
+    )
     if filters:
         kwargs["top_k"] = torch.tensor([0, 7, 50, 0, 3, 100])[:b]
         kwargs["top_p"] = torch.tensor([0.9, 1.0, 0.7, 0.5, 1.0, 0.95])[:b]
@@ -45,12 +50,16 @@ def test_result_does_not_depend_on_the_thread_count(filters):
             torch.set_num_threads(n)
             out = sk.verify_sampling(logits, drafts, backend="native", **kwargs)
             assert_verification_equal(out, expected, f"{n} threads")
-            greedy = sk.verify_greedy(logits, drafts, backend="native",
-                                      num_draft_tokens=kwargs["num_draft_tokens"])
+            greedy = sk.verify_greedy(
+                logits, drafts, backend="native", num_draft_tokens=kwargs["num_draft_tokens"]
+            )
             assert_verification_equal(
-                greedy, sk.verify_greedy(logits, drafts, backend="reference",
-                                         num_draft_tokens=kwargs["num_draft_tokens"]),
-                f"greedy, {n} threads")
+                greedy,
+                sk.verify_greedy(
+                    logits, drafts, backend="reference", num_draft_tokens=kwargs["num_draft_tokens"]
+                ),
+                f"greedy, {n} threads",
+            )
     finally:
         torch.set_num_threads(threads)
 
@@ -64,8 +73,9 @@ _CAPABILITY_SCRIPT = textwrap.dedent("""
     logits, _, nd = make_inputs(5, 3, 5000, ragged=True, strided=True, scale=3.0)
     q, drafts = make_draft_probs(5, 3, 5000)
     for kw in (dict(), dict(top_k=20, top_p=0.8), dict(temperature=0.0)):
-        a = sk.verify_sampling(logits, drafts, q, num_draft_tokens=nd, seed=11, backend="native", **kw)
-        b = sk.verify_sampling(logits, drafts, q, num_draft_tokens=nd, seed=11, backend="reference", **kw)
+        kw = dict(kw, num_draft_tokens=nd, seed=11)
+        a = sk.verify_sampling(logits, drafts, q, backend="native", **kw)
+        b = sk.verify_sampling(logits, drafts, q, backend="reference", **kw)
         assert torch.equal(a.tokens, b.tokens), (kw, a.tokens, b.tokens)
     print("ok")
 """)
@@ -78,9 +88,14 @@ def test_every_cpu_capability_build_matches_the_reference(capability):
     machine that runs them (the AVX-512 one runs in every other test where the CPU has it)."""
     tests = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
-    proc = subprocess.run([sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests)],
-                          env=env, capture_output=True, text=True, timeout=300,
-                          cwd=os.path.dirname(tests))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(tests),
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     used, verdict = proc.stdout.split()[-2:]
     if capability == "avx2" and used != "AVX2":
@@ -97,8 +112,17 @@ def test_adapter_checks_name_the_argument():
     with pytest.raises(ValueError, match="temperature and seeds are required"):
         op(logits, drafts, None, nd, None, None, None, None, False)
     with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, K, V\] = \[2, 3, 10\]"):
-        op(logits, drafts, torch.ones(2, 3, 9), nd, torch.ones(2), None, None,
-           torch.arange(2), False)
+        op(
+            logits,
+            drafts,
+            torch.ones(2, 3, 9),
+            nd,
+            torch.ones(2),
+            None,
+            None,
+            torch.arange(2),
+            False,
+        )
     with pytest.raises(ValueError, match="stride 1 in its last"):
         op(logits.transpose(1, 2), drafts.new_zeros(2, 9), None, nd, None, None, None, None, True)
     with pytest.raises(TypeError, match="target_logits must be float32, bfloat16 or float16"):

@@ -12,9 +12,10 @@ checks per case and 7 cases, so a correct implementation fails a run with probab
 with all the tests together, and a single check less than once in 10^7 runs.
 Power: before testing, each chi-square check computes (scipy's noncentral chi-square) its power
 against a 2% bias (0.02 of probability mass moved from the most likely token to the second most
-likely) at its actual sample size and requires it to be at least 0.99; the acceptance check detects an absolute
-acceptance error of 0.02 with power > 0.99 at these sample sizes (asserted too). An implementation
-that rejects everything fails the acceptance check at position 0 (observed 0 vs expected > 0.3).
+likely) at its actual sample size and requires it to be at least 0.99; the acceptance check
+detects an absolute acceptance error of 0.02 with power > 0.99 at these sample sizes (asserted
+too). An implementation that rejects everything fails the acceptance check at position 0
+(observed 0 vs expected > 0.3).
 
 The tests run the reference backend (vectorised, fast on CPU) and the native C++ kernels (fast
 too; they draw the same numbers, so they are the same experiment on a second implementation and
@@ -85,8 +86,10 @@ def chi_square_check(observed_tokens, p, what):
     power = stats.ncx2.sf(critical, df, lam)
     print(f"{what}: n={n} chi2={stat:.1f} critical={critical:.1f} power(2% bias)={power:.4f}")
     assert power >= 0.99, f"{what}: the test is too weak (power {power:.3f} with n={n})"
-    assert stat < critical, (f"{what}: chi-square {stat:.1f} >= {critical:.1f} (df={df}, n={n}); "
-                             f"observed {obs_s.tolist()} expected {[round(e, 1) for e in exp_s.tolist()]}")
+    assert stat < critical, (
+        f"{what}: chi-square {stat:.1f} >= {critical:.1f} (df={df}, n={n}); "
+        f"observed {obs_s.tolist()} expected {[round(e, 1) for e in exp_s.tolist()]}"
+    )
 
 
 def acceptance_check(hits, trials, expected, what):
@@ -99,7 +102,9 @@ def acceptance_check(hits, trials, expected, what):
         assert rate == expected, f"{what}: acceptance {rate} != {expected}"
     else:
         z = (rate - expected) / sd
-        assert abs(z) < Z_CRIT, f"{what}: acceptance {rate:.4f} vs sum min(p, q) = {expected:.4f} (z = {z:.1f})"
+        assert abs(z) < Z_CRIT, (
+            f"{what}: acceptance {rate:.4f} vs sum min(p, q) = {expected:.4f} (z = {z:.1f})"
+        )
 
 
 CASES = {
@@ -132,14 +137,25 @@ def test_emitted_tokens_follow_target_and_acceptance_is_sum_min(case, backend):
         drafts = torch.multinomial(q_single, N, replacement=True, generator=g).T  # [N, K]
         q = q_single.expand(N, k, v)
         beta = torch.minimum(p[:k], q_single.double()).sum(-1)
-    out = sk.verify_sampling(logits.expand(N, k + 1, v), drafts, q,
-                             temperature=cfg["temperature"], top_k=cfg["top_k"],
-                             top_p=cfg["top_p"], seed=torch.arange(N) + 10**9,
-                             backend=backend, validate=False)
+    out = sk.verify_sampling(
+        logits.expand(N, k + 1, v),
+        drafts,
+        q,
+        temperature=cfg["temperature"],
+        top_k=cfg["top_k"],
+        top_p=cfg["top_p"],
+        seed=torch.arange(N) + 10**9,
+        backend=backend,
+        validate=False,
+    )
     for j in range(k + 1):
         reached = out.num_emitted > j
         chi_square_check(out.tokens[reached, j], p[j], f"{case} position {j}")
         if j < k:
             at_j = out.num_accepted >= j
-            acceptance_check(int((out.num_accepted[at_j] > j).sum()), int(at_j.sum()),
-                             float(beta[j]), f"{case} position {j}")
+            acceptance_check(
+                int((out.num_accepted[at_j] > j).sum()),
+                int(at_j.sum()),
+                float(beta[j]),
+                f"{case} position {j}",
+            )

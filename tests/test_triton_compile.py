@@ -16,9 +16,13 @@ def test_kernels_compile_for_nvidia_targets(arch):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     env["TRITON_DEFAULT_FP_FUSION"] = "0"
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "aot_compile.py"), arch,
-                           "--fail-on-spills"],
-                          capture_output=True, text=True, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "aot_compile.py"), arch, "--fail-on-spills"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count(": ok") >= 20, proc.stdout
     assert "SPILLS" not in proc.stdout and " 0 spill bytes" in proc.stdout, proc.stdout

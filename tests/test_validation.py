@@ -19,14 +19,33 @@ def _good():
 
 
 @pytest.mark.parametrize("fn", ["greedy", "sampling"])
-@pytest.mark.parametrize("mutate, error, pattern", [
-    (lambda l, d, q: (l[0], d, q), ValueError, r"target_logits must have shape \[B, K\+1, V\].*\[5, 50\]"),
-    (lambda l, d, q: (l.long(), d, q), TypeError, r"target_logits must have dtype.*int64"),
-    (lambda l, d, q: (l.transpose(1, 2), d.new_zeros(B, V - 1), q), ValueError, r"target_logits must have stride 1"),
-    (lambda l, d, q: (l, d[:, :3], q), ValueError, r"draft_tokens must have shape \[B, K\].*\[3, 4\], got \[3, 3\]"),
-    (lambda l, d, q: (l, d.float(), q), TypeError, r"draft_tokens must have dtype"),
-    (lambda l, d, q: ([[1.0]], d, q), TypeError, r"target_logits must be a torch.Tensor, got list"),
-])
+@pytest.mark.parametrize(
+    "mutate, error, pattern",
+    [
+        (
+            lambda l, d, q: (l[0], d, q),
+            ValueError,
+            r"target_logits must have shape \[B, K\+1, V\].*\[5, 50\]",
+        ),
+        (lambda l, d, q: (l.long(), d, q), TypeError, r"target_logits must have dtype.*int64"),
+        (
+            lambda l, d, q: (l.transpose(1, 2), d.new_zeros(B, V - 1), q),
+            ValueError,
+            r"target_logits must have stride 1",
+        ),
+        (
+            lambda l, d, q: (l, d[:, :3], q),
+            ValueError,
+            r"draft_tokens must have shape \[B, K\].*\[3, 4\], got \[3, 3\]",
+        ),
+        (lambda l, d, q: (l, d.float(), q), TypeError, r"draft_tokens must have dtype"),
+        (
+            lambda l, d, q: ([[1.0]], d, q),
+            TypeError,
+            r"target_logits must be a torch.Tensor, got list",
+        ),
+    ],
+)
 def test_structural_errors_always_raise(fn, mutate, error, pattern):
     logits, drafts, q = mutate(*_good())
     for validate in (True, False):
@@ -39,17 +58,24 @@ def test_structural_errors_always_raise(fn, mutate, error, pattern):
 
 def test_draft_probs_shape_and_dtype():
     logits, drafts, q = _good()
-    with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, K, V\] = \[3, 4, 50\], got \[3, 4, 49\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"draft_probs must have shape \[B, K, V\] = \[3, 4, 50\], got \[3, 4, 49\]",
+    ):
         sk.verify_sampling(logits, drafts, q[..., :49])
     with pytest.raises(TypeError, match="draft_probs must have dtype"):
         sk.verify_sampling(logits, drafts, q.double())
-    with pytest.raises(ValueError, match=r"num_draft_tokens must have shape \[B\] = \[3\], got \[2\]"):
+    with pytest.raises(
+        ValueError, match=r"num_draft_tokens must have shape \[B\] = \[3\], got \[2\]"
+    ):
         sk.verify_sampling(logits, drafts, num_draft_tokens=torch.tensor([1, 2]))
     with pytest.raises(ValueError, match=r"temperature must have shape \[B\] = \[3\], got \[4\]"):
         sk.verify_sampling(logits, drafts, temperature=torch.ones(4))
     with pytest.raises(ValueError, match="at most one of seed and generator"):
         sk.verify_sampling(logits, drafts, seed=1, generator=torch.Generator())
-    with pytest.raises(TypeError, match="seed must be None, an int or a \\[B\\] int64 tensor, got str"):
+    with pytest.raises(
+        TypeError, match="seed must be None, an int or a \\[B\\] int64 tensor, got str"
+    ):
         sk.verify_sampling(logits, drafts, seed="7")
     with pytest.raises(ValueError, match="backend must be one of"):
         sk.verify_sampling(logits, drafts, backend="cuda")
@@ -66,21 +92,57 @@ def test_backend_from_environment(monkeypatch):
         assert torch.equal(sk.verify_greedy(logits, drafts).tokens, expected.tokens)
 
 
-@pytest.mark.parametrize("case, kwargs, pattern", [
-    ("draft id >= V", {}, r"draft_tokens\[1, 2\] = 50 is outside \[0, V\) with V = 50"),
-    ("negative draft id", {}, r"draft_tokens\[0, 0\] = -3 is outside"),
-    ("nan logits", {}, r"target_logits must not hold NaN or \+inf \(-inf masks a token\), got target_logits\[2, 1, 7\] = nan"),
-    ("+inf logits", {}, r"target_logits must not hold NaN or \+inf .*got target_logits\[0, 4, 0\] = inf"),
-    ("all -inf row", {}, r"target_logits\[1, 2\] has no finite entry"),
-    ("overflowing temperature", {"temperature": torch.tensor([1.0, 1e-38, 1.0])}, r"temperature\[1\] = 1e-38 is so small that logits / temperature overflows float32"),
-    ("num_draft_tokens > K", {"num_draft_tokens": torch.tensor([4, 5, 0])}, r"num_draft_tokens must lie in \[0, K\] = \[0, 4\], got num_draft_tokens\[1\] = 5"),
-    ("num_draft_tokens < 0", {"num_draft_tokens": torch.tensor([4, 1, -1])}, r"num_draft_tokens\[2\] = -1"),
-    ("negative temperature", {"temperature": torch.tensor([1.0, -0.5, 1.0])}, r"temperature must be finite and >= 0, got temperature\[1\] = -0.5"),
-    ("scalar negative temperature", {"temperature": -1.0}, r"temperature must be >= 0, got -1.0"),
-    ("top_p 0", {"top_p": torch.tensor([0.5, 0.0, 1.0])}, r"top_p must be in \(0, 1\], got top_p\[1\] = 0.0"),
-    ("top_p > 1", {"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
-    ("top_k < 0", {"top_k": -2}, r"top_k must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "case, kwargs, pattern",
+    [
+        ("draft id >= V", {}, r"draft_tokens\[1, 2\] = 50 is outside \[0, V\) with V = 50"),
+        ("negative draft id", {}, r"draft_tokens\[0, 0\] = -3 is outside"),
+        (
+            "nan logits",
+            {},
+            r"target_logits must not hold NaN or \+inf \(-inf masks a token\), "
+            r"got target_logits\[2, 1, 7\] = nan",
+        ),
+        (
+            "+inf logits",
+            {},
+            r"target_logits must not hold NaN or \+inf .*got target_logits\[0, 4, 0\] = inf",
+        ),
+        ("all -inf row", {}, r"target_logits\[1, 2\] has no finite entry"),
+        (
+            "overflowing temperature",
+            {"temperature": torch.tensor([1.0, 1e-38, 1.0])},
+            r"temperature\[1\] = 1e-38 is so small that logits / temperature overflows float32",
+        ),
+        (
+            "num_draft_tokens > K",
+            {"num_draft_tokens": torch.tensor([4, 5, 0])},
+            r"num_draft_tokens must lie in \[0, K\] = \[0, 4\], got num_draft_tokens\[1\] = 5",
+        ),
+        (
+            "num_draft_tokens < 0",
+            {"num_draft_tokens": torch.tensor([4, 1, -1])},
+            r"num_draft_tokens\[2\] = -1",
+        ),
+        (
+            "negative temperature",
+            {"temperature": torch.tensor([1.0, -0.5, 1.0])},
+            r"temperature must be finite and >= 0, got temperature\[1\] = -0.5",
+        ),
+        (
+            "scalar negative temperature",
+            {"temperature": -1.0},
+            r"temperature must be >= 0, got -1.0",
+        ),
+        (
+            "top_p 0",
+            {"top_p": torch.tensor([0.5, 0.0, 1.0])},
+            r"top_p must be in \(0, 1\], got top_p\[1\] = 0.0",
+        ),
+        ("top_p > 1", {"top_p": 1.5}, r"top_p must be in \(0, 1\], got 1.5"),
+        ("top_k < 0", {"top_k": -2}, r"top_k must be >= 0"),
+    ],
+)
 def test_value_errors(case, kwargs, pattern):
     logits, drafts, _ = _good()
     if case == "draft id >= V":
@@ -98,7 +160,9 @@ def test_value_errors(case, kwargs, pattern):
     before = (logits.clone(), drafts.clone())
     with pytest.raises(ValueError, match=pattern):
         sk.verify_sampling(logits, drafts, **kwargs)
-    assert torch.equal(before[1], drafts) and torch.equal(before[0].nan_to_num(), logits.nan_to_num())
+    assert torch.equal(before[1], drafts) and torch.equal(
+        before[0].nan_to_num(), logits.nan_to_num()
+    )
 
 
 def test_padding_beyond_num_draft_tokens_is_ignored():
@@ -119,7 +183,10 @@ def test_bad_draft_probs(pattern):
         match = r"draft_probs\[1, 3\] has negative entries"
     else:
         q[2, 0] *= 1.01
-        match = r"draft_probs\[2, 0\] does not sum to 1 \(tolerance 0.001 for torch.float32\): sum = 1.01"
+        match = (
+            r"draft_probs\[2, 0\] does not sum to 1 \(tolerance 0.001 for torch.float32\): "
+            r"sum = 1.01"
+        )
     with pytest.raises(ValueError, match=match):
         sk.verify_sampling(logits, drafts, q)
     # rows at positions >= k_b are not checked (padding may be anything)
@@ -143,10 +210,25 @@ def test_garbage_with_validate_false_stays_in_bounds(backend, trial):
     q[1] = 0.0
     nd = torch.randint(-3, k + 4, (b,), generator=g)
     temp = torch.tensor([0.0, 1.0, -1.0, float("nan"), 1e-30, 5.0])
-    for top_k, top_p in [(None, None), (torch.randint(-2, 50, (b,), generator=g), torch.rand(b, generator=g) * 2 - 0.5)]:
-        out = sk.verify_sampling(logits, drafts, q, temperature=temp, top_k=top_k, top_p=top_p,
-                                 num_draft_tokens=nd, seed=trial, backend=backend, validate=False)
-        greedy = sk.verify_greedy(logits, drafts, num_draft_tokens=nd, backend=backend, validate=False)
+    for top_k, top_p in [
+        (None, None),
+        (torch.randint(-2, 50, (b,), generator=g), torch.rand(b, generator=g) * 2 - 0.5),
+    ]:
+        out = sk.verify_sampling(
+            logits,
+            drafts,
+            q,
+            temperature=temp,
+            top_k=top_k,
+            top_p=top_p,
+            num_draft_tokens=nd,
+            seed=trial,
+            backend=backend,
+            validate=False,
+        )
+        greedy = sk.verify_greedy(
+            logits, drafts, num_draft_tokens=nd, backend=backend, validate=False
+        )
         for res in (out, greedy):
             tokens = res.tokens
             assert tokens.shape == (b, k + 1)
@@ -166,16 +248,19 @@ def test_minus_inf_logits_are_masked_tokens(backend):
     masked = torch.rand(logits.shape, generator=torch.Generator().manual_seed(3)) < 0.5
     masked[..., 0] = False  # keep a finite entry per row
     x = logits.masked_fill(masked, float("-inf"))
-    out = sk.verify_sampling(x, drafts, q, temperature=0.8, top_k=20, top_p=0.9, seed=5,
-                             backend=backend)
+    out = sk.verify_sampling(
+        x, drafts, q, temperature=0.8, top_k=20, top_p=0.9, seed=5, backend=backend
+    )
     emitted = out.tokens[:, None, :].expand(-1, x.shape[1], -1)
     rows = torch.arange(x.shape[1])[None, :, None].expand_as(emitted)
     pos = torch.arange(x.shape[1])[None, None, :].expand_as(emitted)
     live = (emitted >= 0) & (rows == pos)
     assert not bool(masked.gather(-1, emitted.clamp_min(0))[live].any()), "a masked token came out"
     greedy = sk.verify_greedy(x, drafts, backend=backend)
-    assert torch.equal(greedy.tokens, sk.verify_greedy(logits.masked_fill(masked, -1e30), drafts,
-                                                       backend=backend).tokens)
+    assert torch.equal(
+        greedy.tokens,
+        sk.verify_greedy(logits.masked_fill(masked, -1e30), drafts, backend=backend).tokens,
+    )
 
 
 def test_tiny_temperatures():
@@ -188,8 +273,9 @@ def test_tiny_temperatures():
         assert out.tokens.tolist() == [[1]]
         with pytest.raises(ValueError, match="temperature.*overflows float32"):
             sk.verify_sampling(logits, none, temperature=1e-38, seed=0, backend=backend)
-        out = sk.verify_sampling(logits, none, temperature=1e-38, seed=0, backend=backend,
-                                 validate=False)
+        out = sk.verify_sampling(
+            logits, none, temperature=1e-38, seed=0, backend=backend, validate=False
+        )
         assert 0 <= int(out.tokens[0, 0]) < 3
     huge = sk.verify_sampling(logits, none, temperature=1e4, seed=0)  # nearly uniform, valid
     assert 0 <= int(huge.tokens[0, 0]) < 3

@@ -35,8 +35,7 @@ def _check_against_reference(b, k, v, dtype, device, backend, **kw):
 @pytest.mark.parametrize("b, k, v", SHAPES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_kernel_matches_reference(b, k, v, dtype, device, backend):
-    _check_against_reference(b, k, v, dtype, device, backend, ragged=True,
-                             strided=(b % 2 == 1))
+    _check_against_reference(b, k, v, dtype, device, backend, ragged=True, strided=(b % 2 == 1))
 
 
 @pytest.mark.slow
@@ -58,8 +57,9 @@ def test_native_matches_reference_large(b, k, v, dtype, backend):
 def test_both_strategies_match_reference(b, k, v, strategy, device):
     logits, drafts, nd = make_inputs(b, k, v, device=device, ragged=True, strided=True)
     nd = nd if nd is not None else torch.full((b,), k, device=device)
-    tokens, accepted = triton_ops.verify(logits, drafts, None, nd, None, None, None, None,
-                                  greedy_only=True, strategy=strategy)
+    tokens, accepted = triton_ops.verify(
+        logits, drafts, None, nd, None, None, None, None, greedy_only=True, strategy=strategy
+    )
     ref_tokens, ref_accepted, _ = reference_greedy(logits, drafts, nd)
     assert_same(tokens.cpu(), ref_tokens.cpu(), f"{strategy} tokens")
     assert_same(accepted.cpu(), ref_accepted.cpu(), f"{strategy} num_accepted")
@@ -67,7 +67,7 @@ def test_both_strategies_match_reference(b, k, v, strategy, device):
 
 def test_hand_checked_example():
     # argmax per position: 1, 2, 0. Draft [1, 0] accepts 1, rejects 0, emits the target's 2.
-    logits = torch.tensor([[[0., 5., 0.], [0., 0., 5.], [5., 0., 0.]]])
+    logits = torch.tensor([[[0.0, 5.0, 0.0], [0.0, 0.0, 5.0], [5.0, 0.0, 0.0]]])
     for backend in available(ALL_BACKENDS):
         out = sk.verify_greedy(logits, torch.tensor([[1, 0]]), backend=backend)
         assert out.tokens.tolist() == [[1, 2, -1]]
@@ -111,9 +111,13 @@ def test_invariants(backend):
 
 # --- accept_reject -----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_accept_reject_1d_and_2d(backend):
-    assert sk.accept_reject(torch.tensor([5, 7, 9]), torch.tensor([5, 7, 1]), backend=backend).item() == 2
+    assert (
+        sk.accept_reject(torch.tensor([5, 7, 9]), torch.tensor([5, 7, 1]), backend=backend).item()
+        == 2
+    )
     assert sk.accept_reject(torch.tensor([1, 2]), torch.tensor([0, 2]), backend=backend).item() == 0
     assert sk.accept_reject(torch.tensor([1, 2]), torch.tensor([1, 2]), backend=backend).item() == 2
     zero_d = sk.accept_reject(torch.tensor([4]), torch.tensor([4]), backend=backend)
@@ -129,9 +133,14 @@ def test_accept_reject_1d_and_2d(backend):
 def test_accept_reject_kernel_matches_reference(b, k, device, backend):
     skip_native_off_cpu(backend, device)
     a = torch.randint(0, 3, (b, k), device=device)
-    c = torch.where(torch.rand(b, k, device=device) < 0.9, a, torch.randint(0, 3, (b, k), device=device))
-    assert_same(sk.accept_reject(a, c, backend=backend).cpu(),
-                sk.accept_reject(a, c, backend="reference").cpu(), f"{backend} accept_reject")
+    c = torch.where(
+        torch.rand(b, k, device=device) < 0.9, a, torch.randint(0, 3, (b, k), device=device)
+    )
+    assert_same(
+        sk.accept_reject(a, c, backend=backend).cpu(),
+        sk.accept_reject(a, c, backend="reference").cpu(),
+        f"{backend} accept_reject",
+    )
 
 
 def test_accept_reject_errors():
@@ -140,4 +149,6 @@ def test_accept_reject_errors():
     with pytest.raises(TypeError, match="verifier_tokens must have dtype"):
         sk.accept_reject(torch.zeros(3, dtype=torch.long), torch.zeros(3))
     with pytest.raises(ValueError, match="backend must be one of"):
-        sk.accept_reject(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), backend="cuda")
+        sk.accept_reject(
+            torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), backend="cuda"
+        )

@@ -29,14 +29,21 @@ FILTERS = [(None, None), (5, None), (None, 0.8), (20, 0.9)]
 
 
 def _sampling_case(b, k, v, dtype, device, with_q, top_k, top_p, seed=1234):
-    logits, _, nd = make_inputs(b, k, v, dtype=dtype, device=device, ragged=True, strided=True,
-                                scale=3.0)
+    logits, _, nd = make_inputs(
+        b, k, v, dtype=dtype, device=device, ragged=True, strided=True, scale=3.0
+    )
     q, drafts = make_draft_probs(b, k, v, device=device)
     nd = nd if nd is not None else torch.full((b,), k, device=device)
     temperature = torch.tensor([0.0, 0.7, 1.0, 1.3][: min(b, 4)] * (b // 4 + 1))[:b].to(device)
     seeds = torch.arange(b, dtype=torch.int64, device=device) * 7919 + seed
-    kwargs = dict(draft_probs=q if with_q else None, temperature=temperature, top_k=top_k,
-                  top_p=top_p, num_draft_tokens=nd, seed=seeds)
+    kwargs = dict(
+        draft_probs=q if with_q else None,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        num_draft_tokens=nd,
+        seed=seeds,
+    )
     return logits, drafts, kwargs
 
 
@@ -45,8 +52,11 @@ def _check(b, k, v, dtype, device, with_q, top_k, top_p, backend):
     logits, drafts, kwargs = _sampling_case(b, k, v, dtype, device, with_q, top_k, top_p)
     expected = sk.verify_sampling(logits, drafts, backend="reference", **kwargs)
     actual = sk.verify_sampling(logits, drafts, backend=backend, **kwargs)
-    assert_verification_equal(actual, expected, f"{backend} B={b} K={k} V={v} {dtype} "
-                              f"q={with_q} top_k={top_k} top_p={top_p}")
+    assert_verification_equal(
+        actual,
+        expected,
+        f"{backend} B={b} K={k} V={v} {dtype} q={with_q} top_k={top_k} top_p={top_p}",
+    )
 
 
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
@@ -101,8 +111,16 @@ def test_row_and_split_strategies_are_identical(with_filter, device):
     ops = triton_ops
     topk = torch.tensor([0, 7, 50, 0, 3, 100], device=device) if with_filter else None
     topp = torch.tensor([0.9, 1.0, 0.7, 0.5, 1.0, 0.95], device=device) if with_filter else None
-    args = (logits, drafts, kwargs["draft_probs"], kwargs["num_draft_tokens"],
-            kwargs["temperature"].float(), topk, topp, kwargs["seed"])
+    args = (
+        logits,
+        drafts,
+        kwargs["draft_probs"],
+        kwargs["num_draft_tokens"],
+        kwargs["temperature"].float(),
+        topk,
+        topp,
+        kwargs["seed"],
+    )
     row = ops.verify(*args, greedy_only=False, strategy="row")
     split = ops.verify(*args, greedy_only=False, strategy="split")
     assert_same(row[0].cpu(), split[0].cpu(), "tokens")
@@ -116,8 +134,9 @@ def _draw_kernel(seed_ptr, out_ptr, POS: tl.constexpr, N: tl.constexpr):
     idx = tl.arange(0, N)
     stream = _common.stream_key(key, tl.full([], POS, tl.int32), _common.PURPOSE_SAMPLE)
     tl.store(out_ptr + b * (N + 1) + idx, _common.uniform(stream, idx))
-    accept = _common.uniform_first(_common.stream_key(key, tl.full([], POS, tl.int32),
-                                                      _common.PURPOSE_ACCEPT))
+    accept = _common.uniform_first(
+        _common.stream_key(key, tl.full([], POS, tl.int32), _common.PURPOSE_ACCEPT)
+    )
     tl.store(out_ptr + b * (N + 1) + N, accept)
 
 
@@ -128,7 +147,9 @@ def test_rng_kernel_draws_equal_reference_draws():
     out = torch.empty(len(seeds), 65)
     draw[(len(seeds),)](seeds, out, POS=3, N=64)
     key = rng.row_key(seeds)
-    sample = rng.uniform(rng.stream_key(key, 3, rng.PURPOSE_SAMPLE)[:, None], torch.arange(64)[None, :])
+    sample = rng.uniform(
+        rng.stream_key(key, 3, rng.PURPOSE_SAMPLE)[:, None], torch.arange(64)[None, :]
+    )
     accept = rng.uniform(rng.stream_key(key, 3, rng.PURPOSE_ACCEPT), 0)
     assert_same(out[:, :64], sample, "race uniforms")
     assert_same(out[:, 64], accept, "accept uniforms")
@@ -162,9 +183,16 @@ def test_batch_invariance_with_per_row_seeds(backend):
     perm = torch.randperm(b)
     sub = perm[:4]
     small = sk.verify_sampling(
-        logits[sub], drafts[sub], backend=backend, draft_probs=kwargs["draft_probs"][sub],
-        temperature=kwargs["temperature"][sub], top_k=40, top_p=0.95,
-        num_draft_tokens=kwargs["num_draft_tokens"][sub], seed=kwargs["seed"][sub])
+        logits[sub],
+        drafts[sub],
+        backend=backend,
+        draft_probs=kwargs["draft_probs"][sub],
+        temperature=kwargs["temperature"][sub],
+        top_k=40,
+        top_p=0.95,
+        num_draft_tokens=kwargs["num_draft_tokens"][sub],
+        seed=kwargs["seed"][sub],
+    )
     assert_same(small.tokens, full.tokens[sub], "tokens of a sub-batch in another order")
     assert_same(small.num_accepted, full.num_accepted[sub], "num_accepted of a sub-batch")
 
@@ -173,13 +201,22 @@ def test_batch_invariance_with_per_row_seeds(backend):
 def test_greedy_rows_of_mixed_batch_equal_verify_greedy(backend):
     logits, drafts, nd = make_inputs(8, 4, 200, ragged=True)
     temperature = torch.tensor([0.0, 1.0, 0.0, 0.5, 0.0, 2.0, 0.0, 1.0])
-    mixed = sk.verify_sampling(logits, drafts, temperature=temperature, num_draft_tokens=nd,
-                               seed=3, top_k=5, top_p=0.9, backend=backend)
+    mixed = sk.verify_sampling(
+        logits,
+        drafts,
+        temperature=temperature,
+        num_draft_tokens=nd,
+        seed=3,
+        top_k=5,
+        top_p=0.9,
+        backend=backend,
+    )
     greedy = sk.verify_greedy(logits, drafts, num_draft_tokens=nd, backend=backend)
     rows = temperature == 0
     assert_same(mixed.tokens[rows], greedy.tokens[rows], "greedy rows")
-    all_greedy = sk.verify_sampling(logits, drafts, temperature=0.0, num_draft_tokens=nd,
-                                    backend=backend)
+    all_greedy = sk.verify_sampling(
+        logits, drafts, temperature=0.0, num_draft_tokens=nd, backend=backend
+    )
     assert_verification_equal(all_greedy, greedy, "temperature=0 scalar")
 
 
@@ -227,6 +264,7 @@ def test_filtered_probs_match_transformers_warpers():
         TopKLogitsWarper,
         TopPLogitsWarper,
     )
+
     logits = torch.randn(4, 3, 500) * 3
     for t, k, p in [(0.7, 20, None), (1.0, None, 0.8), (1.3, 50, 0.6), (0.5, 3, 0.99)]:
         flat = logits.reshape(-1, 500)
@@ -236,9 +274,12 @@ def test_filtered_probs_match_transformers_warpers():
         if p is not None:
             warped = TopPLogitsWarper(p)(None, warped)
         expected = torch.softmax(warped, dim=-1).reshape(4, 3, 500)
-        ours = filtered_probs(logits, torch.full((4,), t),
-                              None if k is None else torch.full((4,), k),
-                              None if p is None else torch.full((4,), p))
+        ours = filtered_probs(
+            logits,
+            torch.full((4,), t),
+            None if k is None else torch.full((4,), k),
+            None if p is None else torch.full((4,), p),
+        )
         assert_same(ours > 0, expected > 0, f"kept set T={t} k={k} p={p} ({tf.__version__})")
         torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-5)
 
@@ -251,10 +292,13 @@ def test_int32_inputs_low_precision_row_params_and_no_drafts(k):
     logits = torch.randn(b, k + 1, v)
     drafts = logits.argmax(-1)[:, :k].to(torch.int32)
     nd = torch.tensor([3, 1, 0, 2], dtype=torch.int32).clamp(max=k)
-    kwargs = dict(num_draft_tokens=nd, seed=torch.arange(b),
-                  temperature=torch.tensor([0.0, 1.0, 0.5, 2.0], dtype=torch.bfloat16),
-                  top_k=torch.tensor([0, 3, 5, 1], dtype=torch.int32),
-                  top_p=torch.tensor([0.5, 1.0, 0.9, 0.7], dtype=torch.float16))
+    kwargs = dict(
+        num_draft_tokens=nd,
+        seed=torch.arange(b),
+        temperature=torch.tensor([0.0, 1.0, 0.5, 2.0], dtype=torch.bfloat16),
+        top_k=torch.tensor([0, 3, 5, 1], dtype=torch.int32),
+        top_p=torch.tensor([0.5, 1.0, 0.9, 0.7], dtype=torch.float16),
+    )
     ref = sk.verify_sampling(logits, drafts, backend="reference", **kwargs)
     for backend in available(KERNEL_BACKENDS):
         out = sk.verify_sampling(logits, drafts, backend=backend, **kwargs)

@@ -63,8 +63,16 @@ def test_seed_858079_emits_the_only_possible_token(backend, case):
     row = [5.0, 1, 0, 0, 0, 0, 0, 0]
     kw = {"top_k=1": dict(top_k=1), "top_p=1e-9": dict(top_p=1e-9)}.get(case, {})
     if case.startswith("-inf"):
-        row = [5.0, 1, float("-inf"), float("-inf"), float("-inf"), float("-inf"),
-               float("-inf"), float("-inf")]
+        row = [
+            5.0,
+            1,
+            float("-inf"),
+            float("-inf"),
+            float("-inf"),
+            float("-inf"),
+            float("-inf"),
+            float("-inf"),
+        ]
         kw["validate"] = case == "-inf"
     logits, drafts, kw = _k0(row, **kw)
     out = sk.verify_sampling(logits, drafts, seed=SEED, backend=backend, **kw)
@@ -74,11 +82,16 @@ def test_seed_858079_emits_the_only_possible_token(backend, case):
         assert out.tokens.tolist() == [[0]]
 
 
-# The interpreter runs a program at a time (~40 ms each), so the Triton case is small; the exhaustive
-# mapping test above already proves its uniforms equal the reference's.
-@pytest.mark.parametrize("backend, rows", [("reference", 20_000), ("triton", 96),
-                                           pytest.param(*NATIVE.values, 20_000,
-                                                        marks=NATIVE.marks)])
+# The interpreter runs a program at a time (~40 ms each), so the Triton case is small; the
+# exhaustive mapping test above already proves its uniforms equal the reference's.
+@pytest.mark.parametrize(
+    "backend, rows",
+    [
+        ("reference", 20_000),
+        ("triton", 96),
+        pytest.param(*NATIVE.values, 20_000, marks=NATIVE.marks),
+    ],
+)
 def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
     """``q = 0.5`` on tokens 2 and 7, ``p`` uniform over 8: after rejecting draft 2 the residual
     ``max(0, p - q)`` is 0 at 2 and 7, so neither may follow a rejection. P(reject) = 3/4, so about
@@ -94,18 +107,23 @@ def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
     rejected = out.num_accepted == 0
     assert int(rejected.sum()) > rows // 2
     first = out.tokens[rejected, 0]
-    assert not bool(((first == 2) | (first == 7)).any()), \
+    assert not bool(((first == 2) | (first == 7)).any()), (
         f"{int(((first == 2) | (first == 7)).sum())} rejected rows emitted a zero-residual token"
+    )
     if rows >= 10_000:  # the other six tokens share the residual evenly (6-sigma bounds)
         counts = torch.bincount(first, minlength=v).float()
         expected = rejected.sum() / 6
         assert bool(((counts[[0, 1, 3, 4, 5, 6]] - expected).abs() < 6 * expected.sqrt()).all())
 
 
-@pytest.mark.parametrize("backend, rows, chunk", [("reference", 200_000, 25_000),
-                                                  ("triton", 16, 16),
-                                                  pytest.param(*NATIVE.values, 200_000, 200_000,
-                                                               marks=NATIVE.marks)])
+@pytest.mark.parametrize(
+    "backend, rows, chunk",
+    [
+        ("reference", 200_000, 25_000),
+        ("triton", 16, 16),
+        pytest.param(*NATIVE.values, 200_000, 200_000, marks=NATIVE.marks),
+    ],
+)
 def test_top_k_1_always_emits_the_argmax(backend, rows, chunk):
     """``top_k = 1`` leaves one token of probability 1 at every position. With 24-bit uniforms
     about ``(V - 1) / 2**24`` of the draws picked another token: ~12 expected in 200k rows at
@@ -116,8 +134,9 @@ def test_top_k_1_always_emits_the_argmax(backend, rows, chunk):
     for start in range(0, rows, chunk):
         logits = torch.randn(chunk, 1, v, generator=g) * 3
         seeds = torch.arange(start, start + chunk, dtype=torch.int64)
-        out = sk.verify_sampling(logits, torch.zeros(chunk, 0, dtype=torch.int64), top_k=1,
-                                 seed=seeds, backend=backend)
+        out = sk.verify_sampling(
+            logits, torch.zeros(chunk, 0, dtype=torch.int64), top_k=1, seed=seeds, backend=backend
+        )
         assert_same(out.tokens[:, 0], logits[:, 0].argmax(-1), f"rows {start}..")
 
 
@@ -133,7 +152,8 @@ def test_nan_weights_never_win_a_race(backend):
     q[:, 0, 9] = 1.0
     q[1, 0, 4] = float("nan")
     drafts = torch.full((4, 1), 9)
-    out = sk.verify_sampling(logits, drafts, q, seed=torch.arange(4), backend=backend,
-                             validate=False)
+    out = sk.verify_sampling(
+        logits, drafts, q, seed=torch.arange(4), backend=backend, validate=False
+    )
     assert bool(((out.tokens >= 0) & (out.tokens < v) | (out.tokens == -1)).all())
     assert out.tokens[2:, 0].tolist() == [3, 3]  # rows without garbage: the only live token

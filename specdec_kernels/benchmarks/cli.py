@@ -19,6 +19,7 @@ DEFAULT_E2E_JSON = os.path.join("bench", "results", "e2e.json")
 def _csv(cast):
     def parse(text: str):
         return tuple(cast(x) for x in text.split(",") if x)
+
     return parse
 
 
@@ -30,19 +31,31 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     """The ``bench`` parser (a new one, or filled into ``parser``)."""
     from specdec_kernels.benchmarks import ops
 
-    p = parser or argparse.ArgumentParser(prog="specdec bench",
-                                          description="Benchmarks of specdec_kernels.")
+    p = parser or argparse.ArgumentParser(
+        prog="specdec bench", description="Benchmarks of specdec_kernels."
+    )
     sub = p.add_subparsers(dest="bench_command", required=True)
 
-    o = sub.add_parser("ops", help="kernel microbenchmarks (verification, accept_reject, "
-                       "kv_compact_) against the reference, torch.compile and transformers")
-    o.add_argument("--grid", choices=sorted(ops.GRIDS), default=None,
-                   help="case grid (default: smoke; full with --full or SPECDEC_BENCH_FULL=1)")
+    o = sub.add_parser(
+        "ops",
+        help="kernel microbenchmarks (verification, accept_reject, "
+        "kv_compact_) against the reference, torch.compile and transformers",
+    )
+    o.add_argument(
+        "--grid",
+        choices=sorted(ops.GRIDS),
+        default=None,
+        help="case grid (default: smoke; full with --full or SPECDEC_BENCH_FULL=1)",
+    )
     o.add_argument("--full", action="store_true", help="the issue's full grid")
     o.add_argument("--ops", type=_csv(str), default=ops.OPS, help="comma-separated ops")
-    o.add_argument("--providers", type=_csv(str), default=None,
-                   help="comma-separated providers (default: all that apply on the device; "
-                   "on CPU 'triton' only when named, it runs Triton's interpreter)")
+    o.add_argument(
+        "--providers",
+        type=_csv(str),
+        default=None,
+        help="comma-separated providers (default: all that apply on the device; "
+        "on CPU 'triton' only when named, it runs Triton's interpreter)",
+    )
     o.add_argument("--batch", type=_csv(int), default=None, help="override the grid's B")
     o.add_argument("--k", type=_csv(int), default=None, help="override the grid's K")
     o.add_argument("--vocab", type=_csv(int), default=None, help="override the grid's V")
@@ -50,36 +63,60 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     o.add_argument("--acceptance", type=_csv(float), default=None, help="override the rates")
     o.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     o.add_argument("--budget", type=float, default=0.3, help="seconds of timing per provider")
-    o.add_argument("--threads", type=int, default=1,
-                   help="torch threads for CPU runs (default 1: on a shared machine, OpenMP "
-                   "threads waiting for a descheduled sibling turn microseconds into 8 ms "
-                   "scheduler slices; 0: torch's default)")
+    o.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for CPU runs (default 1: on a shared machine, OpenMP "
+        "threads waiting for a descheduled sibling turn microseconds into 8 ms "
+        "scheduler slices; 0: torch's default)",
+    )
     o.add_argument("--no-cuda-graph", action="store_true", help="plain do_bench on CUDA")
-    o.add_argument("--max-seconds", type=float, default=None,
-                   help="stop starting new cases after this long (the rows so far are kept)")
-    o.add_argument("--launches", action="store_true",
-                   help="count Triton launches per public call (any machine: the interpreter "
-                        "counts on a CPU) instead of timing; batch sizes from --batch")
+    o.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="stop starting new cases after this long (the rows so far are kept)",
+    )
+    o.add_argument(
+        "--launches",
+        action="store_true",
+        help="count Triton launches per public call (any machine: the interpreter "
+        "counts on a CPU) instead of timing; batch sizes from --batch",
+    )
     o.add_argument("--json", default=DEFAULT_OPS_JSON, help="append rows here ('' for none)")
     o.add_argument("--plot", default=None, help="draw the run's PNG here")
     o.set_defaults(bench_func=_ops)
 
-    e = sub.add_parser("e2e", help="end-to-end generation with the bundled pair: specdec vs "
-                       "target alone vs transformers (assisted and plain)")
+    e = sub.add_parser(
+        "e2e",
+        help="end-to-end generation with the bundled pair: specdec vs "
+        "target alone vs transformers (assisted and plain)",
+    )
     e.add_argument("--quick", action="store_true", help="a small grid, under 2 minutes")
     e.add_argument("--batch", type=_csv(int), default=None, help="batch sizes (1,4,16)")
     e.add_argument("--k", type=_csv(_k), default=None, help="K values (1,2,4,8,auto)")
     e.add_argument("--temperatures", type=_csv(float), default=None, help="(0,1)")
     e.add_argument("--max-new-tokens", type=int, default=None)
     e.add_argument("--repeats", type=int, default=None)
-    e.add_argument("--systems", type=_csv(str), default=None,
-                   help="comma-separated: specdec,target_only,hf_assisted,hf_target_only")
-    e.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default 1: every system gets the same single core, "
-                   "which a shared machine can give; 0: torch's default)")
-    e.add_argument("--assets", default=None,
-                   help="a folder with target/draft .safetensors and heldout.txt "
-                   "(default: the bundled pair)")
+    e.add_argument(
+        "--systems",
+        type=_csv(str),
+        default=None,
+        help="comma-separated: specdec,target_only,hf_assisted,hf_target_only",
+    )
+    e.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (default 1: every system gets the same single core, "
+        "which a shared machine can give; 0: torch's default)",
+    )
+    e.add_argument(
+        "--assets",
+        default=None,
+        help="a folder with target/draft .safetensors and heldout.txt (default: the bundled pair)",
+    )
     e.add_argument("--json", default=DEFAULT_E2E_JSON, help="append rows here ('' for none)")
     e.add_argument("--plot", default=None, help="draw speedup against K to this PNG")
     e.set_defaults(bench_func=_e2e)
@@ -95,9 +132,12 @@ def _ops(args) -> int:
     if args.launches:
         from specdec_kernels.benchmarks import launches
 
-        rows = launches.launch_table(tuple(args.batch or (1, 8, 64, 128)),
-                                     k=(args.k or [4])[0], v=(args.vocab or [1000])[0],
-                                     device=device)
+        rows = launches.launch_table(
+            tuple(args.batch or (1, 8, 64, 128)),
+            k=(args.k or [4])[0],
+            v=(args.vocab or [1000])[0],
+            device=device,
+        )
         print(launches.markdown(rows))
         over = [r for r in rows if r["launches"] > r["budget"]]
         for r in over:
@@ -107,26 +147,41 @@ def _ops(args) -> int:
         torch.set_num_threads(args.threads)
     grid_name = args.grid or ("full" if args.full or ops.full_requested() else "smoke")
     g = ops.GRIDS[grid_name]
-    g = ops.Grid(B=args.batch or g.B, K=args.k or g.K, V=args.vocab or g.V,
-                 dtypes=args.dtypes or g.dtypes, acceptance=args.acceptance or g.acceptance)
+    g = ops.Grid(
+        B=args.batch or g.B,
+        K=args.k or g.K,
+        V=args.vocab or g.V,
+        dtypes=args.dtypes or g.dtypes,
+        acceptance=args.acceptance or g.acceptance,
+    )
     providers = args.providers or ops.default_providers(device)
     header = results.run_header(device, "ops", grid=grid_name)
     copy = results.copy_bandwidth_gbs(device)
     header["copy_bandwidth_gbs"] = round(copy, 2)
     read = results.read_bandwidth_gbs(device)
     header["read_bandwidth_gbs"] = round(read, 2)
-    print(f"specdec bench ops: {header['machine'].get('gpu') or header['machine']['cpu']}, "
-          f"{header['machine']['torch_threads']} threads, commit {header['commit']}, "
-          f"copy bandwidth {copy:.1f} GB/s, read bandwidth {read:.1f} GB/s, grid {grid_name}, "
-          f"providers {','.join(providers)}", flush=True)
+    print(
+        f"specdec bench ops: {header['machine'].get('gpu') or header['machine']['cpu']}, "
+        f"{header['machine']['torch_threads']} threads, commit {header['commit']}, "
+        f"copy bandwidth {copy:.1f} GB/s, read bandwidth {read:.1f} GB/s, grid {grid_name}, "
+        f"providers {','.join(providers)}",
+        flush=True,
+    )
     case_list = ops.cases(g, args.ops)
     rows, t0 = [], time.perf_counter()
     for i, case in enumerate(case_list):
         if args.max_seconds is not None and time.perf_counter() - t0 > args.max_seconds:
             print(f"--max-seconds reached: {len(case_list) - i} cases not run", flush=True)
             break
-        new = ops.run_case(case, providers, device, budget_s=args.budget,
-                           cuda_graph=not args.no_cuda_graph, copy_gbs=copy, read_gbs=read)
+        new = ops.run_case(
+            case,
+            providers,
+            device,
+            budget_s=args.budget,
+            cuda_graph=not args.no_cuda_graph,
+            copy_gbs=copy,
+            read_gbs=read,
+        )
         rows.extend({**header, **r} for r in new)
         for line in ops.summarize(new):
             print(line, flush=True)
@@ -144,6 +199,7 @@ def _ops(args) -> int:
         print(f"appended {len(rows)} rows to {args.json}")
     if args.plot:
         from specdec_kernels.benchmarks import plot
+
         plot.plot_ops(rows, args.plot)
         print(f"wrote {args.plot}")
     return 0
@@ -159,24 +215,36 @@ def _e2e(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = e2e.QUICK if args.quick else e2e.E2EConfig()
-    over = {k: v for k, v in dict(batch_sizes=args.batch, ks=args.k,
-                                  temperatures=args.temperatures,
-                                  max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-                                  systems=args.systems).items() if v is not None}
+    over = {
+        k: v
+        for k, v in dict(
+            batch_sizes=args.batch,
+            ks=args.k,
+            temperatures=args.temperatures,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            systems=args.systems,
+        ).items()
+        if v is not None
+    }
     cfg = dataclasses.replace(cfg, **over)
     unknown = set(cfg.systems) - set(e2e.SYSTEMS)
     if unknown:
-        raise SystemExit(f"specdec bench e2e: unknown systems {sorted(unknown)}; choose from "
-                         f"{e2e.SYSTEMS}")
+        raise SystemExit(
+            f"specdec bench e2e: unknown systems {sorted(unknown)}; choose from {e2e.SYSTEMS}"
+        )
     device = torch.device("cpu")
     header = results.run_header(device, "e2e", quick=args.quick)
-    print(f"specdec bench e2e: {header['machine']['cpu']}, {torch.get_num_threads()} threads, "
-          f"commit {header['commit']}, B={cfg.batch_sizes}, K={cfg.ks}, "
-          f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)",
-          flush=True)
+    print(
+        f"specdec bench e2e: {header['machine']['cpu']}, {torch.get_num_threads()} threads, "
+        f"commit {header['commit']}, B={cfg.batch_sizes}, K={cfg.ks}, "
+        f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)",
+        flush=True,
+    )
     t0 = time.perf_counter()
-    rows = [{**header, **r} for r in e2e.run_e2e(cfg, args.assets,
-                                                  log=lambda m: print(m, flush=True))]
+    rows = [
+        {**header, **r} for r in e2e.run_e2e(cfg, args.assets, log=lambda m: print(m, flush=True))
+    ]
     print(f"\n{e2e.format_table(rows)}\n")
     print("targets (this run):")
     for line in e2e.check_targets(rows):
@@ -187,6 +255,7 @@ def _e2e(args) -> int:
         print(f"appended {len(rows)} rows to {args.json}")
     if args.plot:
         from specdec_kernels.benchmarks import plot
+
         plot.plot_e2e(rows, args.plot)
         print(f"wrote {args.plot}")
     return 0

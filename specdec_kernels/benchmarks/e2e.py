@@ -21,9 +21,10 @@ in this process), ``ideal_speedup`` = Leviathan et al.'s walltime improvement
 ``(1 - a**(g+1)) / ((1 - a) (g c + 1))`` with ``g`` the mean ``K`` used and ``a`` = ``alpha``, the
 measured per-position acceptance probability (accepted drafts / (accepted drafts + first
 rejections)); ``acceptance_rate`` is the generator's accepted / drafted, which also counts the
-positions after a rejection and so is lower for larger ``K``, and ``speedup_vs_target_only`` against ``target_only`` at the same batch size and
-temperature. ``ideal_speedup_with_verify_cost`` also charges the target pass over ``K+1`` tokens
-at its measured cost (on a GPU that pass costs about one token's; on a CPU it does not).
+positions after a rejection and so is lower for larger ``K``, and ``speedup_vs_target_only``
+against ``target_only`` at the same batch size and temperature.
+``ideal_speedup_with_verify_cost`` also charges the target pass over ``K+1`` tokens at its
+measured cost (on a GPU that pass costs about one token's; on a CPU it does not).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def make_prompts(text: str, batch_size: int, prompt_len: int) -> list[list[int]]
     (held out from the pair's training data)."""
     data = list(text.encode("utf-8"))
     stride = max(1, (len(data) - prompt_len) // max(batch_size, 1))
-    return [data[(i * stride) % (len(data) - prompt_len):][:prompt_len] for i in range(batch_size)]
+    return [data[(i * stride) % (len(data) - prompt_len) :][:prompt_len] for i in range(batch_size)]
 
 
 # ----------------------------------------------------------------------------- forward costs
@@ -98,8 +99,9 @@ def forward_ms(model, batch_size: int, tokens: int, context: int, calls: int = 1
 
 def measure_costs(target, draft, batch_size: int, context: int, ks) -> dict:
     """Draft and target forward times at ``batch_size``, measured interleaved (3 rounds)."""
-    widths = sorted({1} | {k + 1 for k in ks if k != "auto"}
-                    | (set(range(2, 10)) if "auto" in ks else set()))
+    widths = sorted(
+        {1} | {k + 1 for k in ks if k != "auto"} | (set(range(2, 10)) if "auto" in ks else set())
+    )
     acc: dict[str, list[float]] = {}
     for _ in range(3):
         acc.setdefault("draft_ms", []).append(forward_ms(draft, batch_size, 1, context))
@@ -112,8 +114,11 @@ def leviathan_speedup(alpha: float, gamma: float, c: float, verify_ratio: float 
     """Expected walltime improvement (Leviathan et al. 2023, Theorem 3.8 / eq. 1):
     ``(1 - a**(g+1)) / ((1 - a) (g c + 1))``; ``verify_ratio`` replaces the ``1`` (the target
     pass over ``g+1`` tokens, in units of a one-token pass) where that pass costs more."""
-    tokens = float(expected_tokens(torch.tensor(alpha, dtype=torch.float64),
-                                   torch.tensor(gamma, dtype=torch.float64)))
+    tokens = float(
+        expected_tokens(
+            torch.tensor(alpha, dtype=torch.float64), torch.tensor(gamma, dtype=torch.float64)
+        )
+    )
     return tokens / (gamma * c + verify_ratio)
 
 
@@ -130,8 +135,13 @@ class _HF:
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens: int, temperature: float, k=None, seed=0):
         ids = torch.tensor(prompts, dtype=torch.int64)  # equal-length prompts: no padding
-        kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                  min_new_tokens=None, pad_token_id=0, eos_token_id=None)
+        kw = dict(
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=None,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
         if temperature > 0:
             kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
             torch.manual_seed(seed)
@@ -149,15 +159,16 @@ class _HF:
         t0 = time.perf_counter()
         out = self.target.generate(ids, **kw)
         wall = time.perf_counter() - t0
-        return out[:, ids.shape[1]:].tolist(), wall
+        return out[:, ids.shape[1] :].tolist(), wall
 
 
 def _run_specdec(target, draft, prompts, cfg, k, temperature, seed):
     import specdec_kernels as sk
 
     gen = sk.SpeculativeGenerator(target, draft, k)
-    out = gen.generate(prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature,
-                       seed=seed)
+    out = gen.generate(
+        prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
+    )
     s = out.stats
     hist = s.accepted_histogram  # hist[n]: (row, pass) pairs that accepted n drafts
     passes = max(sum(hist), 1)
@@ -169,28 +180,36 @@ def _run_specdec(target, draft, prompts, cfg, k, temperature, seed):
     # understatement).
     rejections = passes - hist[-1]
     alpha = s.accepted_tokens / max(s.accepted_tokens + rejections, 1)
-    return {"alpha": alpha,
-            "new_tokens": [seq[len(p):] for seq, p in zip(out.sequences, prompts)],
-            "wall_seconds": s.wall_seconds, "generated_tokens": s.generated_tokens,
-            "acceptance_rate": s.acceptance_rate, "mean_accepted": s.mean_accepted,
-            "mean_k": s.drafted_tokens / passes, "target_forwards": s.target_forwards,
-            "draft_forwards": s.draft_forwards}
+    return {
+        "alpha": alpha,
+        "new_tokens": [seq[len(p) :] for seq, p in zip(out.sequences, prompts)],
+        "wall_seconds": s.wall_seconds,
+        "generated_tokens": s.generated_tokens,
+        "acceptance_rate": s.acceptance_rate,
+        "mean_accepted": s.mean_accepted,
+        "mean_k": s.drafted_tokens / passes,
+        "target_forwards": s.target_forwards,
+        "draft_forwards": s.draft_forwards,
+    }
 
 
 def _run_target_only(target, prompts, cfg, temperature, seed):
     import specdec_kernels as sk
 
-    out = sk.autoregressive_generate(target, prompts, max_new_tokens=cfg.max_new_tokens,
-                                     temperature=temperature, seed=seed)
-    return {"new_tokens": [seq[len(p):] for seq, p in zip(out.sequences, prompts)],
-            "wall_seconds": out.stats.wall_seconds, "generated_tokens": out.stats.generated_tokens,
-            "target_forwards": out.stats.target_forwards}
+    out = sk.autoregressive_generate(
+        target, prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
+    )
+    return {
+        "new_tokens": [seq[len(p) :] for seq, p in zip(out.sequences, prompts)],
+        "wall_seconds": out.stats.wall_seconds,
+        "generated_tokens": out.stats.generated_tokens,
+        "target_forwards": out.stats.target_forwards,
+    }
 
 
 def _run_hf(hf, prompts, cfg, temperature, seed, k=None):
     new, wall = hf.generate(prompts, cfg.max_new_tokens, temperature, k, seed)
-    return {"new_tokens": new, "wall_seconds": wall,
-            "generated_tokens": sum(len(r) for r in new)}
+    return {"new_tokens": new, "wall_seconds": wall, "generated_tokens": sum(len(r) for r in new)}
 
 
 # ----------------------------------------------------------------------------- the benchmark
@@ -214,8 +233,11 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     ``(system, batch_size, K, temperature)`` with the median figures."""
     target, draft, text = load_pair(assets)
     try:
-        hf = _HF(target, draft) if ("hf_assisted" in cfg.systems
-                                    or "hf_target_only" in cfg.systems) else None
+        hf = (
+            _HF(target, draft)
+            if ("hf_assisted" in cfg.systems or "hf_target_only" in cfg.systems)
+            else None
+        )
     except ImportError as exc:
         log(f"[e2e] transformers unavailable ({exc}); hf_* systems left out")
         hf = None
@@ -235,9 +257,11 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     costs = {}
     for b in cfg.batch_sizes:
         costs[b] = measure_costs(target, draft, b, context, cfg.ks)
-        log(f"[e2e] B={b}: draft forward {costs[b]['draft_ms']:.2f} ms, target forward "
+        log(
+            f"[e2e] B={b}: draft forward {costs[b]['draft_ms']:.2f} ms, target forward "
             f"{costs[b]['target_ms_1']:.2f} ms (1 token/row), cost ratio "
-            f"{costs[b]['draft_ms'] / costs[b]['target_ms_1']:.3f}")
+            f"{costs[b]['draft_ms'] / costs[b]['target_ms_1']:.3f}"
+        )
 
     configs = list(_configs(cfg, hf is not None))
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
@@ -254,9 +278,11 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
                 r = _run_hf(hf, prompts, cfg, t, seed, k=k)
             r["tokens_per_second"] = r["generated_tokens"] / max(r["wall_seconds"], 1e-9)
             runs[(sys_, b, k, t)].append(r)
-            log(f"[e2e] rep {rep} {sys_:>14} B={b:<2} K={str(k):>4} T={t}: "
+            log(
+                f"[e2e] rep {rep} {sys_:>14} B={b:<2} K={str(k):>4} T={t}: "
                 f"{r['tokens_per_second']:7.1f} tok/s"
-                + (f", alpha {r['alpha']:.2f}" if "alpha" in r else ""))
+                + (f", alpha {r['alpha']:.2f}" if "alpha" in r else "")
+            )
     return _rows(cfg, runs, costs)
 
 
@@ -267,23 +293,40 @@ def _median(rs: list[dict], key: str):
 
 def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
     rows = []
-    base = {(b, t): _median(rs, "tokens_per_second")
-            for (s, b, k, t), rs in runs.items() if s == "target_only"}
-    hf_base = {(b, t): _median(rs, "tokens_per_second")
-               for (s, b, k, t), rs in runs.items() if s == "hf_target_only"}
-    greedy_ref = {b: rs[0]["new_tokens"] for (s, b, k, t), rs in runs.items()
-                  if s == "target_only" and t == 0}
+    base = {
+        (b, t): _median(rs, "tokens_per_second")
+        for (s, b, k, t), rs in runs.items()
+        if s == "target_only"
+    }
+    hf_base = {
+        (b, t): _median(rs, "tokens_per_second")
+        for (s, b, k, t), rs in runs.items()
+        if s == "hf_target_only"
+    }
+    greedy_ref = {
+        b: rs[0]["new_tokens"] for (s, b, k, t), rs in runs.items() if s == "target_only" and t == 0
+    }
     for (sys_, b, k, t), rs in runs.items():
         tps = _median(rs, "tokens_per_second")
         c = costs[b]["draft_ms"] / costs[b]["target_ms_1"]
-        row = {"system": sys_, "batch_size": b, "num_speculative_tokens": k, "temperature": t,
-               "tokens_per_second": round(tps, 3),
-               "wall_seconds": round(_median(rs, "wall_seconds"), 4),
-               "generated_tokens": rs[0]["generated_tokens"], "repeats": len(rs),
-               "max_new_tokens": cfg.max_new_tokens, "prompt_len": cfg.prompt_len,
-               "acceptance_rate": None, "mean_accepted": None, "cost_ratio": None,
-               "ideal_speedup": None, "speedup_vs_target_only": None,
-               "tokens_per_second_all": [round(r["tokens_per_second"], 3) for r in rs]}
+        row = {
+            "system": sys_,
+            "batch_size": b,
+            "num_speculative_tokens": k,
+            "temperature": t,
+            "tokens_per_second": round(tps, 3),
+            "wall_seconds": round(_median(rs, "wall_seconds"), 4),
+            "generated_tokens": rs[0]["generated_tokens"],
+            "repeats": len(rs),
+            "max_new_tokens": cfg.max_new_tokens,
+            "prompt_len": cfg.prompt_len,
+            "acceptance_rate": None,
+            "mean_accepted": None,
+            "cost_ratio": None,
+            "ideal_speedup": None,
+            "speedup_vs_target_only": None,
+            "tokens_per_second_all": [round(r["tokens_per_second"], 3) for r in rs],
+        }
         if base.get((b, t)):
             row["speedup_vs_target_only"] = round(tps / base[(b, t)], 4)
         if hf_base.get((b, t)):
@@ -294,34 +337,45 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
             alpha = _median(rs, "alpha")
             gamma = _median(rs, "mean_k")
             w = (k + 1) if k != "auto" else min(9, round(gamma) + 1)  # tokens per target pass
-            verify_ratio = costs[b].get(f"target_ms_{w}", costs[b]["target_ms_1"]) / \
-                costs[b]["target_ms_1"]
+            verify_ratio = (
+                costs[b].get(f"target_ms_{w}", costs[b]["target_ms_1"]) / costs[b]["target_ms_1"]
+            )
             ideal = leviathan_speedup(alpha, gamma, c)
-            row.update(acceptance_rate=round(_median(rs, "acceptance_rate"), 4),
-                       alpha=round(alpha, 4),
-                       mean_accepted=round(_median(rs, "mean_accepted"), 4),
-                       mean_k=round(gamma, 4), cost_ratio=round(c, 4),
-                       ideal_speedup=round(ideal, 4),
-                       ideal_speedup_with_verify_cost=round(
-                           leviathan_speedup(alpha, gamma, c, verify_ratio), 4),
-                       verify_cost_ratio=round(verify_ratio, 4),
-                       target_forwards=rs[0]["target_forwards"],
-                       draft_forwards=rs[0]["draft_forwards"])
+            row.update(
+                acceptance_rate=round(_median(rs, "acceptance_rate"), 4),
+                alpha=round(alpha, 4),
+                mean_accepted=round(_median(rs, "mean_accepted"), 4),
+                mean_k=round(gamma, 4),
+                cost_ratio=round(c, 4),
+                ideal_speedup=round(ideal, 4),
+                ideal_speedup_with_verify_cost=round(
+                    leviathan_speedup(alpha, gamma, c, verify_ratio), 4
+                ),
+                verify_cost_ratio=round(verify_ratio, 4),
+                target_forwards=rs[0]["target_forwards"],
+                draft_forwards=rs[0]["draft_forwards"],
+            )
             # where the time went: model forwards at their measured cost, the rest is the
             # generator's own per-pass work (verification, caches, bookkeeping, host sync)
-            model_ms = (rs[0]["target_forwards"] * costs[b].get(f"target_ms_{w}", 0.0)
-                        + rs[0]["draft_forwards"] * costs[b]["draft_ms"])
+            model_ms = (
+                rs[0]["target_forwards"] * costs[b].get(f"target_ms_{w}", 0.0)
+                + rs[0]["draft_forwards"] * costs[b]["draft_ms"]
+            )
             row["model_ms_per_pass"] = round(model_ms / max(rs[0]["target_forwards"], 1), 4)
             row["overhead_ms_per_pass"] = round(
-                (row["wall_seconds"] * 1e3 - model_ms) / max(rs[0]["target_forwards"], 1), 4)
+                (row["wall_seconds"] * 1e3 - model_ms) / max(rs[0]["target_forwards"], 1), 4
+            )
             if row["speedup_vs_target_only"] is not None and ideal > 0:
                 row["efficiency"] = round(row["speedup_vs_target_only"] / ideal, 4)
                 row["efficiency_with_verify_cost"] = round(
-                    row["speedup_vs_target_only"] / row["ideal_speedup_with_verify_cost"], 4)
+                    row["speedup_vs_target_only"] / row["ideal_speedup_with_verify_cost"], 4
+                )
         if sys_ == "target_only":
             row["overhead_ms_per_pass"] = round(
                 (row["wall_seconds"] * 1e3 - rs[0]["target_forwards"] * costs[b]["target_ms_1"])
-                / max(rs[0]["target_forwards"], 1), 4)
+                / max(rs[0]["target_forwards"], 1),
+                4,
+            )
         if sys_ in ("specdec", "target_only"):
             row["draft_forward_ms"] = round(costs[b]["draft_ms"], 4)
             row["target_forward_ms"] = round(costs[b]["target_ms_1"], 4)
@@ -331,16 +385,24 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
 
 def check_targets(rows: list[dict]) -> list[str]:
     """The issue's CPU targets, each as ``PASS``/``MISS``/``N/A`` with the figures."""
+
     def get(system, b, k, t):
         for r in rows:
-            if (r["system"], r["batch_size"], r["num_speculative_tokens"], r["temperature"]) == \
-                    (system, b, k, t):
+            if (r["system"], r["batch_size"], r["num_speculative_tokens"], r["temperature"]) == (
+                system,
+                b,
+                k,
+                t,
+            ):
                 return r
         return None
 
     def best(system, b, t):
-        cands = [r for r in rows if r["system"] == system and r["batch_size"] == b
-                 and r["temperature"] == t]
+        cands = [
+            r
+            for r in rows
+            if r["system"] == system and r["batch_size"] == b and r["temperature"] == t
+        ]
         return max(cands, key=lambda r: r["tokens_per_second"]) if cands else None
 
     out = []
@@ -351,66 +413,93 @@ def check_targets(rows: list[dict]) -> list[str]:
     s1, h1 = best("specdec", 1, 0.0), best("hf_assisted", 1, 0.0)
     if s1 and h1:
         ratio = s1["tokens_per_second"] / h1["tokens_per_second"]
-        out.append(f"{verdict(ratio >= 1.5)} B=1 greedy: specdec best {s1['tokens_per_second']:.1f}"
-                   f" tok/s (K={s1['num_speculative_tokens']}) vs hf_assisted best "
-                   f"{h1['tokens_per_second']:.1f} (K={h1['num_speculative_tokens']}): "
-                   f"{ratio:.2f}x (target >= 1.5x)")
-        for k in sorted({r["num_speculative_tokens"] for r in rows if r["system"] == "specdec"},
-                        key=str):
+        out.append(
+            f"{verdict(ratio >= 1.5)} B=1 greedy: specdec best {s1['tokens_per_second']:.1f}"
+            f" tok/s (K={s1['num_speculative_tokens']}) vs hf_assisted best "
+            f"{h1['tokens_per_second']:.1f} (K={h1['num_speculative_tokens']}): "
+            f"{ratio:.2f}x (target >= 1.5x)"
+        )
+        for k in sorted(
+            {r["num_speculative_tokens"] for r in rows if r["system"] == "specdec"}, key=str
+        ):
             a, h = get("specdec", 1, k, 0.0), get("hf_assisted", 1, k, 0.0)
             if a and h:
-                out.append(f"     same K={k}: {a['tokens_per_second']:.1f} vs "
-                           f"{h['tokens_per_second']:.1f} tok/s = "
-                           f"{a['tokens_per_second'] / h['tokens_per_second']:.2f}x")
+                out.append(
+                    f"     same K={k}: {a['tokens_per_second']:.1f} vs "
+                    f"{h['tokens_per_second']:.1f} tok/s = "
+                    f"{a['tokens_per_second'] / h['tokens_per_second']:.2f}x"
+                )
     for r in rows:
-        if r["system"] == "specdec" and r["batch_size"] == 1 and r["temperature"] == 0 \
-                and r.get("efficiency") is not None:
-            out.append(f"{verdict(r['efficiency'] >= 0.85)} B=1 greedy K={r['num_speculative_tokens']}: "
-                       f"speedup_vs_target_only {r['speedup_vs_target_only']:.2f} / ideal "
-                       f"{r['ideal_speedup']:.2f} = {r['efficiency']:.2f} (target >= 0.85); "
-                       f"ideal with the K+1-token verify cost "
-                       f"{r['ideal_speedup_with_verify_cost']:.2f} (efficiency "
-                       f"{r['efficiency_with_verify_cost']:.2f}); generator overhead "
-                       f"{r['overhead_ms_per_pass']:.2f} ms/pass vs model "
-                       f"{r['model_ms_per_pass']:.2f} ms/pass")
+        if (
+            r["system"] == "specdec"
+            and r["batch_size"] == 1
+            and r["temperature"] == 0
+            and r.get("efficiency") is not None
+        ):
+            out.append(
+                f"{verdict(r['efficiency'] >= 0.85)} B=1 greedy K={r['num_speculative_tokens']}: "
+                f"speedup_vs_target_only {r['speedup_vs_target_only']:.2f} / ideal "
+                f"{r['ideal_speedup']:.2f} = {r['efficiency']:.2f} (target >= 0.85); "
+                f"ideal with the K+1-token verify cost "
+                f"{r['ideal_speedup_with_verify_cost']:.2f} (efficiency "
+                f"{r['efficiency_with_verify_cost']:.2f}); generator overhead "
+                f"{r['overhead_ms_per_pass']:.2f} ms/pass vs model "
+                f"{r['model_ms_per_pass']:.2f} ms/pass"
+            )
     s16 = best("specdec", 16, 0.0)
     if s16 and h1:
         r = s16["tokens_per_second"] / h1["tokens_per_second"]
-        out.append(f"{verdict(r >= 4)} B=16 greedy: {s16['tokens_per_second']:.1f} tok/s vs "
-                   f"hf_assisted B=1 {h1['tokens_per_second']:.1f}: {r:.2f}x (target >= 4x)")
+        out.append(
+            f"{verdict(r >= 4)} B=16 greedy: {s16['tokens_per_second']:.1f} tok/s vs "
+            f"hf_assisted B=1 {h1['tokens_per_second']:.1f}: {r:.2f}x (target >= 4x)"
+        )
     if s16 and s1:
         r = s16["tokens_per_second"] / s1["tokens_per_second"]
-        out.append(f"{verdict(r >= 3)} B=16 greedy: {s16['tokens_per_second']:.1f} tok/s vs own "
-                   f"B=1 {s1['tokens_per_second']:.1f}: {r:.2f}x (target >= 3x)")
+        out.append(
+            f"{verdict(r >= 3)} B=16 greedy: {s16['tokens_per_second']:.1f} tok/s vs own "
+            f"B=1 {s1['tokens_per_second']:.1f}: {r:.2f}x (target >= 3x)"
+        )
     for b in sorted({r["batch_size"] for r in rows}):
-        for k in sorted({r["num_speculative_tokens"] for r in rows
-                         if r["system"] == "specdec"}, key=str):
+        for k in sorted(
+            {r["num_speculative_tokens"] for r in rows if r["system"] == "specdec"}, key=str
+        ):
             g, s = get("specdec", b, k, 0.0), get("specdec", b, k, 1.0)
             if g and s and g.get("efficiency") and s.get("efficiency") is not None:
                 rel = s["efficiency"] / g["efficiency"]
-                out.append(f"{verdict(rel >= 0.85)} sampling vs greedy efficiency B={b} K={k}: "
-                           f"{s['efficiency']:.2f} vs {g['efficiency']:.2f} = {rel:.2f} "
-                           f"(target >= 0.85)")
+                out.append(
+                    f"{verdict(rel >= 0.85)} sampling vs greedy efficiency B={b} K={k}: "
+                    f"{s['efficiency']:.2f} vs {g['efficiency']:.2f} = {rel:.2f} "
+                    f"(target >= 0.85)"
+                )
     return out
 
 
 def format_table(rows: list[dict]) -> str:
     """A Markdown table of the rows."""
-    head = ("| system | B | K | T | tokens/s | speedup vs target_only | alpha | "
-            "mean accepted | cost ratio | ideal speedup |")
+    head = (
+        "| system | B | K | T | tokens/s | speedup vs target_only | alpha | "
+        "mean accepted | cost ratio | ideal speedup |"
+    )
     lines = [head, "|" + "---|" * 10]
 
     def f(x, fmt):
         return "" if x is None else format(x, fmt)
 
-    for r in sorted(rows, key=lambda r: (r["batch_size"], r["temperature"], r["system"],
-                                         str(r["num_speculative_tokens"]))):
+    for r in sorted(
+        rows,
+        key=lambda r: (
+            r["batch_size"],
+            r["temperature"],
+            r["system"],
+            str(r["num_speculative_tokens"]),
+        ),
+    ):
         k = r["num_speculative_tokens"]
-        lines.append(f"| {r['system']} | {r['batch_size']} | {'' if k is None else k} | "
-                     f"{r['temperature']:g} | {r['tokens_per_second']:.1f} | "
-                     f"{f(r['speedup_vs_target_only'], '.2f')} | {f(r.get('alpha'), '.2f')}"
-                     f" | {f(r['mean_accepted'], '.2f')} | {f(r['cost_ratio'], '.3f')} | "
-                     f"{f(r['ideal_speedup'], '.2f')} |")
+        lines.append(
+            f"| {r['system']} | {r['batch_size']} | {'' if k is None else k} | "
+            f"{r['temperature']:g} | {r['tokens_per_second']:.1f} | "
+            f"{f(r['speedup_vs_target_only'], '.2f')} | {f(r.get('alpha'), '.2f')}"
+            f" | {f(r['mean_accepted'], '.2f')} | {f(r['cost_ratio'], '.3f')} | "
+            f"{f(r['ideal_speedup'], '.2f')} |"
+        )
     return "\n".join(lines)
-
-

@@ -17,8 +17,12 @@ import contextlib
 import torch
 
 # Launches per public call allowed at every batch size (tests/test_launch_budget.py pins them).
-BUDGET = {"verify_greedy": 2, "verify_sampling": 3, "verify_sampling top-k+top-p": 4,
-          "accept_reject": 1}
+BUDGET = {
+    "verify_greedy": 2,
+    "verify_sampling": 3,
+    "verify_sampling top-k+top-p": 4,
+    "accept_reject": 1,
+}
 
 
 @contextlib.contextmanager
@@ -52,6 +56,7 @@ def count_launches():
             if not kwargs.get("warmup", False):
                 counts[getattr(self, "__name__", None) or self.fn.__name__] += 1
             return original(self, *args, **kwargs)
+
         return run
 
     try:
@@ -76,7 +81,8 @@ def _calls(b: int, k: int, v: int, device):
         "verify_greedy": lambda: sk.verify_greedy(logits, drafts, **kw),
         "verify_sampling": lambda: sk.verify_sampling(logits, drafts, q, seed=1, **kw),
         "verify_sampling top-k+top-p": lambda: sk.verify_sampling(
-            logits, drafts, q, top_k=5, top_p=0.9, seed=1, **kw),
+            logits, drafts, q, top_k=5, top_p=0.9, seed=1, **kw
+        ),
         "accept_reject": lambda: sk.accept_reject(drafts, drafts, backend="triton"),
     }
 
@@ -91,10 +97,18 @@ def launch_table(batch_sizes=(1, 8, 64, 128), k: int = 4, v: int = 1000, device=
         for op, call in _calls(b, k, v, device).items():
             with count_launches() as launches:
                 call()
-            rows.append({"op": op, "batch": b, "K": k, "V": v,
-                         "strategy": "-" if op == "accept_reject" else pick_strategy(b, device),
-                         "launches": sum(launches.values()), "kernels": dict(launches),
-                         "budget": BUDGET[op]})
+            rows.append(
+                {
+                    "op": op,
+                    "batch": b,
+                    "K": k,
+                    "V": v,
+                    "strategy": "-" if op == "accept_reject" else pick_strategy(b, device),
+                    "launches": sum(launches.values()),
+                    "kernels": dict(launches),
+                    "budget": BUDGET[op],
+                }
+            )
     return rows
 
 
@@ -102,6 +116,7 @@ def markdown(rows) -> str:
     """The table as Markdown (one line per op and batch size)."""
     lines = ["| call | B | strategy | launches | budget |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| `{r['op']}` | {r['batch']} | {r['strategy']} | {r['launches']} | "
-                     f"{r['budget']} |")
+        lines.append(
+            f"| `{r['op']}` | {r['batch']} | {r['strategy']} | {r['launches']} | {r['budget']} |"
+        )
     return "\n".join(lines)

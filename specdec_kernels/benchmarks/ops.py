@@ -113,13 +113,19 @@ GRIDS = {
     # CI smoke test on 2 CPU cores: a few seconds per case.
     "smoke": Grid(B=(1, 8), K=(4,), V=(32000,), dtypes=("fp32",), acceptance=(0.5,)),
     # The issue's grid (a GPU's worth of work; hours on a small CPU).
-    "full": Grid(B=(1, 8, 64, 256), K=(4, 8), V=(32000, 128256), dtypes=("fp32", "bf16"),
-                 acceptance=(0.0, 0.5, 0.9)),
+    "full": Grid(
+        B=(1, 8, 64, 256),
+        K=(4, 8),
+        V=(32000, 128256),
+        dtypes=("fp32", "bf16"),
+        acceptance=(0.0, 0.5, 0.9),
+    ),
     # What bench/gpu_check.sh runs: the shapes of the GPU targets, within its time budget.
     # Largest shapes first (the targets are at B >= 64, V = 128256), bfloat16 (what serving
     # uses); fp32 and K = 8 with --dtypes / --k.
-    "gpu": Grid(B=(256, 64, 8, 1), K=(4,), V=(128256, 32000), dtypes=("bf16",),
-                acceptance=(0.5, 0.9, 0.0)),
+    "gpu": Grid(
+        B=(256, 64, 8, 1), K=(4,), V=(128256, 32000), dtypes=("bf16",), acceptance=(0.5, 0.9, 0.0)
+    ),
 }
 
 
@@ -142,8 +148,16 @@ def cases(grid: str | Grid = "smoke", ops: tuple[str, ...] = OPS) -> list[Case]:
         for op in ops:
             variants = sampling_variants() if op == "verify_sampling" else [(False, False)]
             for dp, tk in variants:
-                c = Case(op, b, k, v if op.startswith("verify") else 0,
-                         "int64" if op == "accept_reject" else dt, a, dp, tk)
+                c = Case(
+                    op,
+                    b,
+                    k,
+                    v if op.startswith("verify") else 0,
+                    "int64" if op == "accept_reject" else dt,
+                    a,
+                    dp,
+                    tk,
+                )
                 if c not in seen:
                     seen.add(c)
                     out.append(c)
@@ -180,10 +194,12 @@ def _prefix_lengths(match: torch.Tensor) -> torch.Tensor:
 def _compiled(name: str) -> Callable:
     """``torch.compile`` of a reference function, one compiled object per function (so the
     cases share compiled graphs; ``dynamic=True`` avoids one compile per shape)."""
-    fn = {"verify_greedy": ref_greedy.verify_greedy,
-          "verify_sampling": ref_sampling.verify_sampling,
-          "accept_reject": ref_accept_reject.accept_reject,
-          "kv_compact_": ref_kv_cache.kv_compact_}[name]
+    fn = {
+        "verify_greedy": ref_greedy.verify_greedy,
+        "verify_sampling": ref_sampling.verify_sampling,
+        "accept_reject": ref_accept_reject.accept_reject,
+        "kv_compact_": ref_kv_cache.kv_compact_,
+    }[name]
     return torch.compile(fn, dynamic=True)
 
 
@@ -215,8 +231,11 @@ def setup_verify_greedy(case: Case, device: torch.device) -> Bench:
     nd = torch.full((case.B,), case.K, dtype=torch.int64, device=device)
     n = ref_greedy.verify_greedy(logits, drafts, nd)[1]
     esize = logits.element_size()
-    needed = int(((n + 1) * case.V).sum()) * esize + _small_bytes(drafts) + case.B * (
-        (case.K + 1) * 8 + 16)
+    needed = (
+        int(((n + 1) * case.V).sum()) * esize
+        + _small_bytes(drafts)
+        + case.B * ((case.K + 1) * 8 + 16)
+    )
     fns = {
         "native": lambda: sk.verify_greedy(logits, drafts, backend="native", validate=False),
         "triton": lambda: sk.verify_greedy(logits, drafts, backend="triton", validate=False),
@@ -270,10 +289,10 @@ def setup_verify_sampling(case: Case, device: torch.device) -> Bench:
     nd = torch.full((B,), K, dtype=torch.int64, device=device)
     temp = torch.ones(B, dtype=torch.float32, device=device)
     seeds = torch.arange(B, dtype=torch.int64, device=device) * 7919 + 12345
-    top_k = torch.full((B,), TOP_K, dtype=torch.int64, device=device) if case.top_k_top_p \
-        else None
-    top_p = torch.full((B,), TOP_P, dtype=torch.float32, device=device) if case.top_k_top_p \
-        else None
+    top_k = torch.full((B,), TOP_K, dtype=torch.int64, device=device) if case.top_k_top_p else None
+    top_p = (
+        torch.full((B,), TOP_P, dtype=torch.float32, device=device) if case.top_k_top_p else None
+    )
     ref_args = (logits, drafts, q, nd, temp, top_k, top_p, seeds)
     n = ref_sampling.verify_sampling(*ref_args)[1]
     esize = logits.element_size()
@@ -282,8 +301,13 @@ def setup_verify_sampling(case: Case, device: torch.device) -> Bench:
         rejected = int((n < K).sum())
         needed += rejected * V * q.element_size() + int(n.sum()) * q.element_size()
     needed += _small_bytes(drafts, seeds, temp) + B * ((K + 1) * 8 + 16)
-    kw = dict(temperature=1.0, top_k=TOP_K if case.top_k_top_p else None,
-              top_p=TOP_P if case.top_k_top_p else None, seed=seeds, validate=False)
+    kw = dict(
+        temperature=1.0,
+        top_k=TOP_K if case.top_k_top_p else None,
+        top_p=TOP_P if case.top_k_top_p else None,
+        seed=seeds,
+        validate=False,
+    )
     fns = {
         "native": lambda: sk.verify_sampling(logits, drafts, q, backend="native", **kw),
         "triton": lambda: sk.verify_sampling(logits, drafts, q, backend="triton", **kw),
@@ -318,8 +342,9 @@ def setup_accept_reject(case: Case, device: torch.device) -> Bench:
         "reference": lambda: ref_accept_reject.accept_reject(draft, verifier),
         "torch_compile": lambda: _compiled("accept_reject")(draft, verifier),
     }
-    return Bench(fns, _small_bytes(draft, verifier, n), float(n.float().mean()),
-                 _native_skip(device))
+    return Bench(
+        fns, _small_bytes(draft, verifier, n), float(n.float().mean()), _native_skip(device)
+    )
 
 
 def setup_kv_compact(case: Case, device: torch.device) -> Bench:
@@ -332,7 +357,8 @@ def setup_kv_compact(case: Case, device: torch.device) -> Bench:
     B, K = case.B, case.K
     S = KV_PREFIX + K + 1
     kv = torch.randn(KV_LAYERS, 2, B, KV_HEADS, S, KV_HEAD_DIM, generator=g, device=device).to(
-        DTYPES[case.dtype])
+        DTYPES[case.dtype]
+    )
     keep = (_prefix_lengths(_matches(case, g)) + 1).cpu()  # [B] in 1..K+1
     # a sorted random subset of the K+1 candidates per row: rank random keys, keep the first
     order = torch.rand(B, K + 1, generator=g, device=device).argsort(-1).cpu()
@@ -376,8 +402,7 @@ def hf_speculative_sampling() -> Callable | None:
     if fn is None:
         return None
     params = list(inspect.signature(fn).parameters)
-    if params[:4] != ["candidate_input_ids", "candidate_logits", "candidate_length",
-                      "new_logits"]:
+    if params[:4] != ["candidate_input_ids", "candidate_logits", "candidate_length", "new_logits"]:
         return None
     return fn
 
@@ -397,10 +422,17 @@ def default_providers(device: torch.device) -> tuple[str, ...]:
     return ("native", "extension", "reference", "torch_compile", "hf")
 
 
-def run_case(case: Case, providers: tuple[str, ...], device: torch.device, *,
-             budget_s: float = 0.3, cuda_graph: bool = True, copy_gbs: float | None = None,
-             read_gbs: float | None = None,
-             on_row: Callable[[dict], None] | None = None) -> list[dict]:
+def run_case(
+    case: Case,
+    providers: tuple[str, ...],
+    device: torch.device,
+    *,
+    budget_s: float = 0.3,
+    cuda_graph: bool = True,
+    copy_gbs: float | None = None,
+    read_gbs: float | None = None,
+    on_row: Callable[[dict], None] | None = None,
+) -> list[dict]:
     """Time every requested provider of ``case``; one result row per provider (skipped ones
     carry ``skipped`` instead of timings)."""
     from specdec_kernels.benchmarks.results import measure, timing_fields
@@ -410,17 +442,25 @@ def run_case(case: Case, providers: tuple[str, ...], device: torch.device, *,
     for prov in PROVIDERS[case.op]:
         if prov not in providers:
             continue
-        row = {**asdict(case), "case": case.name, "provider": prov,
-               "bytes_needed": bench.bytes_needed,
-               "num_accepted_mean": round(bench.num_accepted_mean, 4)}
+        row = {
+            **asdict(case),
+            "case": case.name,
+            "provider": prov,
+            "bytes_needed": bench.bytes_needed,
+            "num_accepted_mean": round(bench.num_accepted_mean, 4),
+        }
         if prov in bench.skipped or prov not in bench.fns:
             row["skipped"] = bench.skipped.get(prov, "not applicable")
         else:
             try:
                 # transformers' function synchronises with the host (`if n_matches < gamma`):
                 # never try to capture it in a CUDA graph
-                t = measure(bench.fns[prov], device, budget_s=budget_s,
-                            cuda_graph=cuda_graph and prov != "hf")
+                t = measure(
+                    bench.fns[prov],
+                    device,
+                    budget_s=budget_s,
+                    cuda_graph=cuda_graph and prov != "hf",
+                )
             except Exception as exc:  # a provider that fails is reported, not fatal
                 row["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             else:
@@ -457,16 +497,15 @@ def summarize(rows: list[dict]) -> list[str]:
     return lines
 
 
-
-
 def check_gpu_targets(rows: list[dict], copy_gbs: float | None = None) -> list[str]:
     """The issue's kernel targets over one run's rows, as ``PASS``/``MISS`` lines with figures:
     the package's kernel at >= 70% of the copy bandwidth on bytes needed (B >= 64, V = 128256),
     >= 3x faster than the ``torch.compile``d reference at the same shapes, and
     ``verify_sampling`` with top-k/top-p within 1.5x of without. Pure Python: testable on CPU."""
     timed = [r for r in rows if "median_ms" in r]
-    copy_gbs = copy_gbs or next((r.get("copy_bandwidth_gbs") for r in rows
-                                 if r.get("copy_bandwidth_gbs")), None)
+    copy_gbs = copy_gbs or next(
+        (r.get("copy_bandwidth_gbs") for r in rows if r.get("copy_bandwidth_gbs")), None
+    )
     key = ("op", "B", "K", "V", "dtype", "acceptance", "draft_probs", "top_k_top_p")
     by = {(tuple(r[k] for k in key), r["provider"]): r for r in timed}
     out = []
@@ -492,8 +531,10 @@ def check_gpu_targets(rows: list[dict], copy_gbs: float | None = None) -> list[s
         base = by.get((k, "triton"))
         if base:
             ratio = r["median_ms"] / base["median_ms"]
-            out.append(f"{mark(ratio <= 1.5)} {r['case']}: {ratio:.2f}x the time without "
-                       f"top-k/top-p (<= 1.5x)")
+            out.append(
+                f"{mark(ratio <= 1.5)} {r['case']}: {ratio:.2f}x the time without "
+                f"top-k/top-p (<= 1.5x)"
+            )
     return out
 
 
@@ -505,8 +546,9 @@ def check_cpu_targets(rows: list[dict], read_gbs: float | None = None) -> list[s
     V = 128256, acceptance 0.5, effective bandwidth >= 50% of the measured read bandwidth.
     Pure Python: testable without timing anything."""
     timed = [r for r in rows if "median_ms" in r]
-    read_gbs = read_gbs or next((r.get("read_bandwidth_gbs") for r in rows
-                                 if r.get("read_bandwidth_gbs")), None)
+    read_gbs = read_gbs or next(
+        (r.get("read_bandwidth_gbs") for r in rows if r.get("read_bandwidth_gbs")), None
+    )
     key = ("op", "B", "K", "V", "dtype", "acceptance", "draft_probs", "top_k_top_p")
     by = {(tuple(r[k] for k in key), r["provider"]): r for r in timed}
     out = []
@@ -522,19 +564,31 @@ def check_cpu_targets(rows: list[dict], read_gbs: float | None = None) -> list[s
         if hf and r["B"] == 1 and r["dtype"] == "fp32" and r["V"] in (32000, 128256):
             want = 10 if r["V"] == 128256 else 5
             speed = hf["median_ms"] / r["median_ms"]
-            out.append(f"{mark(speed >= want)} {r['case']}: {speed:.1f}x faster than "
-                       f"transformers' _speculative_sampling (>= {want}x)")
+            out.append(
+                f"{mark(speed >= want)} {r['case']}: {speed:.1f}x faster than "
+                f"transformers' _speculative_sampling (>= {want}x)"
+            )
         if r["op"] == "verify_sampling" and r["top_k_top_p"] and r["B"] in (1, 64):
             base = by.get((tuple(r[f] if f != "top_k_top_p" else False for f in key), "native"))
             if base:
                 ratio = r["median_ms"] / base["median_ms"]
-                out.append(f"{mark(ratio <= 2)} {r['case']}: {ratio:.2f}x the time without "
-                           f"top-k/top-p (<= 2x)")
-        if (r["B"] == 64 and r["V"] == 128256 and r["acceptance"] == 0.5 and read_gbs
-                and not r["top_k_top_p"] and r["op"].startswith("verify")):
+                out.append(
+                    f"{mark(ratio <= 2)} {r['case']}: {ratio:.2f}x the time without "
+                    f"top-k/top-p (<= 2x)"
+                )
+        if (
+            r["B"] == 64
+            and r["V"] == 128256
+            and r["acceptance"] == 0.5
+            and read_gbs
+            and not r["top_k_top_p"]
+            and r["op"].startswith("verify")
+        ):
             frac = r["bandwidth_gbs"] / read_gbs
-            out.append(f"{mark(frac >= 0.5)} {r['case']}: {r['bandwidth_gbs']:.3g} GB/s = "
-                       f"{frac:.0%} of the read bandwidth {read_gbs:.3g} GB/s (>= 50%)")
+            out.append(
+                f"{mark(frac >= 0.5)} {r['case']}: {r['bandwidth_gbs']:.3g} GB/s = "
+                f"{frac:.0%} of the read bandwidth {read_gbs:.3g} GB/s (>= 50%)"
+            )
     return out
 
 
@@ -542,8 +596,10 @@ def format_table(rows: list[dict]) -> str:
     """A Markdown table of one run: per case, each provider's median (20%-80% quantiles) and
     effective bandwidth on bytes needed."""
     provs = list(dict.fromkeys(r["provider"] for r in rows if "median_ms" in r))
-    lines = ["| case | bytes needed | " + " | ".join(f"{p} ms (GB/s)" for p in provs) + " |",
-             "|" + "---|" * (2 + len(provs))]
+    lines = [
+        "| case | bytes needed | " + " | ".join(f"{p} ms (GB/s)" for p in provs) + " |",
+        "|" + "---|" * (2 + len(provs)),
+    ]
     by_case: dict[str, dict[str, dict]] = {}
     for r in rows:
         by_case.setdefault(r["case"], {})[r["provider"]] = r
@@ -551,8 +607,11 @@ def format_table(rows: list[dict]) -> str:
         cells = []
         for p in provs:
             r = pr.get(p)
-            cells.append(f"{r['median_ms']:.3g} ({r['bandwidth_gbs']:.3g})"
-                         if r and "median_ms" in r else "–")
+            cells.append(
+                f"{r['median_ms']:.3g} ({r['bandwidth_gbs']:.3g})"
+                if r and "median_ms" in r
+                else "–"
+            )
         nbytes = next(iter(pr.values()))["bytes_needed"]
         lines.append(f"| {name} | {nbytes / 1e6:.3g} MB | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 K_ORDER = (1, 2, 4, 8, "auto")
-PROVIDER_COLORS = {"triton": "tab:blue", "extension": "tab:blue", "reference": "tab:orange",
-                   "torch_compile": "tab:green", "hf": "tab:red"}
+PROVIDER_COLORS = {
+    "triton": "tab:blue",
+    "extension": "tab:blue",
+    "reference": "tab:orange",
+    "torch_compile": "tab:green",
+    "hf": "tab:red",
+}
 
 
 def _plt():
@@ -36,21 +41,44 @@ def plot_e2e(rows: list[dict], path: str) -> None:
         x = {k: i for i, k in enumerate(ks)}
         for t in sorted({r["temperature"] for r in rows}):
             c = colors.get(t, None)
-            spec = [r for r in rows if r["system"] == "specdec" and r["batch_size"] == b
-                    and r["temperature"] == t and r["speedup_vs_target_only"] is not None]
+            spec = [
+                r
+                for r in rows
+                if r["system"] == "specdec"
+                and r["batch_size"] == b
+                and r["temperature"] == t
+                and r["speedup_vs_target_only"] is not None
+            ]
             spec.sort(key=lambda r: x[r["num_speculative_tokens"]])
             if spec:
                 xs = [x[r["num_speculative_tokens"]] for r in spec]
-                ax.plot(xs, [r["speedup_vs_target_only"] for r in spec], "o-", color=c,
-                        label=f"specdec T={t:g}")
-                ax.plot(xs, [r["ideal_speedup"] for r in spec], ":", color=c,
-                        label=f"ideal T={t:g}")
-            hf = [r for r in rows if r["system"] == "hf_assisted" and r["batch_size"] == b
-                  and r["temperature"] == t and r["speedup_vs_target_only"] is not None]
+                ax.plot(
+                    xs,
+                    [r["speedup_vs_target_only"] for r in spec],
+                    "o-",
+                    color=c,
+                    label=f"specdec T={t:g}",
+                )
+                ax.plot(
+                    xs, [r["ideal_speedup"] for r in spec], ":", color=c, label=f"ideal T={t:g}"
+                )
+            hf = [
+                r
+                for r in rows
+                if r["system"] == "hf_assisted"
+                and r["batch_size"] == b
+                and r["temperature"] == t
+                and r["speedup_vs_target_only"] is not None
+            ]
             if hf:
-                ax.plot([x[r["num_speculative_tokens"]] for r in hf],
-                        [r["speedup_vs_target_only"] for r in hf], "s--", color=c, alpha=0.6,
-                        label=f"hf_assisted T={t:g}")
+                ax.plot(
+                    [x[r["num_speculative_tokens"]] for r in hf],
+                    [r["speedup_vs_target_only"] for r in hf],
+                    "s--",
+                    color=c,
+                    alpha=0.6,
+                    label=f"hf_assisted T={t:g}",
+                )
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_xticks(range(len(ks)), [str(k) for k in ks])
         ax.set_xlabel("K (draft tokens per pass)")
@@ -71,17 +99,22 @@ def plot_ops(rows: list[dict], path: str) -> None:
     rows = [r for r in rows if "median_ms" in r]
     if not rows:
         return
+
     def variant(r):
         if r["op"] != "verify_sampling":
             return r["op"]
-        return "verify_sampling" + (" +q" if r["draft_probs"] else "") + (
-            " +topk/p" if r["top_k_top_p"] else "")
+        return (
+            "verify_sampling"
+            + (" +q" if r["draft_probs"] else "")
+            + (" +topk/p" if r["top_k_top_p"] else "")
+        )
+
     names = sorted({variant(r) for r in rows})
     ncols = min(4, len(names))
     nrows = -(-len(names) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.8 * ncols, 3.3 * nrows), squeeze=False)
     flat = [ax for row in axes for ax in row]
-    for ax in flat[len(names):]:
+    for ax in flat[len(names) :]:
         ax.axis("off")
     copy = rows[0].get("copy_bandwidth_gbs")
     for ax, name in zip(flat, names):
@@ -92,8 +125,13 @@ def plot_ops(rows: list[dict], path: str) -> None:
         sel = [r for r in sel if r["V"] == v and r["dtype"] == dt and r["acceptance"] == acc]
         for prov in dict.fromkeys(r["provider"] for r in sel):
             pts = sorted((r["B"], r["bandwidth_gbs"]) for r in sel if r["provider"] == prov)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=prov,
-                    color=PROVIDER_COLORS.get(prov))
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                "o-",
+                label=prov,
+                color=PROVIDER_COLORS.get(prov),
+            )
         if copy:
             ax.axhline(copy, color="gray", ls=":", lw=0.8, label="copy bandwidth")
         ax.set_xscale("log", base=2)
@@ -101,8 +139,9 @@ def plot_ops(rows: list[dict], path: str) -> None:
         ax.set_xlabel("batch B")
         ax.set_ylabel("effective GB/s (bytes needed)", fontsize=8)
         ax.legend(fontsize=6)
-        ax.set_title(f"{name}\nV={v} {dt} acc={acc}" if v else f"{name}\n{dt} acc={acc}",
-                     fontsize=8)
+        ax.set_title(
+            f"{name}\nV={v} {dt} acc={acc}" if v else f"{name}\n{dt} acc={acc}", fontsize=8
+        )
         ax.grid(alpha=0.3)
     fig.suptitle("Kernels: " + _machine_label(rows), fontsize=9)
     fig.tight_layout()

@@ -36,21 +36,28 @@ def _quantile(xs: list[float], q: float) -> float:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
-def time_cpu(fn, *, warmup: int = 1, min_calls: int = 3, max_calls: int = 200,
-             budget_s: float = 0.5) -> Timing:
+def time_cpu(
+    fn, *, warmup: int = 1, min_calls: int = 3, max_calls: int = 200, budget_s: float = 0.5
+) -> Timing:
     """Wall-clock timing on the host: ``warmup`` untimed calls, then calls until ``budget_s`` is
     spent (at least ``min_calls``, at most ``max_calls``)."""
     for _ in range(warmup):
         fn()
     times: list[float] = []
     start = time.perf_counter()
-    while len(times) < max_calls and (len(times) < min_calls
-                                      or time.perf_counter() - start < budget_s):
+    while len(times) < max_calls and (
+        len(times) < min_calls or time.perf_counter() - start < budget_s
+    ):
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
-    return Timing(statistics.median(times), _quantile(times, 0.2), _quantile(times, 0.8),
-                  len(times), "perf_counter")
+    return Timing(
+        statistics.median(times),
+        _quantile(times, 0.2),
+        _quantile(times, 0.8),
+        len(times),
+        "perf_counter",
+    )
 
 
 def time_cuda(fn, *, rep_ms: int = 50, cuda_graph: bool = True) -> Timing:
@@ -62,8 +69,9 @@ def time_cuda(fn, *, rep_ms: int = 50, cuda_graph: bool = True) -> Timing:
     torch.cuda.synchronize()
     if cuda_graph:
         try:
-            med, p20, p80 = triton.testing.do_bench_cudagraph(fn, rep=rep_ms,
-                                                              quantiles=list(QUANTILES))
+            med, p20, p80 = triton.testing.do_bench_cudagraph(
+                fn, rep=rep_ms, quantiles=list(QUANTILES)
+            )
             return Timing(med, p20, p80, -1, "do_bench_cudagraph")
         except Exception:  # not capturable (host sync, CPU tensors, ...): plain do_bench
             torch.cuda.synchronize()
@@ -71,8 +79,7 @@ def time_cuda(fn, *, rep_ms: int = 50, cuda_graph: bool = True) -> Timing:
     return Timing(med, p20, p80, -1, "do_bench")
 
 
-def measure(fn, device: torch.device, *, budget_s: float = 0.5, cuda_graph: bool = True
-            ) -> Timing:
+def measure(fn, device: torch.device, *, budget_s: float = 0.5, cuda_graph: bool = True) -> Timing:
     """Time ``fn`` on ``device`` with the method that fits it."""
     if device.type == "cuda":
         return time_cuda(fn, rep_ms=max(10, int(budget_s * 1e3)), cuda_graph=cuda_graph)
@@ -104,22 +111,40 @@ def git_commit() -> str:
     ``v<version>`` outside a git checkout (an installed package)."""
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here, check=True,
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=here, capture_output=True, text=True, timeout=10).stdout
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=here,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=here,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return sha + ("+dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
         from specdec_kernels import __version__
+
         return f"v{__version__}"
 
 
 def machine(device: torch.device) -> dict:
     """What the figures were measured on."""
-    info = {"host": platform.node(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-            "torch_threads": torch.get_num_threads(), "device": str(device)}
+    info = {
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "device": str(device),
+    }
     try:
         with open("/proc/cpuinfo") as fh:
             names = [ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")]
@@ -134,11 +159,13 @@ def machine(device: torch.device) -> dict:
         info["cuda"] = torch.version.cuda
     try:
         import triton
+
         info["triton"] = triton.__version__
     except ImportError:
         pass
     try:
         import transformers
+
         info["transformers"] = transformers.__version__
     except ImportError:
         pass
@@ -147,9 +174,14 @@ def machine(device: torch.device) -> dict:
 
 def run_header(device: torch.device, kind: str, **extra) -> dict:
     """The fields every row of one run carries: run id, kind, date (UTC), commit, machine."""
-    return {"run_id": uuid.uuid4().hex[:12], "kind": kind,
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": git_commit(), "machine": machine(device), **extra}
+    return {
+        "run_id": uuid.uuid4().hex[:12],
+        "kind": kind,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": git_commit(),
+        "machine": machine(device),
+        **extra,
+    }
 
 
 def append_rows(path: str, rows: list[dict]) -> None:

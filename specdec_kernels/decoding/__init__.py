@@ -23,5 +23,15 @@ from specdec_kernels.decoding.adapters import CachedModel, CausalLMAdapter, HFAd
 from specdec_kernels.decoding.core import Decoder, DecodeResult, GenerationStats, Sampling
 from specdec_kernels.decoding.drafters import Drafter, ModelDrafter, NgramDrafter
 
-__all__ = ["CachedModel", "CausalLMAdapter", "DecodeResult", "Decoder", "Drafter",
-           "GenerationStats", "HFAdapter", "ModelDrafter", "NgramDrafter", "Sampling"]
+__all__ = [
+    "CachedModel",
+    "CausalLMAdapter",
+    "DecodeResult",
+    "Decoder",
+    "Drafter",
+    "GenerationStats",
+    "HFAdapter",
+    "ModelDrafter",
+    "NgramDrafter",
+    "Sampling",
+]

@@ -35,8 +35,12 @@ class CachedModel(Protocol):
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> None: ...
 
-    def extend(self, tokens: torch.Tensor, num_valid: torch.Tensor,
-               logits_index: torch.Tensor | None = None) -> torch.Tensor: ...
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        num_valid: torch.Tensor,
+        logits_index: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
     def rollback(self, n: torch.Tensor) -> None: ...
 
@@ -54,8 +58,8 @@ def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
     mask = torch.zeros(len(rows), width, dtype=torch.int64)
     for b, r in enumerate(rows):
         if r:
-            ids[b, width - len(r):] = torch.tensor(r, dtype=torch.int64)
-            mask[b, width - len(r):] = 1
+            ids[b, width - len(r) :] = torch.tensor(r, dtype=torch.int64)
+            mask[b, width - len(r) :] = 1
     return ids.to(device), mask.to(device)
 
 
@@ -92,8 +96,9 @@ class CausalLMAdapter:
 
     def extend(self, tokens, num_valid, logits_index=None):
         span = self._max_len + tokens.shape[1]  # attention reads positions < span
-        logits = self.model(tokens, self.cache, logits_index=logits_index, kv_len=span,
-                            validate=False)
+        logits = self.model(
+            tokens, self.cache, logits_index=logits_index, kv_len=span, validate=False
+        )
         self.cache.advance(num_valid, validate=False)
         self._max_len = span
         return logits
@@ -127,9 +132,17 @@ class HFAdapter:
         self.device, self.dtype = p.device, p.dtype
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         c = model.config
-        self.max_seq_len = next((v for v in (getattr(c, "max_position_embeddings", None),
-                                             getattr(c, "n_positions", None))
-                                 if isinstance(v, int)), None)
+        self.max_seq_len = next(
+            (
+                v
+                for v in (
+                    getattr(c, "max_position_embeddings", None),
+                    getattr(c, "n_positions", None),
+                )
+                if isinstance(v, int)
+            ),
+            None,
+        )
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._keep_arg = "logits_to_keep" in params
@@ -141,8 +154,12 @@ class HFAdapter:
     def _forward(self, ids, mask, positions, last_only):
         if self.max_seq_len is not None:
             positions = positions.clamp(max=self.max_seq_len - 1)  # hole slots may pass it
-        kwargs = {self._cache_kw: self.cache, "attention_mask": mask, "position_ids": positions,
-                  "use_cache": True}
+        kwargs = {
+            self._cache_kw: self.cache,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "use_cache": True,
+        }
         if last_only and self._keep_arg:
             kwargs["logits_to_keep"] = 1
         logits = self.model(input_ids=ids, **kwargs).logits

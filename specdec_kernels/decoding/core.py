@@ -52,11 +52,16 @@ class Sampling:
         filter (:func:`specdec_kernels.reference.verify_sampling.filtered_probs`)."""
         b = logits.shape[0]
         dev = logits.device
-        per_row = lambda v, dtype: None if v is None else torch.full((b,), v, dtype=dtype,  # noqa: E731
-                                                                     device=dev)
-        return filtered_probs(logits[:, None], per_row(self.temperature, torch.float32),
-                              per_row(self.top_k or None, torch.int64),
-                              per_row(self.top_p, torch.float32))[:, 0]
+
+        def per_row(value, dtype):
+            return None if value is None else torch.full((b,), value, dtype=dtype, device=dev)
+
+        return filtered_probs(
+            logits[:, None],
+            per_row(self.temperature, torch.float32),
+            per_row(self.top_k or None, torch.int64),
+            per_row(self.top_p, torch.float32),
+        )[:, 0]
 
     def draw(self, logits: torch.Tensor, generator: torch.Generator | None):
         """One token per row of ``logits`` ``[B, V]`` and the distribution it was drawn from
@@ -118,8 +123,20 @@ class _Rows:
     num_draft: torch.Tensor  # [B] int64: draft tokens wanted next step
 
     def select(self, order: torch.Tensor) -> _Rows:
-        return _Rows(*(t[order] for t in (self.ids, self.tokens, self.from_draft, self.seq_len,
-                                           self.prompt_len, self.limit, self.num_draft)))
+        return _Rows(
+            *(
+                t[order]
+                for t in (
+                    self.ids,
+                    self.tokens,
+                    self.from_draft,
+                    self.seq_len,
+                    self.prompt_len,
+                    self.limit,
+                    self.num_draft,
+                )
+            )
+        )
 
 
 def swap_remove_order(done: list[bool]) -> list[int]:
@@ -158,22 +175,35 @@ class Decoder:
         Draft cost per token over target cost per pass (``"auto"`` only).
     """
 
-    def __init__(self, target, drafter=None, num_speculative_tokens: int | str = 4, *,
-                 max_speculative_tokens: int = 8, cost_ratio: float = 0.0):
+    def __init__(
+        self,
+        target,
+        drafter=None,
+        num_speculative_tokens: int | str = 4,
+        *,
+        max_speculative_tokens: int = 8,
+        cost_ratio: float = 0.0,
+    ):
         auto = num_speculative_tokens == "auto"
-        if not auto and (not isinstance(num_speculative_tokens, int)
-                         or isinstance(num_speculative_tokens, bool)
-                         or num_speculative_tokens < 1):
-            raise ValueError("num_speculative_tokens must be an int >= 1 or 'auto', got "
-                             f"{num_speculative_tokens!r}")
+        if not auto and (
+            not isinstance(num_speculative_tokens, int)
+            or isinstance(num_speculative_tokens, bool)
+            or num_speculative_tokens < 1
+        ):
+            raise ValueError(
+                "num_speculative_tokens must be an int >= 1 or 'auto', got "
+                f"{num_speculative_tokens!r}"
+            )
         if auto and (not isinstance(max_speculative_tokens, int) or max_speculative_tokens < 1):
-            raise ValueError(f"max_speculative_tokens must be an int >= 1, got "
-                             f"{max_speculative_tokens!r}")
+            raise ValueError(
+                f"max_speculative_tokens must be an int >= 1, got {max_speculative_tokens!r}"
+            )
         if not cost_ratio >= 0:
             raise ValueError(f"cost_ratio must be >= 0, got {cost_ratio}")
         self.target, self.drafter, self.auto = target, drafter, auto
-        self.max_k = 0 if drafter is None else (
-            max_speculative_tokens if auto else num_speculative_tokens)
+        self.max_k = (
+            0 if drafter is None else (max_speculative_tokens if auto else num_speculative_tokens)
+        )
         self.cost_ratio = cost_ratio
 
     # ------------------------------------------------------------------------------ checks
@@ -185,16 +215,18 @@ class Decoder:
                 raise ValueError(f"prompts tensor must be [B, T], got {list(prompts.shape)}")
             prompts = prompts.tolist()
         if not isinstance(prompts, (list, tuple)) or not prompts:
-            raise ValueError("prompts must be a non-empty list of token-id lists or a [B, T] "
-                             "tensor")
+            raise ValueError(
+                "prompts must be a non-empty list of token-id lists or a [B, T] tensor"
+            )
         rows = [list(map(int, p)) for p in prompts]
         v, ctx = self.target.vocab_size, self.target.max_seq_len
         for b, row in enumerate(rows):
             if not row:
                 raise ValueError(f"prompt {b} is empty")
             if ctx is not None and len(row) > ctx:
-                raise ValueError(f"prompt {b} has {len(row)} tokens, more than the model's "
-                                 f"context of {ctx}")
+                raise ValueError(
+                    f"prompt {b} has {len(row)} tokens, more than the model's context of {ctx}"
+                )
             bad = [t for t in row if not 0 <= t < v]
             if bad:
                 raise ValueError(f"prompt {b} has token ids outside [0, {v}): {bad[:5]}")
@@ -202,12 +234,22 @@ class Decoder:
 
     # ------------------------------------------------------------------------------ run
     @torch.inference_mode()
-    def run(self, prompts, max_new_tokens: int, sampling: Sampling = Sampling(), *,
-            eos_token_id: int | None = None, seed: int | None = None,
-            progress=None) -> DecodeResult:
+    def run(
+        self,
+        prompts,
+        max_new_tokens: int,
+        sampling: Sampling = Sampling(),
+        *,
+        eos_token_id: int | None = None,
+        seed: int | None = None,
+        progress=None,
+    ) -> DecodeResult:
         """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc)."""
-        if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) \
-                or max_new_tokens <= 0:
+        if (
+            not isinstance(max_new_tokens, int)
+            or isinstance(max_new_tokens, bool)
+            or max_new_tokens <= 0
+        ):
             raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
         v = self.target.vocab_size
         if eos_token_id is not None and not 0 <= eos_token_id < v:
@@ -217,8 +259,9 @@ class Decoder:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        base_seed = seed if seed is not None or sampling.greedy else \
-            int(torch.randint(0, 2**62, (1,)))
+        base_seed = (
+            seed if seed is not None or sampling.greedy else int(torch.randint(0, 2**62, (1,)))
+        )
         st, tracker = self._start(rows_in, max_new_tokens)
         stats = GenerationStats()
         counts = torch.zeros(2 + self.max_k + 1, dtype=torch.int64, device=st.ids.device)
@@ -228,8 +271,7 @@ class Decoder:
         k_loop = self.max_k
         while kept is not None:
             st, tracker, _ = kept
-            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed,
-                              generator)
+            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed, generator)
             stats.target_forwards += 1
             if self.drafter is not None:
                 stats.draft_forwards += self.drafter.forwards_per_step(k_loop)
@@ -238,8 +280,12 @@ class Decoder:
             counts[2:] += torch.bincount(n, minlength=self.max_k + 1)[: self.max_k + 1]
             # ---- the one host sync of the step
             dvalue = self.drafter.sync_value() if self.drafter is not None else None
-            parts = [st.seq_len >= st.limit, st.num_draft, st.seq_len - st.prompt_len,
-                     self.target.sync_value()] + ([] if dvalue is None else [dvalue])
+            parts = [
+                st.seq_len >= st.limit,
+                st.num_draft,
+                st.seq_len - st.prompt_len,
+                self.target.sync_value(),
+            ] + ([] if dvalue is None else [dvalue])
             host = torch.stack([x.long() for x in parts]).tolist()
             done_tokens += sum(g for g, d in zip(host[2], host[0]) if d)
             kept = self._retire(st, tracker, host[0], results)
@@ -264,14 +310,16 @@ class Decoder:
         tokens = torch.zeros(b, cap, dtype=torch.int64)
         for i, r in enumerate(rows_in):
             tokens[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-        limits = [n + max_new_tokens if ctx is None else min(n + max_new_tokens, ctx)
-                  for n in lens]
-        st = _Rows(ids=torch.arange(b, device=dev), tokens=tokens.to(dev),
-                   from_draft=torch.zeros(b, cap, dtype=torch.bool, device=dev),
-                   seq_len=torch.tensor(lens, device=dev),
-                   prompt_len=torch.tensor(lens, device=dev),
-                   limit=torch.tensor(limits, device=dev),
-                   num_draft=torch.full((b,), k, dtype=torch.int64, device=dev))
+        limits = [n + max_new_tokens if ctx is None else min(n + max_new_tokens, ctx) for n in lens]
+        st = _Rows(
+            ids=torch.arange(b, device=dev),
+            tokens=tokens.to(dev),
+            from_draft=torch.zeros(b, cap, dtype=torch.bool, device=dev),
+            seq_len=torch.tensor(lens, device=dev),
+            prompt_len=torch.tensor(lens, device=dev),
+            limit=torch.tensor(limits, device=dev),
+            num_draft=torch.full((b,), k, dtype=torch.int64, device=dev),
+        )
         tracker = AcceptanceTracker.new(b, dev)
         if self.auto:  # the prior's choice until acceptance is measured
             st.num_draft = best_num_draft_tokens(tracker.alpha(), self.cost_ratio, k)
@@ -281,18 +329,21 @@ class Decoder:
             self.drafter.prefill(rows_in, capacity)
         return st, tracker
 
-    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed,
-              generator):
+    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed, generator):
         """Draft, one target pass, verify, commit. Returns ``(num_accepted, k)``."""
         dev = st.ids.device
         ctx = self.target.max_seq_len
-        room = st.num_draft if ctx is None else \
-            st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))
+        room = (
+            st.num_draft
+            if ctx is None
+            else st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))
+        )
         k = room.clamp(max=k_loop)  # [B]
         q = None
         if self.drafter is not None and k_loop > 0:
-            drafts, k, q = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling,
-                                                generator)
+            drafts, k, q = self.drafter.propose(
+                st.tokens, st.seq_len, k, k_loop, sampling, generator
+            )
         else:
             drafts = torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
@@ -301,11 +352,17 @@ class Decoder:
         if sampling.greedy:
             ver = verify_greedy(logits, drafts, num_draft_tokens=k, validate=False)
         else:
-            ver = verify_sampling(logits, drafts, _verifiable(q),
-                                  temperature=sampling.temperature, top_k=sampling.top_k,
-                                  top_p=sampling.top_p, num_draft_tokens=k,
-                                  seed=rng.step_seeds(base_seed, st.ids, st.seq_len),
-                                  validate=False)
+            ver = verify_sampling(
+                logits,
+                drafts,
+                _verifiable(q),
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                num_draft_tokens=k,
+                seed=rng.step_seeds(base_seed, st.ids, st.seq_len),
+                validate=False,
+            )
         n = ver.num_accepted  # [B]
         self.target.rollback(k - n)
         if self.drafter is not None and k_loop > 0:
@@ -340,8 +397,10 @@ class Decoder:
         if not any(done):
             return st, tracker, list(range(len(done)))
         gone = torch.tensor([i for i, d in enumerate(done) if d], device=st.ids.device)
-        ids, toks, fd, sl = (t.tolist() for t in (st.ids[gone], st.tokens[gone],
-                                                   st.from_draft[gone], st.seq_len[gone]))
+        ids, toks, fd, sl = (
+            t.tolist()
+            for t in (st.ids[gone], st.tokens[gone], st.from_draft[gone], st.seq_len[gone])
+        )
         for i, row in enumerate(ids):
             results[row] = (toks[i][: sl[i]], fd[i][: sl[i]])
         if all(done):
@@ -357,7 +416,7 @@ class Decoder:
         accepted, drafted, *hist = counts.tolist()
         lens = [len(r) for r in rows_in]
         seqs = [results[b][0] for b in range(len(rows_in))]
-        from_draft = [results[b][1][lens[b]:] for b in range(len(rows_in))]
+        from_draft = [results[b][1][lens[b] :] for b in range(len(rows_in))]
         stats.wall_seconds = time.perf_counter() - start
         stats.accepted_histogram = hist
         stats.accepted_tokens, stats.drafted_tokens = accepted, drafted

@@ -59,7 +59,8 @@ class ModelDrafter:
         dev = tokens.device
         behind = seq_len - self.model.lengths  # [B]: 1 or 2 committed tokens not yet fed
         at = (self.model.lengths[:, None] + torch.arange(2, device=dev)).clamp(
-            max=tokens.shape[1] - 1)
+            max=tokens.shape[1] - 1
+        )
         logits = self.model.extend(tokens.gather(1, at), behind, logits_index=behind - 1)
         drafts, probs = [], []
         for i in range(k_loop):

@@ -21,12 +21,22 @@ from specdec_kernels.verification import verify_sampling
 __all__ = ["speculative_generate", "speculative_sampling"]
 
 
-def speculative_generate(target_model, draft_model, input_ids, attention_mask=None,
-                         max_new_tokens: int = 32, do_sample: bool = False,
-                         temperature: float = 1.0, top_k: int | None = None,
-                         top_p: float | None = None, num_speculative_tokens: int | str = 4,
-                         eos_token_id: int | None = None, pad_token_id: int | None = None,
-                         seed: int | None = None, max_speculative_tokens: int = 8) -> torch.Tensor:
+def speculative_generate(
+    target_model,
+    draft_model,
+    input_ids,
+    attention_mask=None,
+    max_new_tokens: int = 32,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_speculative_tokens: int | str = 4,
+    eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
+    seed: int | None = None,
+    max_speculative_tokens: int = 8,
+) -> torch.Tensor:
     """Lossless batched speculative decoding with two Hugging Face causal LMs.
 
     Parameters
@@ -72,17 +82,22 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
     ...             padding=True)  # doctest: +SKIP
     >>> out = speculative_generate(target, draft, **batch, max_new_tokens=32)  # doctest: +SKIP
     """
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
-            or input_ids.shape[1] == 0:
-        raise ValueError(f"input_ids must be a non-empty [B, T] tensor, got "
-                         f"{list(getattr(input_ids, 'shape', []))}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be a non-empty [B, T] tensor, got "
+            f"{list(getattr(input_ids, 'shape', []))}"
+        )
     target, draft = HFAdapter(target_model), HFAdapter(draft_model)
     if (target.device, target.dtype) != (draft.device, draft.dtype):
-        raise ValueError(f"draft is on {draft.device}/{draft.dtype} but the target is on "
-                         f"{target.device}/{target.dtype}")
+        raise ValueError(
+            f"draft is on {draft.device}/{draft.dtype} but the target is on "
+            f"{target.device}/{target.dtype}"
+        )
     if target.vocab_size != draft.vocab_size:
-        raise ValueError(f"draft vocabulary size {draft.vocab_size} differs from the target's "
-                         f"{target.vocab_size}")
+        raise ValueError(
+            f"draft vocabulary size {draft.vocab_size} differs from the target's "
+            f"{target.vocab_size}"
+        )
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     mask = mask.to(input_ids.device).long()
     if bool((mask.sum(1) == 0).any()):
@@ -90,22 +105,33 @@ def speculative_generate(target_model, draft_model, input_ids, attention_mask=No
     if bool((mask[:, -1] == 0).any()):
         raise ValueError("input must be left-padded: the last column of attention_mask must be 1")
     prompts = [row[m.bool()].tolist() for row, m in zip(input_ids, mask)]
-    cost = (sum(p.numel() for p in draft_model.parameters())
-            / sum(p.numel() for p in target_model.parameters()))
-    decoder = Decoder(target, ModelDrafter(draft), num_speculative_tokens,
-                      max_speculative_tokens=max_speculative_tokens, cost_ratio=cost)
+    cost = sum(p.numel() for p in draft_model.parameters()) / sum(
+        p.numel() for p in target_model.parameters()
+    )
+    decoder = Decoder(
+        target,
+        ModelDrafter(draft),
+        num_speculative_tokens,
+        max_speculative_tokens=max_speculative_tokens,
+        cost_ratio=cost,
+    )
     sampling = Sampling(temperature if do_sample else 0.0, top_k, top_p)
     result = decoder.run(prompts, max_new_tokens, sampling, eos_token_id=eos_token_id, seed=seed)
     pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
     out = torch.full((len(prompts), max_new_tokens), pad, dtype=torch.int64)
     for b, (seq, prompt) in enumerate(zip(result.sequences, prompts)):
-        new = seq[len(prompt):]
+        new = seq[len(prompt) :]
         out[b, : len(new)] = torch.tensor(new, dtype=torch.int64)
     return torch.cat([input_ids, out.to(input_ids.device)], 1)
 
 
-def speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits,
-                         assistant_ensemble_weight: float | None = None):
+def speculative_sampling(
+    candidate_input_ids,
+    candidate_logits,
+    candidate_length,
+    new_logits,
+    assistant_ensemble_weight: float | None = None,
+):
     """Drop-in for ``transformers.generation.utils._speculative_sampling`` on
     :func:`sk.verify_sampling` (Leviathan et al. 2023, algorithm 1).
 
@@ -134,14 +160,16 @@ def speculative_sampling(candidate_input_ids, candidate_logits, candidate_length
     ``torch.manual_seed`` makes them reproducible.
     """
     if assistant_ensemble_weight is not None and assistant_ensemble_weight != 1.0:
-        raise ValueError("speculative_sampling: assistant_ensemble_weight (a lossy variant) is "
-                         "not supported")
+        raise ValueError(
+            "speculative_sampling: assistant_ensemble_weight (a lossy variant) is not supported"
+        )
     gamma = int(candidate_length)
     drafts = candidate_input_ids[:, -gamma:] if gamma > 0 else candidate_input_ids[:, :0]
     q = candidate_logits.float().softmax(-1)  # [B, gamma, V]
     seed = int(torch.randint(0, 2**62, (1,)).item())
-    ver = verify_sampling(_verifiable(new_logits[:, : gamma + 1]), drafts, q, temperature=1.0,
-                          seed=seed)
+    ver = verify_sampling(
+        _verifiable(new_logits[:, : gamma + 1]), drafts, q, temperature=1.0, seed=seed
+    )
     n = ver.num_accepted
     if n.numel() == 1:
         n0 = n[0]

@@ -36,7 +36,7 @@ def documents_validate(func: F) -> F:
     lines = []
     for line in (func.__doc__ or "").splitlines():
         if line.strip() == "{validate}":
-            indent = line[:len(line) - len(line.lstrip())]
+            indent = line[: len(line) - len(line.lstrip())]
             lines += [indent + text if text else text for text in VALIDATE_DOC.splitlines()]
         else:
             lines.append(line)
@@ -58,13 +58,18 @@ def per_row(op: str, name: str, n, rows: int, device: torch.device) -> torch.Ten
         raise ValueError(f"{op}: {name} must be an int or an integer tensor, got {n!r}")
     if isinstance(n, int):
         return torch.full((rows,), n, dtype=torch.int64, device=device)
-    if not isinstance(n, torch.Tensor) or n.dtype.is_floating_point or n.dtype.is_complex \
-            or n.dtype == torch.bool:
-        raise ValueError(f"{op}: {name} must be an int or an integer tensor, got "
-                         f"{getattr(n, 'dtype', type(n).__name__)}")
+    if (
+        not isinstance(n, torch.Tensor)
+        or n.dtype.is_floating_point
+        or n.dtype.is_complex
+        or n.dtype == torch.bool
+    ):
+        raise ValueError(
+            f"{op}: {name} must be an int or an integer tensor, got "
+            f"{getattr(n, 'dtype', type(n).__name__)}"
+        )
     if n.dim() > 1 or (n.dim() == 1 and n.shape[0] != rows):
-        raise ValueError(f"{op}: {name} must be an int or have shape [{rows}], got "
-                         f"{list(n.shape)}")
+        raise ValueError(f"{op}: {name} must be an int or have shape [{rows}], got {list(n.shape)}")
     if n.device != device:
         raise ValueError(f"{op}: {name} is on {n.device} but the cache is on {device}")
     return n.to(torch.int64).expand(rows).contiguous()
@@ -83,22 +88,33 @@ def first_bad(bad: torch.Tensor) -> int | None:
     return int(bad.to(torch.int32).argmax())
 
 
-def check_kv(op: str, k: torch.Tensor, v: torch.Tensor, rows: int, heads: int, head_dim: int,
-             dtype: torch.dtype, device: torch.device) -> int:
+def check_kv(
+    op: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rows: int,
+    heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> int:
     """Check ``k, v: [rows, heads, T, head_dim]``; return ``T``."""
     for name, t in (("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise ValueError(f"{op}: {name} must be a tensor, got {type(t).__name__}")
         if t.dim() != 4 or t.shape[0] != rows or t.shape[1] != heads or t.shape[3] != head_dim:
-            raise ValueError(f"{op}: {name} must have shape [B, H, T, D] = [{rows}, {heads}, "
-                             f"T, {head_dim}], got {list(t.shape)}")
+            raise ValueError(
+                f"{op}: {name} must have shape [B, H, T, D] = [{rows}, {heads}, "
+                f"T, {head_dim}], got {list(t.shape)}"
+            )
         if t.dtype != dtype:
             raise ValueError(f"{op}: {name} is {t.dtype} but the cache is {dtype}")
         if t.device != device:
             raise ValueError(f"{op}: {name} is on {t.device} but the cache is on {device}")
     if k.shape != v.shape:
-        raise ValueError(f"{op}: k and v must have the same shape, got {list(k.shape)} and "
-                         f"{list(v.shape)}")
+        raise ValueError(
+            f"{op}: k and v must have the same shape, got {list(k.shape)} and {list(v.shape)}"
+        )
     return k.shape[2]
 
 
@@ -106,21 +122,33 @@ def last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 or t.shape[-1] == 1 else t.contiguous()
 
 
-def check_compact(op: str, src_positions, num_keep, start, lengths: torch.Tensor,
-                  device: torch.device, validate: bool = True
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def check_compact(
+    op: str,
+    src_positions,
+    num_keep,
+    start,
+    lengths: torch.Tensor,
+    device: torch.device,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Check the arguments of ``compact`` (their values against the current ``lengths`` when
     ``validate``); return them as int64 device tensors (``src_positions`` contiguous)."""
     rows = lengths.shape[0]
-    if not isinstance(src_positions, torch.Tensor) or src_positions.dtype.is_floating_point \
-            or src_positions.dtype.is_complex or src_positions.dtype == torch.bool:
+    if (
+        not isinstance(src_positions, torch.Tensor)
+        or src_positions.dtype.is_floating_point
+        or src_positions.dtype.is_complex
+        or src_positions.dtype == torch.bool
+    ):
         raise ValueError(f"{op}: src_positions must be an integer tensor [B, P]")
     if src_positions.dim() != 2 or src_positions.shape[0] != rows:
-        raise ValueError(f"{op}: src_positions must have shape [{rows}, P], got "
-                         f"{list(src_positions.shape)}")
+        raise ValueError(
+            f"{op}: src_positions must have shape [{rows}, P], got {list(src_positions.shape)}"
+        )
     if src_positions.device != device:
-        raise ValueError(f"{op}: src_positions is on {src_positions.device} but the cache is on "
-                         f"{device}")
+        raise ValueError(
+            f"{op}: src_positions is on {src_positions.device} but the cache is on {device}"
+        )
     src = src_positions.to(torch.int64).contiguous()
     keep = per_row(op, "num_keep", num_keep, rows, device)
     first = per_row(op, "start", start, rows, device)
@@ -129,21 +157,26 @@ def check_compact(op: str, src_positions, num_keep, start, lengths: torch.Tensor
         return src, keep, first
     b = first_bad((keep < 0) | (keep > P))
     if b is not None:
-        raise ValueError(f"{op}: row {b}: num_keep {int(keep[b])} is outside [0, {P}] "
-                         f"(src_positions has {P} columns)")
+        raise ValueError(
+            f"{op}: row {b}: num_keep {int(keep[b])} is outside [0, {P}] "
+            f"(src_positions has {P} columns)"
+        )
     b = first_bad((first < 0) | (first + keep > lengths))
     if b is not None:
-        raise ValueError(f"{op}: row {b}: start {int(first[b])} + num_keep {int(keep[b])} must "
-                         f"lie in [0, lengths] = [0, {int(lengths[b])}]")
-    used = torch.arange(P, device=device) < keep[:, None]                   # [B, P]
+        raise ValueError(
+            f"{op}: row {b}: start {int(first[b])} + num_keep {int(keep[b])} must "
+            f"lie in [0, lengths] = [0, {int(lengths[b])}]"
+        )
+    used = torch.arange(P, device=device) < keep[:, None]  # [B, P]
     outside = used & ((src < first[:, None]) | (src >= lengths[:, None]))  # [B, P]
     b = first_bad(outside.any(dim=1))
     if b is not None:
         i = int(outside[b].to(torch.int32).argmax())
-        raise ValueError(f"{op}: row {b}: src_positions[{b}, {i}] = {int(src[b, i])} is outside "
-                         f"[start, lengths) = [{int(first[b])}, {int(lengths[b])})")
+        raise ValueError(
+            f"{op}: row {b}: src_positions[{b}, {i}] = {int(src[b, i])} is outside "
+            f"[start, lengths) = [{int(first[b])}, {int(lengths[b])})"
+        )
     return src, keep, first
-
 
 
 def bounded(n: torch.Tensor, bound: int) -> torch.Tensor:

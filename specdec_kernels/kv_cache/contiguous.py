@@ -76,9 +76,16 @@ class KVCache:
             [3., 4., 0., 0.]]))
     """
 
-    def __init__(self, num_layers: int, batch_size: int, num_kv_heads: int, head_dim: int,
-                 max_seq_len: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        batch_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_seq_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> None:
         self.num_layers = positive_int("num_layers", num_layers)
         self.batch_size = positive_int("batch_size", batch_size)
         self.num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
@@ -87,8 +94,16 @@ class KVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         # kv: [L, 2, B, H, S, D]
-        self.kv = torch.zeros(num_layers, 2, batch_size, num_kv_heads, max_seq_len, head_dim,
-                              dtype=dtype, device=self.device)
+        self.kv = torch.zeros(
+            num_layers,
+            2,
+            batch_size,
+            num_kv_heads,
+            max_seq_len,
+            head_dim,
+            dtype=dtype,
+            device=self.device,
+        )
         self._lengths = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
 
     # -- state ---------------------------------------------------------------------------------
@@ -111,8 +126,7 @@ class KVCache:
 
     # -- verbs ---------------------------------------------------------------------------------
     @documents_validate
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *,
-              validate: bool = True) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *, validate: bool = True) -> None:
         """Write ``T`` new entries per row at ``lengths[b] .. lengths[b]+T-1`` of one layer.
 
         ``lengths`` does not change: :meth:`advance` commits entries. Copies ``2 * B * H * T *
@@ -134,14 +148,25 @@ class KVCache:
             row). Nothing is written then.
         """
         layer = self._layer("write", layer)
-        T = check_kv("write", k, v, self.batch_size, self.num_kv_heads, self.head_dim,
-                     self.dtype, self.device)
+        T = check_kv(
+            "write",
+            k,
+            v,
+            self.batch_size,
+            self.num_kv_heads,
+            self.head_dim,
+            self.dtype,
+            self.device,
+        )
         b = first_bad(self._lengths + T > self.max_seq_len) if validate else None
         if b is not None:
-            raise ValueError(f"write: row {b} holds {int(self._lengths[b])} tokens; writing {T} "
-                             f"more passes max_seq_len = {self.max_seq_len}")
-        torch.ops.specdec.kv_write_(self.kv, layer, last_dim_contiguous(k),
-                                    last_dim_contiguous(v), self._lengths)
+            raise ValueError(
+                f"write: row {b} holds {int(self._lengths[b])} tokens; writing {T} "
+                f"more passes max_seq_len = {self.max_seq_len}"
+            )
+        torch.ops.specdec.kv_write_(
+            self.kv, layer, last_dim_contiguous(k), last_dim_contiguous(v), self._lengths
+        )
 
     @documents_validate
     def advance(self, n: int | torch.Tensor, *, validate: bool = True) -> None:
@@ -190,8 +215,10 @@ class KVCache:
         b = first_bad((n < 0) | (n > room))
         if b is not None:
             what = "advance by" if sign > 0 else "roll back"
-            raise ValueError(f"{op}: row {b} holds {int(self._lengths[b])} tokens; cannot {what} "
-                             f"{int(n[b])} (max_seq_len = {self.max_seq_len})")
+            raise ValueError(
+                f"{op}: row {b} holds {int(self._lengths[b])} tokens; cannot {what} "
+                f"{int(n[b])} (max_seq_len = {self.max_seq_len})"
+            )
         self._lengths = new
 
     def select_rows(self, order: torch.Tensor, num_positions: int | None = None) -> None:
@@ -224,14 +251,15 @@ class KVCache:
             raise ValueError("select_rows: order must be a [B'] int64 tensor")
         n = order.numel()
         if not 1 <= n <= self.batch_size:
-            raise ValueError(f"select_rows: order must keep between 1 and {self.batch_size} "
-                             f"rows, got {n}")
-        stop = self.max_seq_len if num_positions is None else min(num_positions,
-                                                                   self.max_seq_len)
+            raise ValueError(
+                f"select_rows: order must keep between 1 and {self.batch_size} rows, got {n}"
+            )
+        stop = self.max_seq_len if num_positions is None else min(num_positions, self.max_seq_len)
         rows = order.tolist()  # one host read
         if len(set(rows)) != n or not all(0 <= r < self.batch_size for r in rows):
-            raise ValueError(f"select_rows: order must hold distinct rows in [0, "
-                             f"{self.batch_size}), got {rows}")
+            raise ValueError(
+                f"select_rows: order must hold distinct rows in [0, {self.batch_size}), got {rows}"
+            )
         moves = [(d, s) for d, s in enumerate(rows) if d != s]
         if any(s < n for _, s in moves):  # a source is also a destination: copy sources first
             src = self.kv[:, :, [s for _, s in moves], :, :stop].clone()
@@ -245,8 +273,14 @@ class KVCache:
         self.batch_size = n
 
     @documents_validate
-    def compact(self, src_positions: torch.Tensor, num_keep: int | torch.Tensor,
-                start: int | torch.Tensor, *, validate: bool = True) -> None:
+    def compact(
+        self,
+        src_positions: torch.Tensor,
+        num_keep: int | torch.Tensor,
+        start: int | torch.Tensor,
+        *,
+        validate: bool = True,
+    ) -> None:
         """Tree verification: move each row's accepted entries to a contiguous run, in place.
 
         For each row ``b`` and ``i < num_keep[b]``, position ``start[b] + i`` receives the entry
@@ -286,8 +320,9 @@ class KVCache:
         >>> cache.lengths, cache.key(0)[0, 0, :4, 0]
         (tensor([4]), tensor([0., 1., 4., 3.]))
         """
-        src, keep, first = check_compact("compact", src_positions, num_keep, start,
-                                         self._lengths, self.device, validate)
+        src, keep, first = check_compact(
+            "compact", src_positions, num_keep, start, self._lengths, self.device, validate
+        )
         torch.ops.specdec.kv_compact_(self.kv, src, keep, first)
         new = bounded(first, self.max_seq_len) + bounded(keep, self.max_seq_len)
         self._lengths = new if validate else new.clamp(0, self.max_seq_len)
@@ -317,6 +352,8 @@ class KVCache:
         self._lengths = torch.zeros_like(self._lengths)
 
     def __repr__(self) -> str:
-        return (f"KVCache(num_layers={self.num_layers}, batch_size={self.batch_size}, "
-                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-                f"max_seq_len={self.max_seq_len}, dtype={self.dtype}, device={self.device})")
+        return (
+            f"KVCache(num_layers={self.num_layers}, batch_size={self.batch_size}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"max_seq_len={self.max_seq_len}, dtype={self.dtype}, device={self.device})"
+        )

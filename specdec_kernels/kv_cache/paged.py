@@ -92,34 +92,55 @@ class PagedKVCache:
     [[], [3]]
     """
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", *,
-                 max_blocks_per_row: int | None = None) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        *,
+        max_blocks_per_row: int | None = None,
+    ) -> None:
         self.num_layers = positive_int("num_layers", num_layers)
         self.num_blocks = positive_int("num_blocks", num_blocks)
         self.block_size = positive_int("block_size", block_size)
         self.num_kv_heads = positive_int("num_kv_heads", num_kv_heads)
         self.head_dim = positive_int("head_dim", head_dim)
         self.max_blocks_per_row = positive_int(
-            "max_blocks_per_row", num_blocks if max_blocks_per_row is None else max_blocks_per_row)
+            "max_blocks_per_row", num_blocks if max_blocks_per_row is None else max_blocks_per_row
+        )
         self.dtype = dtype
         self.device = torch.device(device)
         M = self.max_blocks_per_row
         # kv: [L, 2, num_blocks, H, block_size, D]
-        self.kv = torch.zeros(num_layers, 2, num_blocks, num_kv_heads, block_size, head_dim,
-                              dtype=dtype, device=self.device)
+        self.kv = torch.zeros(
+            num_layers,
+            2,
+            num_blocks,
+            num_kv_heads,
+            block_size,
+            head_dim,
+            dtype=dtype,
+            device=self.device,
+        )
         self._ids: list[int] = []  # live row ids, in batch order (host: rows are a host concept)
         self._next_id = 0
-        self._lengths = torch.zeros(0, dtype=torch.int64, device=self.device)      # [rows]
+        self._lengths = torch.zeros(0, dtype=torch.int64, device=self.device)  # [rows]
         self._tables = torch.full((0, M), -1, dtype=torch.int32, device=self.device)  # [rows, M]
         # The free list, a stack: _free[:_num_free] are the free ids, the top at _num_free - 1
         # (block 0 is taken first). _free[num_blocks] is a spare slot that absorbs the masked-off
         # lanes of the scatter in _release; entries at and above _num_free are garbage.
-        self._free = torch.cat([torch.arange(num_blocks - 1, -1, -1, dtype=torch.int32),
-                                torch.tensor([-1], dtype=torch.int32)]).to(self.device)
+        self._free = torch.cat(
+            [
+                torch.arange(num_blocks - 1, -1, -1, dtype=torch.int32),
+                torch.tensor([-1], dtype=torch.int32),
+            ]
+        ).to(self.device)
         self._num_free = torch.tensor(num_blocks, dtype=torch.int64, device=self.device)  # []
-        self._slots = torch.arange(M, device=self.device)                                # [M]
+        self._slots = torch.arange(M, device=self.device)  # [M]
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -188,12 +209,12 @@ class PagedKVCache:
         changed here. When the free list runs out (only possible without validation) the rows
         that find it empty keep ``-1`` entries (the ops then skip or reject those positions)."""
         owned = self._owned()
-        new = (need - owned).clamp(min=0)                         # [rows] blocks taken
-        taken_before = new.cumsum(0) - new                        # [rows] by earlier rows
-        k = self._slots[None, :] - owned[:, None]                 # [rows, M] k-th new block
-        top = self._num_free - 1 - taken_before[:, None] - k      # [rows, M] its stack index
+        new = (need - owned).clamp(min=0)  # [rows] blocks taken
+        taken_before = new.cumsum(0) - new  # [rows] by earlier rows
+        k = self._slots[None, :] - owned[:, None]  # [rows, M] k-th new block
+        top = self._num_free - 1 - taken_before[:, None] - k  # [rows, M] its stack index
         take = (k >= 0) & (k < new[:, None]) & (top >= 0)
-        ids = self._free[top.clamp(0, self.num_blocks)]           # [rows, M]
+        ids = self._free[top.clamp(0, self.num_blocks)]  # [rows, M]
         tables = torch.where(take, ids, self._tables)
         return tables, (self._num_free - new.sum()).clamp(min=0)
 
@@ -203,10 +224,10 @@ class PagedKVCache:
         return the ``[rows, M]`` int32 freed ids, left-aligned, ``-1`` after them."""
         owned = self._owned()
         keep = torch.minimum(keep, owned)
-        count = owned - keep                                      # [rows] blocks freed
-        pushed_before = count.cumsum(0) - count                   # [rows] by earlier rows
-        j = self._slots[None, :]                                  # [1, M]
-        leaving = (j >= keep[:, None]) & (j < owned[:, None])     # [rows, M]
+        count = owned - keep  # [rows] blocks freed
+        pushed_before = count.cumsum(0) - count  # [rows] by earlier rows
+        j = self._slots[None, :]  # [1, M]
+        leaving = (j >= keep[:, None]) & (j < owned[:, None])  # [rows, M]
         dest = self._num_free + pushed_before[:, None] + owned[:, None] - 1 - j
         dest = torch.where(leaving, dest, self.num_blocks).clamp(0, self.num_blocks)
         self._free.scatter_(0, dest.flatten(), self._tables.flatten())  # only above the top
@@ -234,8 +255,9 @@ class PagedKVCache:
         self._next_id += n
         self._ids += ids
         self._lengths = torch.cat([self._lengths, self._lengths.new_zeros(n)])
-        self._tables = torch.cat([self._tables,
-                                  self._tables.new_full((n, self.max_blocks_per_row), -1)])
+        self._tables = torch.cat(
+            [self._tables, self._tables.new_full((n, self.max_blocks_per_row), -1)]
+        )
         return torch.tensor(ids, dtype=torch.int64)
 
     def remove_rows(self, rows) -> list[list[int]]:
@@ -253,13 +275,17 @@ class PagedKVCache:
         ValueError
             An id is not a live row, or appears twice (nothing is removed then).
         """
-        ids = [rows] if isinstance(rows, int) else \
-            (rows.tolist() if isinstance(rows, torch.Tensor) else list(rows))
+        ids = (
+            [rows]
+            if isinstance(rows, int)
+            else (rows.tolist() if isinstance(rows, torch.Tensor) else list(rows))
+        )
         where = {row_id: b for b, row_id in enumerate(self._ids)}
         for row_id in ids:
             if row_id not in where:
-                raise ValueError(f"remove_rows: {row_id!r} is not the id of a live row "
-                                 f"(live: {self._ids})")
+                raise ValueError(
+                    f"remove_rows: {row_id!r} is not the id of a live row (live: {self._ids})"
+                )
         if len(set(ids)) != len(ids):
             raise ValueError(f"remove_rows: duplicate ids in {ids}")
         gone = {where[row_id] for row_id in ids}
@@ -275,8 +301,7 @@ class PagedKVCache:
 
     # -- verbs ---------------------------------------------------------------------------------
     @documents_validate
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *,
-              validate: bool = True) -> None:
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, *, validate: bool = True) -> None:
         """Write ``T`` new entries per live row at ``lengths[b] .. lengths[b]+T-1`` of one layer,
         allocating the blocks these positions need from the free list.
 
@@ -299,27 +324,32 @@ class PagedKVCache:
             allocated then.
         """
         layer = self._layer("write", layer)
-        T = check_kv("write", k, v, self.num_rows, self.num_kv_heads, self.head_dim,
-                     self.dtype, self.device)
-        need = self._blocks_for(self._lengths + T)                 # [rows]
+        T = check_kv(
+            "write", k, v, self.num_rows, self.num_kv_heads, self.head_dim, self.dtype, self.device
+        )
+        need = self._blocks_for(self._lengths + T)  # [rows]
         if validate:
             self._check_room(T, need)
         tables, num_free = self._allocate(need.clamp(max=self.max_blocks_per_row))
-        torch.ops.specdec.paged_kv_write_(self.kv, layer, last_dim_contiguous(k),
-                                          last_dim_contiguous(v), tables, self._lengths)
+        torch.ops.specdec.paged_kv_write_(
+            self.kv, layer, last_dim_contiguous(k), last_dim_contiguous(v), tables, self._lengths
+        )
         self._tables, self._num_free = tables, num_free
 
     def _check_room(self, T: int, need: torch.Tensor) -> None:
         b = first_bad(need > self.max_blocks_per_row)
         if b is not None:
-            raise ValueError(f"write: {self._row(b)} holds {int(self._lengths[b])} tokens; "
-                             f"writing {T} more needs {int(need[b])} blocks of "
-                             f"{self.block_size}, a row holds at most {self.max_blocks_per_row}")
+            raise ValueError(
+                f"write: {self._row(b)} holds {int(self._lengths[b])} tokens; "
+                f"writing {T} more needs {int(need[b])} blocks of "
+                f"{self.block_size}, a row holds at most {self.max_blocks_per_row}"
+            )
         missing = int((need - self._owned()).clamp(min=0).sum())
         free = int(self._num_free)
         if missing > free:
-            raise ValueError(f"write: out of free blocks: the rows need {missing} more blocks, "
-                             f"{free} are free")
+            raise ValueError(
+                f"write: out of free blocks: the rows need {missing} more blocks, {free} are free"
+            )
 
     @documents_validate
     def advance(self, n: int | torch.Tensor, *, validate: bool = True) -> None:
@@ -347,14 +377,17 @@ class PagedKVCache:
             return
         b = first_bad((n < 0) | (n > room - self._lengths))
         if b is not None:
-            raise ValueError(f"advance: {self._row(b)} holds {int(self._lengths[b])} tokens and "
-                             f"owns {int(owned[b])} blocks ({int(room[b])} positions); cannot "
-                             f"advance by {int(n[b])}")
+            raise ValueError(
+                f"advance: {self._row(b)} holds {int(self._lengths[b])} tokens and "
+                f"owns {int(owned[b])} blocks ({int(room[b])} positions); cannot "
+                f"advance by {int(n[b])}"
+            )
         self._lengths = new
 
     @documents_validate
-    def rollback(self, n: int | torch.Tensor, *,
-                 validate: bool = True) -> list[list[int]] | torch.Tensor:
+    def rollback(
+        self, n: int | torch.Tensor, *, validate: bool = True
+    ) -> list[list[int]] | torch.Tensor:
         """Drop the last ``n`` committed tokens per live row and free whole blocks past the new
         length. A few small tensor ops; no data is copied or cleared.
 
@@ -383,16 +416,23 @@ class PagedKVCache:
         if validate:
             b = first_bad((n < 0) | (n > self._lengths))
             if b is not None:
-                raise ValueError(f"rollback: {self._row(b)} holds {int(self._lengths[b])} "
-                                 f"tokens; cannot roll back {int(n[b])}")
+                raise ValueError(
+                    f"rollback: {self._row(b)} holds {int(self._lengths[b])} "
+                    f"tokens; cannot roll back {int(n[b])}"
+                )
         else:
             new = torch.minimum(new.clamp(min=0), self._owned() * self.block_size)
         return self._shrink_to(new, validate)
 
     @documents_validate
-    def compact(self, src_positions: torch.Tensor, num_keep: int | torch.Tensor,
-                start: int | torch.Tensor, *,
-                validate: bool = True) -> list[list[int]] | torch.Tensor:
+    def compact(
+        self,
+        src_positions: torch.Tensor,
+        num_keep: int | torch.Tensor,
+        start: int | torch.Tensor,
+        *,
+        validate: bool = True,
+    ) -> list[list[int]] | torch.Tensor:
         """:meth:`KVCache.compact <specdec_kernels.KVCache.compact>` through the block tables
         (same arguments and checks), then whole blocks past each row's new length go back to
         the free list.
@@ -411,8 +451,9 @@ class PagedKVCache:
         list[list[int]] or Tensor
             The blocks freed, as :meth:`rollback` returns them.
         """
-        src, keep, first = check_compact("compact", src_positions, num_keep, start,
-                                         self._lengths, self.device, validate)
+        src, keep, first = check_compact(
+            "compact", src_positions, num_keep, start, self._lengths, self.device, validate
+        )
         torch.ops.specdec.paged_kv_compact_(self.kv, self._tables, src, keep, first)
         new = bounded(first, self._capacity()) + bounded(keep, self._capacity())
         if not validate:
@@ -437,20 +478,23 @@ class PagedKVCache:
             length = int(self._lengths.max()) if self.num_rows else 0
         length = positive_int("length", length, 0)
         rows = self.num_rows
-        out = torch.zeros(2, rows, self.num_kv_heads, length, self.head_dim, dtype=self.dtype,
-                          device=self.device)
+        out = torch.zeros(
+            2, rows, self.num_kv_heads, length, self.head_dim, dtype=self.dtype, device=self.device
+        )
         p = torch.arange(length, device=self.device)
         blk_idx = (p // self.block_size).clamp(max=self.max_blocks_per_row - 1)
-        blocks = self._tables[:, blk_idx].long()                          # [rows, length]
+        blocks = self._tables[:, blk_idx].long()  # [rows, length]
         owned = (blocks >= 0) & (p < self._capacity())
-        pages = self.kv[layer].permute(1, 3, 0, 2, 4)                    # [NB, BS, 2, H, D]
+        pages = self.kv[layer].permute(1, 3, 0, 2, 4)  # [NB, BS, 2, H, D]
         vals = pages[blocks.clamp(min=0), (p % self.block_size).expand(rows, length)]
-        vals = torch.where(owned[:, :, None, None, None], vals, 0)      # [rows, len, 2, H, D]
+        vals = torch.where(owned[:, :, None, None, None], vals, 0)  # [rows, len, 2, H, D]
         out.copy_(vals.permute(2, 0, 3, 1, 4))
         return out[0], out[1]
 
     def __repr__(self) -> str:
-        return (f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
-                f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
-                f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
-                f"max_blocks_per_row={self.max_blocks_per_row}, rows={self.num_rows})")
+        return (
+            f"PagedKVCache(num_layers={self.num_layers}, num_blocks={self.num_blocks}, "
+            f"block_size={self.block_size}, num_kv_heads={self.num_kv_heads}, "
+            f"head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
+            f"max_blocks_per_row={self.max_blocks_per_row}, rows={self.num_rows})"
+        )

@@ -5,5 +5,14 @@ from specdec_kernels.models.bundled import decode, encode, load_bundled
 from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig
 from specdec_kernels.models.decoder import DecoderConfig, DecoderOnly, build, output_size
 
-__all__ = ["CausalLM", "CausalLMConfig", "DecoderConfig", "DecoderOnly", "build", "decode",
-           "encode", "load_bundled", "output_size"]
+__all__ = [
+    "CausalLM",
+    "CausalLMConfig",
+    "DecoderConfig",
+    "DecoderOnly",
+    "build",
+    "decode",
+    "encode",
+    "load_bundled",
+    "output_size",
+]

@@ -15,10 +15,12 @@ from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 EOS_ID = 256
 VOCAB_SIZE = 257
-TARGET_CONFIG = CausalLMConfig(vocab_size=VOCAB_SIZE, n_positions=256, n_embd=192, n_layer=4,
-                               n_head=3, eos_token_id=EOS_ID)
-DRAFT_CONFIG = CausalLMConfig(vocab_size=VOCAB_SIZE, n_positions=256, n_embd=128, n_layer=1,
-                              n_head=2, eos_token_id=EOS_ID)
+TARGET_CONFIG = CausalLMConfig(
+    vocab_size=VOCAB_SIZE, n_positions=256, n_embd=192, n_layer=4, n_head=3, eos_token_id=EOS_ID
+)
+DRAFT_CONFIG = CausalLMConfig(
+    vocab_size=VOCAB_SIZE, n_positions=256, n_embd=128, n_layer=1, n_head=2, eos_token_id=EOS_ID
+)
 
 
 def encode(text: str) -> list[int]:
@@ -31,8 +33,9 @@ def decode(ids) -> str:
     return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
-def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
-                 ) -> tuple[CausalLM, CausalLM]:
+def load_bundled(
+    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> tuple[CausalLM, CausalLM]:
     """``(target, draft)``: the bundled pair, in eval mode.
 
     Examples
@@ -41,8 +44,10 @@ def load_bundled(dtype: torch.dtype = torch.float32, device: str | torch.device 
     >>> target.config.n_layer, draft.config.n_layer
     (4, 1)
     """
-    return (CausalLM.load(os.path.join(ASSETS, "target.safetensors"), dtype, device),
-            CausalLM.load(os.path.join(ASSETS, "draft.safetensors"), dtype, device))
+    return (
+        CausalLM.load(os.path.join(ASSETS, "target.safetensors"), dtype, device),
+        CausalLM.load(os.path.join(ASSETS, "draft.safetensors"), dtype, device),
+    )
 
 
 def heldout_text() -> str:
@@ -51,9 +56,16 @@ def heldout_text() -> str:
         return fh.read()
 
 
-def evaluate_acceptance(target=None, draft=None, text: str | None = None, *,
-                        num_prompts: int = 8, prompt_len: int = 64, max_new_tokens: int = 64,
-                        num_speculative_tokens: int = 4):
+def evaluate_acceptance(
+    target=None,
+    draft=None,
+    text: str | None = None,
+    *,
+    num_prompts: int = 8,
+    prompt_len: int = 64,
+    max_new_tokens: int = 64,
+    num_speculative_tokens: int = 4,
+):
     """Greedy speculative decoding on prompts cut from held-out text; returns the stats.
 
     ``num_prompts`` windows of ``prompt_len`` bytes, evenly spaced through ``text`` (default:
@@ -71,6 +83,6 @@ def evaluate_acceptance(target=None, draft=None, text: str | None = None, *,
         target, draft = load_bundled()
     ids = encode(text if text is not None else heldout_text())
     step = max(1, (len(ids) - prompt_len) // num_prompts)
-    prompts = [ids[i * step: i * step + prompt_len] for i in range(num_prompts)]
+    prompts = [ids[i * step : i * step + prompt_len] for i in range(num_prompts)]
     gen = SpeculativeGenerator(target, draft, num_speculative_tokens)
     return gen.generate(prompts, max_new_tokens=max_new_tokens, eos_token_id=EOS_ID).stats

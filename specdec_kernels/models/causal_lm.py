@@ -77,13 +77,24 @@ class CausalLM(nn.Module):
     def __init__(self, config: CausalLMConfig):
         super().__init__()
         self.config = c = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(c.vocab_size, c.n_embd),
-            wpe=nn.Embedding(c.n_positions, c.n_embd),
-            h=nn.ModuleList(Block(c.n_embd, c.n_head, c.n_inner, c.activation_function,
-                                  c.layer_norm_epsilon, layer=i) for i in range(c.n_layer)),
-            ln_f=nn.LayerNorm(c.n_embd, eps=c.layer_norm_epsilon),
-        ))
+        self.transformer = nn.ModuleDict(
+            dict(
+                wte=nn.Embedding(c.vocab_size, c.n_embd),
+                wpe=nn.Embedding(c.n_positions, c.n_embd),
+                h=nn.ModuleList(
+                    Block(
+                        c.n_embd,
+                        c.n_head,
+                        c.n_inner,
+                        c.activation_function,
+                        c.layer_norm_epsilon,
+                        layer=i,
+                    )
+                    for i in range(c.n_layer)
+                ),
+                ln_f=nn.LayerNorm(c.n_embd, eps=c.layer_norm_epsilon),
+            )
+        )
         self.lm_head = nn.Linear(c.n_embd, c.vocab_size, bias=False)
         init_weights(self, c.n_layer)
         if c.tie_word_embeddings:
@@ -98,8 +109,9 @@ class CausalLM(nn.Module):
     def max_seq_len(self) -> int:
         return self.config.n_positions
 
-    def hidden_states(self, input_ids: torch.Tensor, cache=None, kv_len: int | None = None,
-                      validate: bool = True) -> torch.Tensor:
+    def hidden_states(
+        self, input_ids: torch.Tensor, cache=None, kv_len: int | None = None, validate: bool = True
+    ) -> torch.Tensor:
         """Final-layer-normed hidden states ``[B, T, C]`` of ``input_ids`` ``[B, T]``.
 
         ``kv_len`` (host int, optional) bounds the cache positions attention reads: it must be
@@ -124,8 +136,15 @@ class CausalLM(nn.Module):
             x = block(x, cache, mask, kv_len, validate)
         return self.transformer.ln_f(x)
 
-    def forward(self, input_ids: torch.Tensor, cache=None, *, logits_index=None,
-                kv_len: int | None = None, validate: bool = True) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        cache=None,
+        *,
+        logits_index=None,
+        kv_len: int | None = None,
+        validate: bool = True,
+    ) -> torch.Tensor:
         """Logits of ``input_ids`` ``[B, T]`` (int64), optionally through a KV cache.
 
         Parameters
@@ -158,8 +177,15 @@ class CausalLM(nn.Module):
 
         p = self.lm_head.weight
         c = self.config
-        cache = KVCache(c.n_layer, batch_size, c.n_head, c.head_dim,
-                        max_seq_len or c.n_positions, dtype=p.dtype, device=p.device)
+        cache = KVCache(
+            c.n_layer,
+            batch_size,
+            c.n_head,
+            c.head_dim,
+            max_seq_len or c.n_positions,
+            dtype=p.dtype,
+            device=p.device,
+        )
         for layer in range(c.n_layer):
             cache.key(layer).zero_()
             cache.value(layer).zero_()
@@ -174,21 +200,33 @@ class CausalLM(nn.Module):
         (cross-attention, layer-index attention scaling, unscaled attention).
         """
         hf = model.config
-        for flag, ok in (("add_cross_attention", False), ("scale_attn_by_inverse_layer_idx", False),
-                         ("scale_attn_weights", True)):
+        for flag, ok in (
+            ("add_cross_attention", False),
+            ("scale_attn_by_inverse_layer_idx", False),
+            ("scale_attn_weights", True),
+        ):
             if getattr(hf, flag, ok) != ok:
                 raise ValueError(f"CausalLM.from_hf: {flag}={getattr(hf, flag)} is not supported")
         tie = bool(getattr(hf, "tie_word_embeddings", True))
         config = CausalLMConfig(
-            vocab_size=hf.vocab_size, n_positions=hf.n_positions, n_embd=hf.n_embd,
-            n_layer=hf.n_layer, n_head=hf.n_head, n_inner=hf.n_inner,
+            vocab_size=hf.vocab_size,
+            n_positions=hf.n_positions,
+            n_embd=hf.n_embd,
+            n_layer=hf.n_layer,
+            n_head=hf.n_head,
+            n_inner=hf.n_inner,
             activation_function=hf.activation_function,
-            layer_norm_epsilon=hf.layer_norm_epsilon, tie_word_embeddings=tie,
-            eos_token_id=hf.eos_token_id if isinstance(hf.eos_token_id, int) else None)
+            layer_norm_epsilon=hf.layer_norm_epsilon,
+            tie_word_embeddings=tie,
+            eos_token_id=hf.eos_token_id if isinstance(hf.eos_token_id, int) else None,
+        )
         p = next(model.parameters())
         lm = cls(config).to(device=p.device, dtype=p.dtype)
-        state = {k: (v.t() if k.endswith(_CONV1D) else v) for k, v in model.state_dict().items()
-                 if not k.endswith((".attn.bias", ".attn.masked_bias"))}
+        state = {
+            k: (v.t() if k.endswith(_CONV1D) else v)
+            for k, v in model.state_dict().items()
+            if not k.endswith((".attn.bias", ".attn.masked_bias"))
+        }
         if "lm_head.weight" not in state or tie:
             state["lm_head.weight"] = state["transformer.wte.weight"]
         lm.load_state_dict(state, strict=True)
@@ -200,11 +238,21 @@ class CausalLM(nn.Module):
 
         c = self.config
         hf_config = GPT2Config(
-            vocab_size=c.vocab_size, n_positions=c.n_positions, n_embd=c.n_embd,
-            n_layer=c.n_layer, n_head=c.n_head, n_inner=c.n_inner,
-            activation_function=c.activation_function, layer_norm_epsilon=c.layer_norm_epsilon,
-            tie_word_embeddings=c.tie_word_embeddings, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, eos_token_id=c.eos_token_id, bos_token_id=c.eos_token_id)
+            vocab_size=c.vocab_size,
+            n_positions=c.n_positions,
+            n_embd=c.n_embd,
+            n_layer=c.n_layer,
+            n_head=c.n_head,
+            n_inner=c.n_inner,
+            activation_function=c.activation_function,
+            layer_norm_epsilon=c.layer_norm_epsilon,
+            tie_word_embeddings=c.tie_word_embeddings,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            eos_token_id=c.eos_token_id,
+            bos_token_id=c.eos_token_id,
+        )
         p = self.lm_head.weight
         model = GPT2LMHeadModel(hf_config).to(device=p.device, dtype=p.dtype)
         state = {k: (v.t() if k.endswith(_CONV1D) else v) for k, v in self.state_dict().items()}
@@ -221,16 +269,22 @@ class CausalLM(nn.Module):
         """Write the weights (optionally cast to ``dtype``) and config to one safetensors file."""
         from safetensors.torch import save_file
 
-        state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu()
-                 for k, v in self.state_dict().items()}
+        state = {
+            k: v.detach().to(dtype or v.dtype).contiguous().cpu()
+            for k, v in self.state_dict().items()
+        }
         if self.config.tie_word_embeddings:
             state.pop("lm_head.weight")
         meta = {"config": json.dumps(dataclasses.asdict(self.config))}
         save_file(state, os.fspath(path), metadata=meta)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu") -> CausalLM:
+    def load(
+        cls,
+        path: str | os.PathLike,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ) -> CausalLM:
         """Read a file written by :meth:`save`."""
         from safetensors import safe_open
 

@@ -44,15 +44,17 @@ class DecoderConfig:
         if self.num_heads is None:
             object.__setattr__(self, "num_heads", max(1, self.hidden_size // 64))
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
-                             f"num_heads={self.num_heads}")
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_heads={self.num_heads}"
+            )
 
 
 def sinusoidal_positions(seq_len: int, dim: int, device=None, dtype=None) -> torch.Tensor:
     """``[seq_len, dim]`` sine/cosine position codes of "Attention Is All You Need"."""
     pos = torch.arange(seq_len, device=device, dtype=torch.float32)[:, None]  # [T, 1]
-    freq = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32)
-                     * (-math.log(10000.0) / dim))  # [ceil(dim/2)]
+    freq = torch.exp(
+        torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim)
+    )  # [ceil(dim/2)]
     pe = torch.zeros(seq_len, dim, device=device)
     pe[:, 0::2] = torch.sin(pos * freq)
     pe[:, 1::2] = torch.cos(pos * freq[: dim // 2])
@@ -76,19 +78,30 @@ class DecoderOnly(nn.Module):
         super().__init__()
         self.config = c = config
         self.input_proj = nn.Linear(c.embed_dim, c.hidden_size)
-        self.h = nn.ModuleList(Block(c.hidden_size, c.num_heads, c.intermediate_size, c.activation,
-                                     c.layer_norm_eps, layer=i) for i in range(c.num_layers))
+        self.h = nn.ModuleList(
+            Block(
+                c.hidden_size,
+                c.num_heads,
+                c.intermediate_size,
+                c.activation,
+                c.layer_norm_eps,
+                layer=i,
+            )
+            for i in range(c.num_layers)
+        )
         self.ln_f = nn.LayerNorm(c.hidden_size, eps=c.layer_norm_eps)
         init_weights(self, c.num_layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [B, T, embed_dim]
         if x.dim() != 3 or x.shape[-1] != self.config.embed_dim:
-            raise ValueError(f"expected input [batch, seq_len, {self.config.embed_dim}], "
-                             f"got {list(x.shape)}")
+            raise ValueError(
+                f"expected input [batch, seq_len, {self.config.embed_dim}], got {list(x.shape)}"
+            )
         B, T, _ = x.shape
-        h = self.input_proj(x) + sinusoidal_positions(T, self.config.hidden_size, x.device,
-                                                      x.dtype)  # [B, T, C]
+        h = self.input_proj(x) + sinusoidal_positions(
+            T, self.config.hidden_size, x.device, x.dtype
+        )  # [B, T, C]
         for block in self.h:
             h = block(h)
         return self.ln_f(h[:, -1])  # [B, C]
@@ -105,9 +118,14 @@ def _config(role: str, model_type: str, opts, defaults: dict, embed_dim: int) ->
     return DecoderConfig(embed_dim=embed_dim, **{**defaults, **opts})
 
 
-def build(*, embed_dim: int, draft_model_type: str = "decoder_only", draft_model_opts=None,
-          verifier_model_type: str = "decoder_only", verifier_model_opts=None
-          ) -> tuple[DecoderOnly, DecoderOnly]:
+def build(
+    *,
+    embed_dim: int,
+    draft_model_type: str = "decoder_only",
+    draft_model_opts=None,
+    verifier_model_type: str = "decoder_only",
+    verifier_model_opts=None,
+) -> tuple[DecoderOnly, DecoderOnly]:
     """Build the draft and verifier decoders of Edifice's ``SpeculativeDecoding.build/1``.
 
     Parameters
@@ -140,14 +158,20 @@ def build(*, embed_dim: int, draft_model_type: str = "decoder_only", draft_model
     (torch.Size([3, 32]), torch.Size([3, 64]))
     """
     draft = _config("draft", draft_model_type, draft_model_opts, DRAFT_DEFAULTS, embed_dim)
-    verifier = _config("verifier", verifier_model_type, verifier_model_opts, VERIFIER_DEFAULTS,
-                       embed_dim)
+    verifier = _config(
+        "verifier", verifier_model_type, verifier_model_opts, VERIFIER_DEFAULTS, embed_dim
+    )
     return DecoderOnly(draft), DecoderOnly(verifier)
 
 
-def output_size(*, embed_dim: int | None = None, draft_model_type: str = "decoder_only",
-                draft_model_opts=None, verifier_model_type: str = "decoder_only",
-                verifier_model_opts=None) -> int:
+def output_size(
+    *,
+    embed_dim: int | None = None,
+    draft_model_type: str = "decoder_only",
+    draft_model_opts=None,
+    verifier_model_type: str = "decoder_only",
+    verifier_model_opts=None,
+) -> int:
     """The verifier's ``hidden_size`` (default 512): the width ``build``'s models output.
 
     Takes the same keywords as :func:`build` (``embed_dim`` optional here) and validates them
@@ -161,5 +185,6 @@ def output_size(*, embed_dim: int | None = None, draft_model_type: str = "decode
     512
     """
     _config("draft", draft_model_type, draft_model_opts, DRAFT_DEFAULTS, embed_dim or 1)
-    return _config("verifier", verifier_model_type, verifier_model_opts, VERIFIER_DEFAULTS,
-                   embed_dim or 1).hidden_size
+    return _config(
+        "verifier", verifier_model_type, verifier_model_opts, VERIFIER_DEFAULTS, embed_dim or 1
+    ).hidden_size

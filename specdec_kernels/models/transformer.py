@@ -41,8 +41,14 @@ class Attention(nn.Module):
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
 
-    def forward(self, x: torch.Tensor, cache=None, mask: torch.Tensor | None = None,
-                kv_len: int | None = None, validate: bool = True) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cache=None,
+        mask: torch.Tensor | None = None,
+        kv_len: int | None = None,
+        validate: bool = True,
+    ) -> torch.Tensor:
         # x: [B, T, C]; mask: [B, 1, T, L] bool (True = attend) when a cache is given
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -74,8 +80,15 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """``x + attn(ln_1(x))`` then ``x + mlp(ln_2(x))``: GPT-2's pre-norm block."""
 
-    def __init__(self, n_embd: int, n_head: int, n_inner: int | None = None,
-                 act: str = "gelu_new", eps: float = 1e-5, layer: int = 0):
+    def __init__(
+        self,
+        n_embd: int,
+        n_head: int,
+        n_inner: int | None = None,
+        act: str = "gelu_new",
+        eps: float = 1e-5,
+        layer: int = 0,
+    ):
         super().__init__()
         self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
         self.attn = Attention(n_embd, n_head, layer)

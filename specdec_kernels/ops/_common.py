@@ -21,8 +21,8 @@ KEY_FLOOR = tl.constexpr(-2147483649)  # below every float key: "keep everything
 # (the range shrinks to at most ceil(range / 17) per round: 2**32 + 1 -> 1 in 8; one spare).
 SEARCH_ROUNDS = tl.constexpr(9)
 UNIFORM_SHIFT = tl.constexpr(9)  # u = ((r >> 9) + 0.5) * 2**-23: exact, in [2**-24, 1 - 2**-24]
-UNIFORM_SCALE = tl.constexpr(2.0 ** -23)
-EXP_FLOOR = tl.constexpr(2.0 ** -25)
+UNIFORM_SCALE = tl.constexpr(2.0**-23)
+EXP_FLOOR = tl.constexpr(2.0**-25)
 
 
 @triton.jit
@@ -105,9 +105,15 @@ def merge_best(best, index, cand, cand_index):
 
 
 @triton.jit
-def chunk_stats(row_ptr,  # [V] one logits row
-                chunk_start, V, temp, NEED_SUM: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+def chunk_stats(
+    row_ptr,  # [V] one logits row
+    chunk_start,
+    V,
+    temp,
+    NEED_SUM: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk."""
     offs = tl.arange(0, BLOCK)
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -131,9 +137,18 @@ def chunk_stats(row_ptr,  # [V] one logits row
 
 
 @triton.jit
-def chunk_pivot_pass(row_ptr,  # [V] one logits row
-                     chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
-                     CHUNK: tl.constexpr, TBLOCK: tl.constexpr):
+def chunk_pivot_pass(
+    row_ptr,  # [V] one logits row
+    chunk_start,
+    V,
+    temp,
+    m,
+    floor_key,
+    pivots,
+    NPIV: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TBLOCK: tl.constexpr,
+):
     """Over one chunk, for each pivot: the count and unnormalised mass ``exp(x - m)`` of the
     tokens with ``key >= floor_key`` and ``key > pivot``."""
     offs = tl.arange(0, TBLOCK)
@@ -160,8 +175,9 @@ def search_pivots(lo, hi, NPIV: tl.constexpr):
 
 
 @triton.jit
-def search_step(lo, hi, mass_lo, pivots, counts, masses, target_count, target_mass,
-                USE_MASS: tl.constexpr):
+def search_step(
+    lo, hi, mass_lo, pivots, counts, masses, target_count, target_mass, USE_MASS: tl.constexpr
+):
     """One narrowing step of the threshold search from the pivots' counts / masses.
 
     Keeps the invariant ``f(lo) >= target > f(hi)`` (``f`` = count or mass above a key) and the
@@ -179,10 +195,23 @@ def search_step(lo, hi, mass_lo, pivots, counts, masses, target_count, target_ma
 
 
 @triton.jit
-def _search(row_ptr,  # [V] one logits row
-            V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
-            USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-            TBLOCK: tl.constexpr, NCHUNK):
+def _search(
+    row_ptr,  # [V] one logits row
+    V,
+    temp,
+    m,
+    floor_key,
+    lo,
+    hi,
+    mass_lo,
+    target_count,
+    target_mass,
+    USE_MASS: tl.constexpr,
+    NPIV: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TBLOCK: tl.constexpr,
+    NCHUNK,
+):
     """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
 
     Invariant: ``f(lo) >= target > f(hi)``. Each pass over the row tests ``NPIV`` pivots, so the
@@ -196,20 +225,33 @@ def _search(row_ptr,  # [V] one logits row
             counts = tl.zeros([NPIV], tl.int64)
             masses = tl.zeros([NPIV], tl.float32)
             for c in range(0, NCHUNK):
-                cc, cm = chunk_pivot_pass(row_ptr, c * CHUNK, V, temp, m, floor_key, pivots,
-                                          NPIV, CHUNK, TBLOCK)
+                cc, cm = chunk_pivot_pass(
+                    row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV, CHUNK, TBLOCK
+                )
                 counts += cc
                 masses += cm
-            lo, hi, mass_lo = search_step(lo, hi, mass_lo, pivots, counts, masses,
-                                          target_count, target_mass, USE_MASS)
+            lo, hi, mass_lo = search_step(
+                lo, hi, mass_lo, pivots, counts, masses, target_count, target_mass, USE_MASS
+            )
     return hi, mass_lo
 
 
 @triton.jit
-def thresholds(row_ptr,  # [V] one logits row
-               V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
-               HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-               TBLOCK: tl.constexpr, NCHUNK):
+def thresholds(
+    row_ptr,  # [V] one logits row
+    V,
+    temp,
+    m,
+    s,
+    top_k,
+    top_p,
+    HAS_TOPK: tl.constexpr,
+    HAS_TOPP: tl.constexpr,
+    NPIV: tl.constexpr,
+    CHUNK: tl.constexpr,
+    TBLOCK: tl.constexpr,
+    NCHUNK,
+):
     """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
 
     Tokens with ``float_key(x) >= kappa`` are kept; ``p(x) = exp(x - m) / Z`` on them. Without
@@ -222,12 +264,42 @@ def thresholds(row_ptr,  # [V] one logits row
     max_key = float_key(m)
     if HAS_TOPK:
         if (top_k > 0) & (top_k < V):
-            kappa, z = _search(row_ptr, V, temp, m, KEY_FLOOR, kappa, max_key, z, top_k, 0.0,
-                               False, NPIV, CHUNK, TBLOCK, NCHUNK)
+            kappa, z = _search(
+                row_ptr,
+                V,
+                temp,
+                m,
+                KEY_FLOOR,
+                kappa,
+                max_key,
+                z,
+                top_k,
+                0.0,
+                False,
+                NPIV,
+                CHUNK,
+                TBLOCK,
+                NCHUNK,
+            )
     if HAS_TOPP:
         if top_p < 1.0:
-            kappa, z = _search(row_ptr, V, temp, m, kappa, kappa - 1, max_key, z, 0, top_p * z,
-                               True, NPIV, CHUNK, TBLOCK, NCHUNK)
+            kappa, z = _search(
+                row_ptr,
+                V,
+                temp,
+                m,
+                kappa,
+                kappa - 1,
+                max_key,
+                z,
+                0,
+                top_p * z,
+                True,
+                NPIV,
+                CHUNK,
+                TBLOCK,
+                NCHUNK,
+            )
     return kappa, z
 
 
@@ -238,10 +310,22 @@ def target_prob(x, m, z, kappa):
 
 
 @triton.jit
-def chunk_race(row_ptr,  # [V] one logits row
-               q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
-               draft, chunk_start, V, temp, m, z, kappa, stream, q_len,
-               HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+def chunk_race(
+    row_ptr,  # [V] one logits row
+    q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+    draft,
+    chunk_start,
+    V,
+    temp,
+    m,
+    z,
+    kappa,
+    stream,
+    q_len,
+    HAS_Q: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """Exponential race over one chunk, for the residual ``max(0, p - q)`` and for ``p``.
 
     Returns ``(residual_best, residual_index, plain_best, plain_index)``; the sample is the
@@ -266,10 +350,12 @@ def chunk_race(row_ptr,  # [V] one logits row
         residual = p - q
         # Zero (or NaN) weights score 0 / -1 and never beat the initial values: a token with no
         # mass cannot win, whatever the inputs.
-        r_best, r_idx = merge_best(r_best, r_idx,
-                                   tl.where(residual > 0.0, residual / exponential, 0.0), idx)
-        p_best, p_idx = merge_best(p_best, p_idx,
-                                   tl.where(mask & (p > 0.0), p / exponential, -1.0), idx)
+        r_best, r_idx = merge_best(
+            r_best, r_idx, tl.where(residual > 0.0, residual / exponential, 0.0), idx
+        )
+        p_best, p_idx = merge_best(
+            p_best, p_idx, tl.where(mask & (p > 0.0), p / exponential, -1.0), idx
+        )
     rb = tl.max(r_best, axis=0)
     ri = tl.min(tl.where(r_best == rb, r_idx, 2147483647), axis=0)
     pb = tl.max(p_best, axis=0)
@@ -278,9 +364,19 @@ def chunk_race(row_ptr,  # [V] one logits row
 
 
 @triton.jit
-def accept_draft(row_ptr,  # [V] one logits row
-                 q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
-                 draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr):
+def accept_draft(
+    row_ptr,  # [V] one logits row
+    q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+    draft,
+    V,
+    temp,
+    m,
+    z,
+    kappa,
+    key,
+    j,
+    HAS_Q: tl.constexpr,
+):
     """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)

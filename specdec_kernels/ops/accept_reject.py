@@ -7,10 +7,13 @@ import triton.language as tl
 
 @triton.jit
 def _accept_reject_kernel(
-    draft_ptr, stride_d,  # [B, K] draft token ids
-    verifier_ptr, stride_v,  # [B, K] verifier token ids
+    draft_ptr,
+    stride_d,  # [B, K] draft token ids
+    verifier_ptr,
+    stride_v,  # [B, K] verifier token ids
     out_ptr,  # [B] int64 out: common-prefix lengths
-    K, BLOCK_K: tl.constexpr,
+    K,
+    BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
@@ -32,6 +35,13 @@ def accept_reject(draft_tokens: torch.Tensor, verifier_tokens: torch.Tensor) -> 
     if batch == 0:
         return out
     block_k = min(1024, triton.next_power_of_2(max(k, 1)))
-    _accept_reject_kernel[(batch,)](draft_tokens, draft_tokens.stride(0), verifier_tokens,
-                                    verifier_tokens.stride(0), out, k, BLOCK_K=block_k)
+    _accept_reject_kernel[(batch,)](
+        draft_tokens,
+        draft_tokens.stride(0),
+        verifier_tokens,
+        verifier_tokens.stride(0),
+        out,
+        k,
+        BLOCK_K=block_k,
+    )
     return out

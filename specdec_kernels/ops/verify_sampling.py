@@ -1,9 +1,9 @@
 """Fused verification kernels (sampling and greedy) and their launcher.
 
 One kernel family serves both :func:`specdec_kernels.verify_sampling` and, with ``GREEDY_ONLY``,
-:func:`specdec_kernels.verify_greedy`. Logits are read in chunks of ``CHUNK`` tokens; per chunk the
-max of ``x = logit / T``, the sum of ``exp(x - max)`` and the first argmax are computed by one helper
-and merged in chunk order. Two launch strategies use that helper:
+:func:`specdec_kernels.verify_greedy`. Logits are read in chunks of ``CHUNK`` tokens; per chunk
+the max of ``x = logit / T``, the sum of ``exp(x - max)`` and the first argmax are computed by one
+helper and merged in chunk order. Two launch strategies use that helper:
 
 ``row``   grid ``(B,)``: a program walks its row's positions in order and stops at the first
           rejection, so logits rows after it are never read. Best when B fills the GPU.
@@ -83,17 +83,30 @@ def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):  # [B*(K+1)
     big_s = tl.zeros([], tl.float32)
     big_a = tl.zeros([], tl.int32)
     for c in range(0, NCHUNK):
-        big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, tl.load(part_m_ptr + base + c),
-                                          tl.load(part_s_ptr + base + c),
-                                          tl.load(part_a_ptr + base + c))
+        big_m, big_s, big_a = merge_stats(
+            big_m,
+            big_s,
+            big_a,
+            tl.load(part_m_ptr + base + c),
+            tl.load(part_s_ptr + base + c),
+            tl.load(part_a_ptr + base + c),
+        )
     return big_m, big_s, big_a
 
 
 @triton.jit
-def _write_row(draft_ptr, stride_db,  # [B, K] draft token ids
-               tokens_ptr, nacc_ptr,  # [B, K+1] int64 out, [B] int64 out
-               b, n_acc, extra, V, K,
-               BLOCK_K: tl.constexpr):
+def _write_row(
+    draft_ptr,
+    stride_db,  # [B, K] draft token ids
+    tokens_ptr,
+    nacc_ptr,  # [B, K+1] int64 out, [B] int64 out
+    b,
+    n_acc,
+    extra,
+    V,
+    K,
+    BLOCK_K: tl.constexpr,
+):
     """tokens[b] = accepted drafts, then the extra token, then -1."""
     offs = tl.arange(0, BLOCK_K)
     drafts = tl.load(draft_ptr + b * stride_db + offs, mask=offs < n_acc, other=-1).to(tl.int64)
@@ -105,18 +118,33 @@ def _write_row(draft_ptr, stride_db,  # [B, K] draft token ids
 
 @triton.jit
 def _verify_row_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    draft_ptr, stride_db,  # [B, K] draft token ids
-    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    logits_ptr,
+    stride_lb,
+    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr,
+    stride_db,  # [B, K] draft token ids
+    q_ptr,
+    stride_qb,
+    stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
     nd_ptr,  # [B] num_draft_tokens
-    temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
+    temp_ptr,
+    topk_ptr,
+    topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
     seed_ptr,  # [B] int64 seeds
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
-    V, K, NCHUNK,
-    GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
-    HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
-    NPIV: tl.constexpr, BLOCK_K: tl.constexpr,
+    V,
+    K,
+    NCHUNK,
+    GREEDY_ONLY: tl.constexpr,
+    HAS_Q: tl.constexpr,
+    HAS_TOPK: tl.constexpr,
+    HAS_TOPP: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    TBLOCK: tl.constexpr,
+    NPIV: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
@@ -145,13 +173,27 @@ def _verify_row_kernel(
             z = big_s
             if not GREEDY_ONLY:
                 if greedy == 0:
-                    kappa, z = thresholds(row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK,
-                                          HAS_TOPP, NPIV, CHUNK, TBLOCK, NCHUNK)
+                    kappa, z = thresholds(
+                        row,
+                        V,
+                        temp,
+                        big_m,
+                        big_s,
+                        top_k,
+                        top_p,
+                        HAS_TOPK,
+                        HAS_TOPP,
+                        NPIV,
+                        CHUNK,
+                        TBLOCK,
+                        NCHUNK,
+                    )
             accepted = draft == big_a
             if not GREEDY_ONLY:
                 if (greedy == 0) & (j < kb):
-                    accepted = accept_draft(row, q_row, draft, V, temp, big_m, z, kappa, key, j,
-                                            HAS_Q)
+                    accepted = accept_draft(
+                        row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q
+                    )
             accepted = accepted & (j < kb)
             if accepted:
                 j += 1
@@ -165,9 +207,22 @@ def _verify_row_kernel(
                         p_best = tl.full([], -1.0, tl.float32)
                         p_idx = tl.zeros([], tl.int32)
                         for c in range(0, NCHUNK):
-                            rb, ri, pb, pi = chunk_race(row, q_row, draft, c * CHUNK, V, temp, big_m,
-                                                        z, kappa, stream, tl.where(j < kb, V, 0), HAS_Q,
-                                                        CHUNK, BLOCK)
+                            rb, ri, pb, pi = chunk_race(
+                                row,
+                                q_row,
+                                draft,
+                                c * CHUNK,
+                                V,
+                                temp,
+                                big_m,
+                                z,
+                                kappa,
+                                stream,
+                                tl.where(j < kb, V, 0),
+                                HAS_Q,
+                                CHUNK,
+                                BLOCK,
+                            )
                             r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
                             p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
                         extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
@@ -177,11 +232,20 @@ def _verify_row_kernel(
 
 @triton.jit
 def _split_stats_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    nd_ptr, temp_ptr,  # [B] num_draft_tokens, temperature
-    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
-    V, K, NCHUNK,
-    GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr,
+    stride_lb,
+    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    nd_ptr,
+    temp_ptr,  # [B] num_draft_tokens, temperature
+    part_m_ptr,
+    part_s_ptr,
+    part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
+    V,
+    K,
+    NCHUNK,
+    GREEDY_ONLY: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -200,12 +264,25 @@ def _split_stats_kernel(
 
 @triton.jit
 def _split_threshold_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
-    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
-    kappa_ptr, z_ptr,  # [B*(K+1)] out: key threshold, kept mass
-    V, K, NCHUNK,
-    HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+    logits_ptr,
+    stride_lb,
+    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    nd_ptr,
+    temp_ptr,
+    topk_ptr,
+    topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
+    part_m_ptr,
+    part_s_ptr,
+    part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr,
+    z_ptr,  # [B*(K+1)] out: key threshold, kept mass
+    V,
+    K,
+    NCHUNK,
+    HAS_TOPK: tl.constexpr,
+    HAS_TOPP: tl.constexpr,
+    NPIV: tl.constexpr,
+    CHUNK: tl.constexpr,
     TBLOCK: tl.constexpr,
 ):
     """The top-k / top-p threshold of one position, in one program: the same search as the row
@@ -217,8 +294,7 @@ def _split_threshold_kernel(
     j = pid % (K + 1)
     kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
     temp, greedy = _row_temperature(temp_ptr, b, False)
-    big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK,
-                                        NCHUNK)
+    big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK, NCHUNK)
     kappa = tl.full([], KEY_FLOOR, tl.int64)
     z = big_s
     if (j <= kb) & (greedy == 0):
@@ -229,24 +305,54 @@ def _split_threshold_kernel(
         if HAS_TOPP:
             top_p = tl.load(topp_ptr + b).to(tl.float32)
         row = logits_ptr + b * stride_lb + j * stride_lk
-        kappa, z = thresholds(row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP,
-                              NPIV, CHUNK, TBLOCK, NCHUNK)
+        kappa, z = thresholds(
+            row,
+            V,
+            temp,
+            big_m,
+            big_s,
+            top_k,
+            top_p,
+            HAS_TOPK,
+            HAS_TOPP,
+            NPIV,
+            CHUNK,
+            TBLOCK,
+            NCHUNK,
+        )
     tl.store(kappa_ptr + pid, kappa)
     tl.store(z_ptr + pid, z)
 
 
 @triton.jit
 def _split_race_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    draft_ptr, stride_db,  # [B, K] draft token ids
-    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
-    nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
-    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
-    kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
-    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best score, token
-    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
-    V, K, NCHUNK,
-    HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr,
+    stride_lb,
+    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr,
+    stride_db,  # [B, K] draft token ids
+    q_ptr,
+    stride_qb,
+    stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    nd_ptr,
+    temp_ptr,
+    seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
+    part_m_ptr,
+    part_s_ptr,
+    part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr,
+    z_ptr,  # [B*(K+1)] key threshold, kept mass
+    race_rb_ptr,
+    race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best score, token
+    race_pb_ptr,
+    race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
+    V,
+    K,
+    NCHUNK,
+    HAS_Q: tl.constexpr,
+    HAS_FILTER: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -255,8 +361,9 @@ def _split_race_kernel(
     kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
     temp, greedy = _row_temperature(temp_ptr, b, False)
     if (j <= kb) & (greedy == 0):
-        big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK,
-                                            NCHUNK)
+        big_m, big_s, big_a = _merged_stats(
+            part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK, NCHUNK
+        )
         kappa = tl.full([], KEY_FLOOR, tl.int64)
         z = big_s
         if HAS_FILTER:
@@ -266,8 +373,22 @@ def _split_race_kernel(
         stream = stream_key(row_key(tl.load(seed_ptr + b)), j, PURPOSE_SAMPLE)
         row = logits_ptr + b * stride_lb + j * stride_lk
         q_row = q_ptr + b * stride_qb + j * stride_qk
-        rb, ri, pb, pi = chunk_race(row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa,
-                                    stream, tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK)
+        rb, ri, pb, pi = chunk_race(
+            row,
+            q_row,
+            draft,
+            c * CHUNK,
+            V,
+            temp,
+            big_m,
+            z,
+            kappa,
+            stream,
+            tl.where(j < kb, V, 0),
+            HAS_Q,
+            CHUNK,
+            BLOCK,
+        )
         out = pid * NCHUNK + c
         tl.store(race_rb_ptr + out, rb)
         tl.store(race_ri_ptr + out, ri)
@@ -277,18 +398,34 @@ def _split_race_kernel(
 
 @triton.jit
 def _split_decide_kernel(
-    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    draft_ptr, stride_db,  # [B, K] draft token ids
-    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
-    nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
-    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
-    kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
-    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials
-    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
+    logits_ptr,
+    stride_lb,
+    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr,
+    stride_db,  # [B, K] draft token ids
+    q_ptr,
+    stride_qb,
+    stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    nd_ptr,
+    temp_ptr,
+    seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
+    part_m_ptr,
+    part_s_ptr,
+    part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr,
+    z_ptr,  # [B*(K+1)] key threshold, kept mass
+    race_rb_ptr,
+    race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials
+    race_pb_ptr,
+    race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
-    V, K, NCHUNK,
-    GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
+    V,
+    K,
+    NCHUNK,
+    GREEDY_ONLY: tl.constexpr,
+    HAS_Q: tl.constexpr,
+    HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -298,8 +435,9 @@ def _split_decide_kernel(
     go_on = kb >= 0
     while go_on:
         pos = b * (K + 1) + j
-        big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK,
-                                            NCHUNK)
+        big_m, big_s, big_a = _merged_stats(
+            part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK
+        )
         draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
         accepted = draft == big_a
         if not GREEDY_ONLY:
@@ -311,8 +449,7 @@ def _split_decide_kernel(
                     z = tl.load(z_ptr + pos)
                 row = logits_ptr + b * stride_lb + j.to(tl.int64) * stride_lk
                 q_row = q_ptr + b * stride_qb + j.to(tl.int64) * stride_qk
-                accepted = accept_draft(row, q_row, draft, V, temp, big_m, z, kappa, key, j,
-                                        HAS_Q)
+                accepted = accept_draft(row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q)
         accepted = accepted & (j < kb)
         if accepted:
             j += 1
@@ -326,10 +463,12 @@ def _split_decide_kernel(
                     p_idx = tl.zeros([], tl.int32)
                     for c in range(0, NCHUNK):
                         at = pos * NCHUNK + c
-                        r_best, r_idx = merge_best(r_best, r_idx, tl.load(race_rb_ptr + at),
-                                                   tl.load(race_ri_ptr + at))
-                        p_best, p_idx = merge_best(p_best, p_idx, tl.load(race_pb_ptr + at),
-                                                   tl.load(race_pi_ptr + at))
+                        r_best, r_idx = merge_best(
+                            r_best, r_idx, tl.load(race_rb_ptr + at), tl.load(race_ri_ptr + at)
+                        )
+                        p_best, p_idx = merge_best(
+                            p_best, p_idx, tl.load(race_pb_ptr + at), tl.load(race_pi_ptr + at)
+                        )
                     extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
             go_on = False
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
@@ -347,8 +486,13 @@ def launch_config(vocab_size: int) -> dict:
     """Tile sizes, fixed by ``V`` alone so that both strategies chunk a row identically."""
     block = min(1024, triton.next_power_of_2(vocab_size))
     chunk = block * TILES_PER_CHUNK
-    return {"BLOCK": block, "CHUNK": chunk, "TBLOCK": min(128, block), "NPIV": NUM_PIVOTS,
-            "NCHUNK": triton.cdiv(vocab_size, chunk)}
+    return {
+        "BLOCK": block,
+        "CHUNK": chunk,
+        "TBLOCK": min(128, block),
+        "NPIV": NUM_PIVOTS,
+        "NCHUNK": triton.cdiv(vocab_size, chunk),
+    }
 
 
 def pick_strategy(batch_size: int, device: torch.device) -> str:
@@ -356,8 +500,19 @@ def pick_strategy(batch_size: int, device: torch.device) -> str:
     return "row" if batch_size >= _row_strategy_min_batch(device) else "split"
 
 
-def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k,
-           top_p, seeds, *, greedy_only: bool, strategy: str | None = None):
+def verify(
+    target_logits,
+    draft_tokens,
+    draft_probs,
+    num_draft_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seeds,
+    *,
+    greedy_only: bool,
+    strategy: str | None = None,
+):
     """Launch the verification kernels; see :func:`specdec_kernels.verify_sampling`.
 
     Inputs are already checked: ``target_logits [B, K+1, V]`` (last stride 1), ``draft_tokens
@@ -391,12 +546,34 @@ def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperatu
 
     if strategy == "row":
         _verify_row_kernel[(batch,)](
-            target_logits, lb, lk, draft_tokens, db, q, stride_qb, stride_qk,
-            num_draft_tokens, temp, topk_t, topp_t, seed_t, tokens, num_accepted,
-            vocab, k, nchunk,
-            GREEDY_ONLY=greedy_only, HAS_Q=has_q, HAS_TOPK=has_topk, HAS_TOPP=has_topp,
-            CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"], TBLOCK=cfg["TBLOCK"], NPIV=cfg["NPIV"],
-            BLOCK_K=block_k, **_ROW_COMPILE,
+            target_logits,
+            lb,
+            lk,
+            draft_tokens,
+            db,
+            q,
+            stride_qb,
+            stride_qk,
+            num_draft_tokens,
+            temp,
+            topk_t,
+            topp_t,
+            seed_t,
+            tokens,
+            num_accepted,
+            vocab,
+            k,
+            nchunk,
+            GREEDY_ONLY=greedy_only,
+            HAS_Q=has_q,
+            HAS_TOPK=has_topk,
+            HAS_TOPP=has_topp,
+            CHUNK=cfg["CHUNK"],
+            BLOCK=cfg["BLOCK"],
+            TBLOCK=cfg["TBLOCK"],
+            NPIV=cfg["NPIV"],
+            BLOCK_K=block_k,
+            **_ROW_COMPILE,
         )
         return tokens, num_accepted
     if strategy != "split":
@@ -407,35 +584,108 @@ def verify(target_logits, draft_tokens, draft_probs, num_draft_tokens, temperatu
     part_s = torch.empty_like(part_m)
     part_a = torch.empty((positions, nchunk), dtype=torch.int32, device=device)
     _split_stats_kernel[(positions, nchunk)](
-        target_logits, lb, lk, num_draft_tokens, temp, part_m, part_s, part_a,
-        vocab, k, nchunk, GREEDY_ONLY=greedy_only, CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"],
+        target_logits,
+        lb,
+        lk,
+        num_draft_tokens,
+        temp,
+        part_m,
+        part_s,
+        part_a,
+        vocab,
+        k,
+        nchunk,
+        GREEDY_ONLY=greedy_only,
+        CHUNK=cfg["CHUNK"],
+        BLOCK=cfg["BLOCK"],
         **_COMPILE,
     )
     has_filter = (has_topk or has_topp) and not greedy_only
     kappa = torch.empty((positions,), dtype=torch.int64, device=device)
     z = torch.empty((positions,), dtype=torch.float32, device=device)
-    race = [torch.empty((positions, nchunk), dtype=dt, device=device)
-            for dt in (torch.float32, torch.int32, torch.float32, torch.int32)]
+    race = [
+        torch.empty((positions, nchunk), dtype=dt, device=device)
+        for dt in (torch.float32, torch.int32, torch.float32, torch.int32)
+    ]
     if not greedy_only:
         if has_filter:
             _split_threshold_kernel[(positions,)](
-                target_logits, lb, lk, num_draft_tokens, temp, topk_t, topp_t, part_m, part_s,
-                part_a, kappa, z, vocab, k, nchunk,
-                HAS_TOPK=has_topk, HAS_TOPP=has_topp, NPIV=cfg["NPIV"], CHUNK=cfg["CHUNK"],
-                TBLOCK=cfg["TBLOCK"], **_COMPILE,
+                target_logits,
+                lb,
+                lk,
+                num_draft_tokens,
+                temp,
+                topk_t,
+                topp_t,
+                part_m,
+                part_s,
+                part_a,
+                kappa,
+                z,
+                vocab,
+                k,
+                nchunk,
+                HAS_TOPK=has_topk,
+                HAS_TOPP=has_topp,
+                NPIV=cfg["NPIV"],
+                CHUNK=cfg["CHUNK"],
+                TBLOCK=cfg["TBLOCK"],
+                **_COMPILE,
             )
         _split_race_kernel[(positions, nchunk)](
-            target_logits, lb, lk, draft_tokens, db, q, stride_qb, stride_qk,
-            num_draft_tokens, temp, seed_t, part_m, part_s, part_a, kappa, z, *race,
-            vocab, k, nchunk,
-            HAS_Q=has_q, HAS_FILTER=has_filter, CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"],
+            target_logits,
+            lb,
+            lk,
+            draft_tokens,
+            db,
+            q,
+            stride_qb,
+            stride_qk,
+            num_draft_tokens,
+            temp,
+            seed_t,
+            part_m,
+            part_s,
+            part_a,
+            kappa,
+            z,
+            *race,
+            vocab,
+            k,
+            nchunk,
+            HAS_Q=has_q,
+            HAS_FILTER=has_filter,
+            CHUNK=cfg["CHUNK"],
+            BLOCK=cfg["BLOCK"],
             **_COMPILE,
         )
     _split_decide_kernel[(batch,)](
-        target_logits, lb, lk, draft_tokens, db, q, stride_qb, stride_qk,
-        num_draft_tokens, temp, seed_t, part_m, part_s, part_a, kappa, z, *race,
-        tokens, num_accepted, vocab, k, nchunk,
-        GREEDY_ONLY=greedy_only, HAS_Q=has_q, HAS_FILTER=has_filter, BLOCK_K=block_k,
+        target_logits,
+        lb,
+        lk,
+        draft_tokens,
+        db,
+        q,
+        stride_qb,
+        stride_qk,
+        num_draft_tokens,
+        temp,
+        seed_t,
+        part_m,
+        part_s,
+        part_a,
+        kappa,
+        z,
+        *race,
+        tokens,
+        num_accepted,
+        vocab,
+        k,
+        nchunk,
+        GREEDY_ONLY=greedy_only,
+        HAS_Q=has_q,
+        HAS_FILTER=has_filter,
+        BLOCK_K=block_k,
         **_COMPILE,
     )
     return tokens, num_accepted

@@ -38,15 +38,26 @@ __all__ = [
 # Metadata checks: the same as csrc/kv_cache_checks.h (also used by the fake kernels).
 def _check_cache(op: str, kv_cache: torch.Tensor) -> None:
     if kv_cache.dim() != 6 or kv_cache.shape[1] != 2:
-        raise ValueError(f"{op}: kv_cache must be 6-d [L, 2, R, H, P, D], "
-                         f"got {list(kv_cache.shape)}")
+        raise ValueError(
+            f"{op}: kv_cache must be 6-d [L, 2, R, H, P, D], got {list(kv_cache.shape)}"
+        )
     if kv_cache.stride(5) != 1 and kv_cache.shape[5] != 1:
-        raise ValueError(f"{op}: kv_cache's last dim must be contiguous (stride 1), "
-                         f"got strides {list(kv_cache.stride())}")
+        raise ValueError(
+            f"{op}: kv_cache's last dim must be contiguous (stride 1), "
+            f"got strides {list(kv_cache.stride())}"
+        )
 
 
-def _check_index(op: str, name: str, t: torch.Tensor, dim: int, dtype: torch.dtype,
-                 kv_cache: torch.Tensor, rows: int | None = None, rows_from: str = "") -> None:
+def _check_index(
+    op: str,
+    name: str,
+    t: torch.Tensor,
+    dim: int,
+    dtype: torch.dtype,
+    kv_cache: torch.Tensor,
+    rows: int | None = None,
+    rows_from: str = "",
+) -> None:
     if t.dim() != dim:
         raise ValueError(f"{op}: {name} must be {dim}-d, got shape {list(t.shape)}")
     if t.dtype != dtype:
@@ -54,8 +65,7 @@ def _check_index(op: str, name: str, t: torch.Tensor, dim: int, dtype: torch.dty
     if t.device != kv_cache.device:
         raise ValueError(f"{op}: {name} is on {t.device} but kv_cache is on {kv_cache.device}")
     if rows is not None and t.shape[0] != rows:
-        raise ValueError(f"{op}: {name} has shape {list(t.shape)} but {rows_from} has "
-                         f"{rows} rows")
+        raise ValueError(f"{op}: {name} has shape {list(t.shape)} but {rows_from} has {rows} rows")
 
 
 def _rows(kv_cache: torch.Tensor, block_tables: torch.Tensor | None) -> tuple[int, str]:
@@ -64,15 +74,22 @@ def _rows(kv_cache: torch.Tensor, block_tables: torch.Tensor | None) -> tuple[in
     return block_tables.shape[0], "block_tables"
 
 
-def check_write(op: str, kv_cache: torch.Tensor, layer: int, key: torch.Tensor,
-                value: torch.Tensor, block_tables: torch.Tensor | None,
-                offsets: torch.Tensor) -> None:
+def check_write(
+    op: str,
+    kv_cache: torch.Tensor,
+    layer: int,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_tables: torch.Tensor | None,
+    offsets: torch.Tensor,
+) -> None:
     """Raise ``ValueError`` unless the arguments of a (paged) write have the right metadata."""
     _check_cache(op, kv_cache)
     L, _, _, H, _, D = kv_cache.shape
     if not 0 <= layer < L:
-        raise ValueError(f"{op}: layer {layer} is outside [0, {L}) for kv_cache of shape "
-                         f"{list(kv_cache.shape)}")
+        raise ValueError(
+            f"{op}: layer {layer} is outside [0, {L}) for kv_cache of shape {list(kv_cache.shape)}"
+        )
     if block_tables is not None:
         _check_index(op, "block_tables", block_tables, 2, torch.int32, kv_cache)
     B, rows_from = _rows(kv_cache, block_tables)
@@ -80,26 +97,36 @@ def check_write(op: str, kv_cache: torch.Tensor, layer: int, key: torch.Tensor,
         if t.dim() != 4:
             raise ValueError(f"{op}: {name} must be 4-d [B, H, T, D], got shape {list(t.shape)}")
         if t.shape[0] != B or t.shape[1] != H or t.shape[3] != D:
-            raise ValueError(f"{op}: {name} must have shape [B, H, T, D] = [{B}, {H}, T, {D}] "
-                             f"to match kv_cache of shape {list(kv_cache.shape)} and {rows_from}, "
-                             f"got {list(t.shape)}")
+            raise ValueError(
+                f"{op}: {name} must have shape [B, H, T, D] = [{B}, {H}, T, {D}] "
+                f"to match kv_cache of shape {list(kv_cache.shape)} and {rows_from}, "
+                f"got {list(t.shape)}"
+            )
         if t.dtype != kv_cache.dtype:
             raise ValueError(f"{op}: {name} is {t.dtype} but kv_cache is {kv_cache.dtype}")
         if t.device != kv_cache.device:
-            raise ValueError(f"{op}: {name} is on {t.device} but kv_cache is on "
-                             f"{kv_cache.device}")
+            raise ValueError(f"{op}: {name} is on {t.device} but kv_cache is on {kv_cache.device}")
         if t.stride(3) != 1 and D != 1:
-            raise ValueError(f"{op}: {name}'s last dim must be contiguous (stride 1), "
-                             f"got strides {list(t.stride())}")
+            raise ValueError(
+                f"{op}: {name}'s last dim must be contiguous (stride 1), "
+                f"got strides {list(t.stride())}"
+            )
     if key.shape != value.shape:
-        raise ValueError(f"{op}: key and value must have the same shape, got "
-                         f"{list(key.shape)} and {list(value.shape)}")
+        raise ValueError(
+            f"{op}: key and value must have the same shape, got "
+            f"{list(key.shape)} and {list(value.shape)}"
+        )
     _check_index(op, "offsets", offsets, 1, torch.int64, kv_cache, B, rows_from)
 
 
-def check_compact(op: str, kv_cache: torch.Tensor, block_tables: torch.Tensor | None,
-                  src_positions: torch.Tensor, num_keep: torch.Tensor,
-                  start: torch.Tensor) -> None:
+def check_compact(
+    op: str,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor | None,
+    src_positions: torch.Tensor,
+    num_keep: torch.Tensor,
+    start: torch.Tensor,
+) -> None:
     """Raise ``ValueError`` unless the arguments of a (paged) compact have the right metadata."""
     _check_cache(op, kv_cache)
     if block_tables is not None:
@@ -112,8 +139,12 @@ def check_compact(op: str, kv_cache: torch.Tensor, block_tables: torch.Tensor | 
 
 # --------------------------------------------------------------------------------------------
 # Addressing: (row b, position p) -> (index into dim 2 of kv_cache, index into dim 4, valid).
-def _slots(kv_cache: torch.Tensor, block_tables: torch.Tensor | None, rows: torch.Tensor,
-           positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _slots(
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor | None,
+    rows: torch.Tensor,
+    positions: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Where ``positions`` of ``rows`` live, and whether they exist: a position outside the
     cache (or in a block the row does not own) is invalid, and its indices are clamped onto
     some real slot so that indexing never fails (the callers must not touch it)."""
@@ -144,14 +175,14 @@ def _write(kv_cache, layer, key, value, block_tables, offsets) -> None:
     if B == 0 or T == 0:
         return
     positions = offsets[:, None] + torch.arange(T, device=offsets.device)  # [B, T]
-    rows = torch.arange(B, device=offsets.device)[:, None].expand(B, T)    # [B, T]
+    rows = torch.arange(B, device=offsets.device)[:, None].expand(B, T)  # [B, T]
     r, s, valid = (x.flatten() for x in _slots(kv_cache, block_tables, rows, positions))
     first = valid.to(torch.int32).argmax()
     any_valid = valid.any()
     r, s = _onto_first(valid, r, s)
     for kv, src in ((0, key), (1, value)):
-        view = kv_cache[layer, kv].permute(0, 2, 1, 3)             # [R, P, H, D], writes through
-        vals = src.permute(0, 2, 1, 3).reshape(B * T, H, D)        # [B*T, H, D]
+        view = kv_cache[layer, kv].permute(0, 2, 1, 3)  # [R, P, H, D], writes through
+        vals = src.permute(0, 2, 1, 3).reshape(B * T, H, D)  # [B*T, H, D]
         # Positions outside the cache are skipped: they rewrite the first valid entry's value,
         # or, when there is none, slot 0's own value.
         spare = torch.where(any_valid, vals[first], view[0, 0])
@@ -164,22 +195,28 @@ def _compact(kv_cache, block_tables, src_positions, num_keep, start) -> None:
         return
     device = src_positions.device
     i = torch.arange(P, device=device)
-    rows = torch.arange(B, device=device)[:, None].expand(B, P)             # [B, P]
+    rows = torch.arange(B, device=device)[:, None].expand(B, P)  # [B, P]
     r_src, s_src, ok_src = _slots(kv_cache, block_tables, rows, src_positions)
     r_dst, s_dst, ok_dst = _slots(kv_cache, block_tables, rows, start[:, None] + i)
     # Entries past num_keep[b], or with a source or destination outside the cache, are not
     # moved (as in the C++/CUDA kernels).
-    keep = ((i < num_keep[:, None]) & ok_src & ok_dst).flatten()            # [B*P]
+    keep = ((i < num_keep[:, None]) & ok_src & ok_dst).flatten()  # [B*P]
     r_src, s_src, r_dst, s_dst = _onto_first(
-        keep, r_src.flatten(), s_src.flatten(), r_dst.flatten(), s_dst.flatten())
-    view = kv_cache.permute(2, 4, 0, 1, 3, 5)                              # [R, P, L, 2, H, D]
-    staged = view[r_src, s_src]                                            # gather first:
-    view.index_put_((r_dst, s_dst), staged)                                # overlap-safe
+        keep, r_src.flatten(), s_src.flatten(), r_dst.flatten(), s_dst.flatten()
+    )
+    view = kv_cache.permute(2, 4, 0, 1, 3, 5)  # [R, P, L, 2, H, D]
+    staged = view[r_src, s_src]  # gather first:
+    view.index_put_((r_dst, s_dst), staged)  # overlap-safe
 
 
 # --------------------------------------------------------------------------------------------
-def kv_write_(kv_cache: torch.Tensor, layer: int, key: torch.Tensor, value: torch.Tensor,
-              offsets: torch.Tensor) -> None:
+def kv_write_(
+    kv_cache: torch.Tensor,
+    layer: int,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    offsets: torch.Tensor,
+) -> None:
     """Write ``T`` new K/V entries per row at per-row offsets, in place.
 
     ``kv_cache[layer, 0, b, h, offsets[b] + t] = key[b, h, t]`` and likewise ``value`` into
@@ -209,8 +246,9 @@ def kv_write_(kv_cache: torch.Tensor, layer: int, key: torch.Tensor, value: torc
     _write(kv_cache, layer, key, value, None, offsets)
 
 
-def kv_compact_(kv_cache: torch.Tensor, src_positions: torch.Tensor, num_keep: torch.Tensor,
-                start: torch.Tensor) -> None:
+def kv_compact_(
+    kv_cache: torch.Tensor, src_positions: torch.Tensor, num_keep: torch.Tensor, start: torch.Tensor
+) -> None:
     """Move each row's kept entries to a contiguous run, in place, in every layer, K and V.
 
     For every row ``b`` and ``i < num_keep[b]``: position ``start[b] + i`` receives the entry
@@ -240,8 +278,14 @@ def kv_compact_(kv_cache: torch.Tensor, src_positions: torch.Tensor, num_keep: t
     _compact(kv_cache, None, src_positions, num_keep, start)
 
 
-def paged_kv_write_(kv_cache: torch.Tensor, layer: int, key: torch.Tensor, value: torch.Tensor,
-                    block_tables: torch.Tensor, offsets: torch.Tensor) -> None:
+def paged_kv_write_(
+    kv_cache: torch.Tensor,
+    layer: int,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_tables: torch.Tensor,
+    offsets: torch.Tensor,
+) -> None:
     """:func:`kv_write_` for a paged cache ``[L, 2, num_blocks, H, block_size, D]``.
 
     Position ``p`` of row ``b`` lives in block ``block_tables[b, p // block_size]`` (``[B,
@@ -251,9 +295,13 @@ def paged_kv_write_(kv_cache: torch.Tensor, layer: int, key: torch.Tensor, value
     _write(kv_cache, layer, key, value, block_tables, offsets)
 
 
-def paged_kv_compact_(kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                      src_positions: torch.Tensor, num_keep: torch.Tensor,
-                      start: torch.Tensor) -> None:
+def paged_kv_compact_(
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    src_positions: torch.Tensor,
+    num_keep: torch.Tensor,
+    start: torch.Tensor,
+) -> None:
     """:func:`kv_compact_` for a paged cache, addressed through ``block_tables``.
 
     Rows must not share blocks.

@@ -35,8 +35,8 @@ PURPOSE_MULT = 0xC2B2AE3D  # purpose multiplier
 INDEX_MULT = 0x27D4EB2F  # vocabulary-index multiplier
 
 UNIFORM_SHIFT = 9  # keep the top 32 - 9 = 23 bits
-UNIFORM_SCALE = 2.0 ** -23
-EXP_FLOOR = 2.0 ** -25  # lower bound of the race's exponentials
+UNIFORM_SCALE = 2.0**-23
+EXP_FLOOR = 2.0**-25  # lower bound of the race's exponentials
 
 PURPOSE_ACCEPT = 0  # the uniform of the accept test at position j
 PURPOSE_SAMPLE = 1  # the per-token uniforms of the exponential race at position j
@@ -113,8 +113,9 @@ def step_seeds(seed: int, rows: torch.Tensor, positions: torch.Tensor) -> torch.
     return (hi << 31) ^ lo
 
 
-def seeds_for_batch(batch_size: int, device: torch.device, seed=None,
-                    generator: torch.Generator | None = None) -> torch.Tensor:
+def seeds_for_batch(
+    batch_size: int, device: torch.device, seed=None, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Turn the user's ``seed`` / ``generator`` into one int64 seed per row, on ``device``.
 
     ``seed`` may be ``None``, an int (row ``b`` gets a seed derived from ``(seed, b)``) or a
@@ -127,6 +128,7 @@ def seeds_for_batch(batch_size: int, device: torch.device, seed=None,
         rows = torch.arange(batch_size, device=device, dtype=torch.int64)
         return (int(seed) & 0x7FFFFFFFFFFFFFFF) ^ (_mul32(rows, GOLDEN) << 31) ^ rows
     gen_device = generator.device if generator is not None else device
-    draws = torch.randint(0, 2**62, (batch_size,), generator=generator, device=gen_device,
-                          dtype=torch.int64)
+    draws = torch.randint(
+        0, 2**62, (batch_size,), generator=generator, device=gen_device, dtype=torch.int64
+    )
     return draws.to(device, non_blocking=True)

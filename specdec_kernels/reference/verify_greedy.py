@@ -5,7 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def prefix_match_count(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+def prefix_match_count(
+    a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor | None = None
+) -> torch.Tensor:
     """Length of the longest prefix along the last dim where ``a == b`` (and ``valid``)."""
     match = a == b
     if valid is not None:
@@ -14,14 +16,15 @@ def prefix_match_count(a: torch.Tensor, b: torch.Tensor, valid: torch.Tensor | N
 
 
 def emitted_tokens(accepted_then_extra: torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
-    """Keep ``tokens[b, :num_accepted[b] + 1]`` of a ``[B, K+1]`` tensor and pad the rest with -1."""
+    """Keep ``tokens[b, :num_accepted[b] + 1]`` of a ``[B, K+1]`` tensor; pad the rest with -1."""
     positions = torch.arange(accepted_then_extra.shape[-1], device=accepted_then_extra.device)
     keep = positions[None, :] <= num_accepted[:, None]
     return torch.where(keep, accepted_then_extra, torch.full_like(accepted_then_extra, -1))
 
 
-def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                  num_draft_tokens: torch.Tensor):
+def verify_greedy(
+    target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_draft_tokens: torch.Tensor
+):
     """Greedy verification of ``[B, K]`` drafts against ``[B, K+1, V]`` target logits.
 
     Returns ``(tokens [B, K+1] int64, num_accepted [B] int64, num_emitted [B] int64)``.

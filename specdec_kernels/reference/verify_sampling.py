@@ -20,8 +20,12 @@ from specdec_kernels.reference.verify_greedy import (
 )
 
 
-def filtered_probs(target_logits: torch.Tensor, temperature: torch.Tensor,
-                   top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+def filtered_probs(
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+) -> torch.Tensor:
     """The target distribution ``p`` of every position after temperature, top-k and top-p.
 
     Parameters
@@ -74,10 +78,16 @@ def race_uniforms(key: torch.Tensor, position: torch.Tensor, vocab_size: int) ->
     return rng.uniform(stream[:, None], index[None, :])
 
 
-def verify_sampling(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
-                    draft_probs: torch.Tensor | None, num_draft_tokens: torch.Tensor,
-                    temperature: torch.Tensor, top_k: torch.Tensor | None,
-                    top_p: torch.Tensor | None, seeds: torch.Tensor):
+def verify_sampling(
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    num_draft_tokens: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    seeds: torch.Tensor,
+):
     """Rejection-sampling verification; see :func:`specdec_kernels.verify_sampling`.
 
     All per-row arguments are tensors here (``temperature [B]`` float32, ``top_k [B]`` int64 or
@@ -87,9 +97,9 @@ def verify_sampling(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     Draft token ``x_j`` is accepted when ``u_j * q_j(x_j) < p_j(x_j)`` with ``u_j`` the accept
     uniform of ``(seed, j)``: probability ``min(1, p/q)``, and never when ``p`` or ``q`` is 0.
     At the first rejection ``J`` the extra token is ``argmax_x w(x) / E_x`` with
-    ``w = max(0, p_J - q_J)`` and ``E_x = -log(u_x)`` exponential (:func:`rng.exponential`) (the exponential race, which
-    samples ``x`` with probability ``w(x) / sum w``); if ``w`` has no mass, ``w = p_J``. After
-    ``k_b`` acceptances ``w = p_{k_b}`` (the bonus token).
+    ``w = max(0, p_J - q_J)`` and ``E_x = -log(u_x)`` exponential (:func:`rng.exponential`):
+    the exponential race, which samples ``x`` with probability ``w(x) / sum w``. If ``w`` has
+    no mass, ``w = p_J``. After ``k_b`` acceptances ``w = p_{k_b}`` (the bonus token).
     """
     b, k1, v = target_logits.shape
     k = k1 - 1
