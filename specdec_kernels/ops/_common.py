@@ -104,16 +104,12 @@ def merge_best(best, index, cand, cand_index):
     return tl.where(take, cand, best), tl.where(take, cand_index, index)
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
-def chunk_stats(
-    row_ptr,  # [V] one logits row
-    chunk_start,
-    V,
-    temp,
-    NEED_SUM: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+def chunk_stats(row_ptr,  # [V] one logits row
+                chunk_start, V, temp, NEED_SUM: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk."""
     offs = tl.arange(0, BLOCK)
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -134,21 +130,15 @@ def chunk_stats(
     safe_m = tl.where(m == float("-inf"), 0.0, m)
     s = tl.sum(s_vec * tl.exp(m_vec - safe_m), axis=0)
     return m, s, a
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
-def chunk_pivot_pass(
-    row_ptr,  # [V] one logits row
-    chunk_start,
-    V,
-    temp,
-    m,
-    floor_key,
-    pivots,
-    NPIV: tl.constexpr,
-    CHUNK: tl.constexpr,
-    TBLOCK: tl.constexpr,
-):
+def chunk_pivot_pass(row_ptr,  # [V] one logits row
+                     chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
+                     CHUNK: tl.constexpr, TBLOCK: tl.constexpr):
     """Over one chunk, for each pivot: the count and unnormalised mass ``exp(x - m)`` of the
     tokens with ``key >= floor_key`` and ``key > pivot``."""
     offs = tl.arange(0, TBLOCK)
@@ -165,6 +155,7 @@ def chunk_pivot_pass(
         counts += tl.sum(above.to(tl.int64), axis=0)
         masses += tl.sum(tl.where(above, e[:, None], 0.0), axis=0)
     return counts, masses
+# fmt: on
 
 
 @triton.jit
@@ -194,24 +185,13 @@ def search_step(
     return new_lo, new_hi, mass_lo
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
-def _search(
-    row_ptr,  # [V] one logits row
-    V,
-    temp,
-    m,
-    floor_key,
-    lo,
-    hi,
-    mass_lo,
-    target_count,
-    target_mass,
-    USE_MASS: tl.constexpr,
-    NPIV: tl.constexpr,
-    CHUNK: tl.constexpr,
-    TBLOCK: tl.constexpr,
-    NCHUNK,
-):
+def _search(row_ptr,  # [V] one logits row
+            V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
+            USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+            TBLOCK: tl.constexpr, NCHUNK):
     """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
 
     Invariant: ``f(lo) >= target > f(hi)``. Each pass over the row tests ``NPIV`` pivots, so the
@@ -234,24 +214,16 @@ def _search(
                 lo, hi, mass_lo, pivots, counts, masses, target_count, target_mass, USE_MASS
             )
     return hi, mass_lo
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
-def thresholds(
-    row_ptr,  # [V] one logits row
-    V,
-    temp,
-    m,
-    s,
-    top_k,
-    top_p,
-    HAS_TOPK: tl.constexpr,
-    HAS_TOPP: tl.constexpr,
-    NPIV: tl.constexpr,
-    CHUNK: tl.constexpr,
-    TBLOCK: tl.constexpr,
-    NCHUNK,
-):
+def thresholds(row_ptr,  # [V] one logits row
+               V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
+               HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+               TBLOCK: tl.constexpr, NCHUNK):
     """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
 
     Tokens with ``float_key(x) >= kappa`` are kept; ``p(x) = exp(x - m) / Z`` on them. Without
@@ -301,6 +273,7 @@ def thresholds(
                 NCHUNK,
             )
     return kappa, z
+# fmt: on
 
 
 @triton.jit
@@ -309,23 +282,13 @@ def target_prob(x, m, z, kappa):
     return tl.where(float_key(x) >= kappa, tl.exp(x - m) / z, 0.0)
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
-def chunk_race(
-    row_ptr,  # [V] one logits row
-    q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
-    draft,
-    chunk_start,
-    V,
-    temp,
-    m,
-    z,
-    kappa,
-    stream,
-    q_len,
-    HAS_Q: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
+def chunk_race(row_ptr,  # [V] one logits row
+               q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+               draft, chunk_start, V, temp, m, z, kappa, stream, q_len,
+               HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Exponential race over one chunk, for the residual ``max(0, p - q)`` and for ``p``.
 
     Returns ``(residual_best, residual_index, plain_best, plain_index)``; the sample is the
@@ -361,22 +324,15 @@ def chunk_race(
     pb = tl.max(p_best, axis=0)
     pi = tl.min(tl.where(p_best == pb, p_idx, 2147483647), axis=0)
     return rb, ri, pb, pi
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
-def accept_draft(
-    row_ptr,  # [V] one logits row
-    q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
-    draft,
-    V,
-    temp,
-    m,
-    z,
-    kappa,
-    key,
-    j,
-    HAS_Q: tl.constexpr,
-):
+def accept_draft(row_ptr,  # [V] one logits row
+                 q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+                 draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr):
     """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)
@@ -388,3 +344,4 @@ def accept_draft(
         q = 1.0
     u = uniform_first(stream_key(key, j, PURPOSE_ACCEPT))
     return (u * q < p) & (q > 0.0) & in_vocab
+# fmt: on

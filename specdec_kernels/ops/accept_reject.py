@@ -5,15 +5,14 @@ import triton
 import triton.language as tl
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
 def _accept_reject_kernel(
-    draft_ptr,
-    stride_d,  # [B, K] draft token ids
-    verifier_ptr,
-    stride_v,  # [B, K] verifier token ids
+    draft_ptr, stride_d,  # [B, K] draft token ids
+    verifier_ptr, stride_v,  # [B, K] verifier token ids
     out_ptr,  # [B] int64 out: common-prefix lengths
-    K,
-    BLOCK_K: tl.constexpr,
+    K, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_K)
@@ -26,6 +25,7 @@ def _accept_reject_kernel(
         here = tl.min(tl.where(mask & (d != v), idx, K), axis=0)
         first_mismatch = tl.minimum(first_mismatch, here)
     tl.store(out_ptr + b, first_mismatch.to(tl.int64))
+# fmt: on
 
 
 def accept_reject(draft_tokens: torch.Tensor, verifier_tokens: torch.Tensor) -> torch.Tensor:

@@ -94,19 +94,13 @@ def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):  # [B*(K+1)
     return big_m, big_s, big_a
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
-def _write_row(
-    draft_ptr,
-    stride_db,  # [B, K] draft token ids
-    tokens_ptr,
-    nacc_ptr,  # [B, K+1] int64 out, [B] int64 out
-    b,
-    n_acc,
-    extra,
-    V,
-    K,
-    BLOCK_K: tl.constexpr,
-):
+def _write_row(draft_ptr, stride_db,  # [B, K] draft token ids
+               tokens_ptr, nacc_ptr,  # [B, K+1] int64 out, [B] int64 out
+               b, n_acc, extra, V, K,
+               BLOCK_K: tl.constexpr):
     """tokens[b] = accepted drafts, then the extra token, then -1."""
     offs = tl.arange(0, BLOCK_K)
     drafts = tl.load(draft_ptr + b * stride_db + offs, mask=offs < n_acc, other=-1).to(tl.int64)
@@ -114,37 +108,25 @@ def _write_row(
     out = tl.where(offs < n_acc, drafts, tl.where(offs == n_acc, extra, -1))
     tl.store(tokens_ptr + b * (K + 1) + offs, out, mask=offs < K + 1)
     tl.store(nacc_ptr + b, n_acc.to(tl.int64))
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
 def _verify_row_kernel(
-    logits_ptr,
-    stride_lb,
-    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    draft_ptr,
-    stride_db,  # [B, K] draft token ids
-    q_ptr,
-    stride_qb,
-    stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr, stride_db,  # [B, K] draft token ids
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
     nd_ptr,  # [B] num_draft_tokens
-    temp_ptr,
-    topk_ptr,
-    topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
+    temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
     seed_ptr,  # [B] int64 seeds
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
-    V,
-    K,
-    NCHUNK,
-    GREEDY_ONLY: tl.constexpr,
-    HAS_Q: tl.constexpr,
-    HAS_TOPK: tl.constexpr,
-    HAS_TOPP: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
-    TBLOCK: tl.constexpr,
-    NPIV: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    V, K, NCHUNK,
+    GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
+    HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
+    NPIV: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
@@ -228,24 +210,18 @@ def _verify_row_kernel(
                         extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
                 go_on = False
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
 def _split_stats_kernel(
-    logits_ptr,
-    stride_lb,
-    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    nd_ptr,
-    temp_ptr,  # [B] num_draft_tokens, temperature
-    part_m_ptr,
-    part_s_ptr,
-    part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
-    V,
-    K,
-    NCHUNK,
-    GREEDY_ONLY: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    nd_ptr, temp_ptr,  # [B] num_draft_tokens, temperature
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
+    V, K, NCHUNK,
+    GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -260,29 +236,19 @@ def _split_stats_kernel(
         tl.store(part_m_ptr + out, m)
         tl.store(part_s_ptr + out, s)
         tl.store(part_a_ptr + out, a)
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
 def _split_threshold_kernel(
-    logits_ptr,
-    stride_lb,
-    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    nd_ptr,
-    temp_ptr,
-    topk_ptr,
-    topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
-    part_m_ptr,
-    part_s_ptr,
-    part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
-    kappa_ptr,
-    z_ptr,  # [B*(K+1)] out: key threshold, kept mass
-    V,
-    K,
-    NCHUNK,
-    HAS_TOPK: tl.constexpr,
-    HAS_TOPP: tl.constexpr,
-    NPIV: tl.constexpr,
-    CHUNK: tl.constexpr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr, z_ptr,  # [B*(K+1)] out: key threshold, kept mass
+    V, K, NCHUNK,
+    HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
     TBLOCK: tl.constexpr,
 ):
     """The top-k / top-p threshold of one position, in one program: the same search as the row
@@ -322,37 +288,23 @@ def _split_threshold_kernel(
         )
     tl.store(kappa_ptr + pid, kappa)
     tl.store(z_ptr + pid, z)
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
 def _split_race_kernel(
-    logits_ptr,
-    stride_lb,
-    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    draft_ptr,
-    stride_db,  # [B, K] draft token ids
-    q_ptr,
-    stride_qb,
-    stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
-    nd_ptr,
-    temp_ptr,
-    seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
-    part_m_ptr,
-    part_s_ptr,
-    part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
-    kappa_ptr,
-    z_ptr,  # [B*(K+1)] key threshold, kept mass
-    race_rb_ptr,
-    race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best score, token
-    race_pb_ptr,
-    race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
-    V,
-    K,
-    NCHUNK,
-    HAS_Q: tl.constexpr,
-    HAS_FILTER: tl.constexpr,
-    CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr,
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr, stride_db,  # [B, K] draft token ids
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
+    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best score, token
+    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
+    V, K, NCHUNK,
+    HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -394,38 +346,25 @@ def _split_race_kernel(
         tl.store(race_ri_ptr + out, ri)
         tl.store(race_pb_ptr + out, pb)
         tl.store(race_pi_ptr + out, pi)
+# fmt: on
 
 
+# argument groups keep their shape comments: no reformatting
+# fmt: off
 @triton.jit
 def _split_decide_kernel(
-    logits_ptr,
-    stride_lb,
-    stride_lk,  # [B, K+1, V] target logits, vocab stride 1
-    draft_ptr,
-    stride_db,  # [B, K] draft token ids
-    q_ptr,
-    stride_qb,
-    stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
-    nd_ptr,
-    temp_ptr,
-    seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
-    part_m_ptr,
-    part_s_ptr,
-    part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
-    kappa_ptr,
-    z_ptr,  # [B*(K+1)] key threshold, kept mass
-    race_rb_ptr,
-    race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials
-    race_pb_ptr,
-    race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    draft_ptr, stride_db,  # [B, K] draft token ids
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+    kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
+    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials
+    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
-    V,
-    K,
-    NCHUNK,
-    GREEDY_ONLY: tl.constexpr,
-    HAS_Q: tl.constexpr,
-    HAS_FILTER: tl.constexpr,
+    V, K, NCHUNK,
+    GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -472,6 +411,7 @@ def _split_decide_kernel(
                     extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
             go_on = False
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
+# fmt: on
 
 
 @functools.cache
