@@ -75,8 +75,12 @@ class SpeculativeGenerator:
     cost_ratio : float, optional
         Draft cost per token over target cost per pass, for ``"auto"``, fixed for the object's
         life. Default: the ratio of multiply-adds per token (:func:`cost_per_token`).
-        :func:`specdec_kernels.adaptive.measure_cost_ratio` times the two models once on this
+        :func:`specdec_kernels.adaptive.measure_costs` times the two models once on this
         machine, for a value to pass here.
+    verify_cost : float
+        The target's extra cost per verified draft token, in one-token passes, for ``"auto"``
+        (default 0: a ``K+1``-token pass costs one token's, as on a GPU; on a CPU it does not,
+        and ``measure_costs(target, draft).verify_cost`` gives the figure).
     ngram_size : int
         Longest n-gram matched by the ``"ngram"`` drafter.
 
@@ -103,6 +107,7 @@ class SpeculativeGenerator:
         *,
         max_speculative_tokens: int = 8,
         cost_ratio: float | None = None,
+        verify_cost: float = 0.0,
         ngram_size: int = 3,
     ):
         self.target, self.draft = target, draft
@@ -130,6 +135,7 @@ class SpeculativeGenerator:
             num_speculative_tokens,
             max_speculative_tokens=max_speculative_tokens,
             cost_ratio=cost_ratio,
+            verify_cost=verify_cost,
         )
         self._decoder()  # check the arguments now
 

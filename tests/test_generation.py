@@ -236,6 +236,32 @@ def test_auto_k_is_reproducible_and_ignores_wall_clock(pair, monkeypatch):
     assert other.generate(prompts, **kwargs).sequences == first
     with pytest.raises(ValueError, match="cost_ratio"):
         sk.SpeculativeGenerator(target, draft, "auto", cost_ratio=-1.0)
+    with pytest.raises(ValueError, match="verify_cost"):
+        sk.SpeculativeGenerator(target, draft, "auto", verify_cost=-0.5)
+
+
+def test_auto_k_charges_the_verify_cost(pair):
+    """A costly K+1-token target pass (a CPU's) makes "auto" draft fewer tokens per pass, and
+    the per-row K it picks is the cost model's optimum for the measured acceptance."""
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    ks = {}
+    for v in (0.0, 0.5):
+        gen = sk.SpeculativeGenerator(target, draft, "auto", cost_ratio=0.05, verify_cost=v)
+        s = gen.generate(prompts, 24).stats
+        ks[v] = s.drafted_tokens / sum(s.accepted_histogram)
+    assert ks[0.5] < ks[0.0]
+
+
+def test_acceptance_tracker_counts_tried_positions():
+    """alpha = accepted / (accepted + first rejections): positions after a rejection were never
+    tested. With accepted / drafted instead, a row accepting 2 of every 8 would read 0.25."""
+    from specdec_kernels.adaptive import AcceptanceTracker
+
+    t = AcceptanceTracker.new(2, "cpu", prior_weight=0.0)
+    for _ in range(3):
+        t.update(torch.tensor([2, 8]), torch.tensor([8, 8]))
+    assert t.alpha().tolist() == pytest.approx([2 / 3, 0.999])
 
 
 def test_autoregressive_ragged_batch_near_the_context_limit():
@@ -269,6 +295,16 @@ def test_best_num_draft_tokens(alpha, cost, want):
     k = best_num_draft_tokens(torch.tensor([alpha]), cost, 8)
     brute = max(range(1, 9), key=lambda k: (1 - alpha ** (k + 1)) / (1 - alpha) / (cost * k + 1))
     assert k.item() == brute == want
+
+
+@pytest.mark.parametrize("alpha, cost, verify", [(0.7, 0.08, 0.12), (0.9, 0.02, 0.3), (0.5, 0, 1)])
+def test_best_num_draft_tokens_with_verify_cost(alpha, cost, verify):
+    k = best_num_draft_tokens(torch.tensor([alpha]), cost, 8, verify)
+    brute = max(
+        range(1, 9),
+        key=lambda k: (1 - alpha ** (k + 1)) / (1 - alpha) / (cost * k + 1 + verify * k),
+    )
+    assert k.item() == brute
 
 
 def test_expected_tokens():

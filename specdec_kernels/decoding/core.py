@@ -173,6 +173,10 @@ class Decoder:
         the same tokens on every call.
     cost_ratio : float
         Draft cost per token over target cost per pass (``"auto"`` only).
+    verify_cost : float
+        The target's extra cost per verified draft token, in one-token passes (``"auto"`` only;
+        0 where a ``K+1``-token pass costs one token's, as on a GPU). Both figures come from
+        :func:`specdec_kernels.adaptive.measure_costs` or the caller, never from the loop.
     """
 
     def __init__(
@@ -183,6 +187,7 @@ class Decoder:
         *,
         max_speculative_tokens: int = 8,
         cost_ratio: float = 0.0,
+        verify_cost: float = 0.0,
     ):
         auto = num_speculative_tokens == "auto"
         if not auto and (
@@ -200,11 +205,13 @@ class Decoder:
             )
         if not cost_ratio >= 0:
             raise ValueError(f"cost_ratio must be >= 0, got {cost_ratio}")
+        if not verify_cost >= 0:
+            raise ValueError(f"verify_cost must be >= 0, got {verify_cost}")
         self.target, self.drafter, self.auto = target, drafter, auto
         self.max_k = (
             0 if drafter is None else (max_speculative_tokens if auto else num_speculative_tokens)
         )
-        self.cost_ratio = cost_ratio
+        self.cost_ratio, self.verify_cost = cost_ratio, verify_cost
 
     # ------------------------------------------------------------------------------ checks
     def check_prompts(self, prompts) -> list[list[int]]:
@@ -322,7 +329,9 @@ class Decoder:
         )
         tracker = AcceptanceTracker.new(b, dev)
         if self.auto:  # the prior's choice until acceptance is measured
-            st.num_draft = best_num_draft_tokens(tracker.alpha(), self.cost_ratio, k)
+            st.num_draft = best_num_draft_tokens(
+                tracker.alpha(), self.cost_ratio, k, self.verify_cost
+            )
         capacity = (ctx or max(limits)) + k + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
         if self.drafter is not None:
@@ -370,7 +379,9 @@ class Decoder:
         self._commit(st, ver, eos)
         tracker.update(n, k)
         if self.auto:
-            st.num_draft = best_num_draft_tokens(tracker.alpha(), self.cost_ratio, self.max_k)
+            st.num_draft = best_num_draft_tokens(
+                tracker.alpha(), self.cost_ratio, self.max_k, self.verify_cost
+            )
         return n, k
 
     @staticmethod
