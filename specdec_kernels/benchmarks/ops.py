@@ -53,14 +53,10 @@ from specdec_kernels.reference import verify_greedy as ref_greedy
 from specdec_kernels.reference import verify_sampling as ref_sampling
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-OPS = (
-    "verify_greedy",
-    "verify_sampling",
-    "accept_reject",
-    "kv_compact_",
-    "verify_tree_greedy",
-    "verify_tree_sampling",
-)
+OPS = ("verify_greedy", "verify_sampling", "accept_reject", "kv_compact_")
+#: Tree verification rows, run when named (``--ops verify_tree_greedy,verify_tree_sampling``):
+#: each times the tree op against the chain op at the same number of verified positions.
+TREE_OPS = ("verify_tree_greedy", "verify_tree_sampling")
 
 #: Providers of each op, in the order they are run and shown.
 #: ``native``: the C++ CPU kernels (``backend="native"``, CPU tensors only);
@@ -158,8 +154,8 @@ def cases(grid: str | Grid = "smoke", ops: tuple[str, ...] = OPS) -> list[Case]:
     ``accept_reject`` and ``kv_compact_`` ignore ``V``; ``accept_reject`` also the dtype."""
     g = GRIDS[grid] if isinstance(grid, str) else grid
     for op in ops:
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; choose from {OPS}")
+        if op not in OPS + TREE_OPS:
+            raise ValueError(f"unknown op {op!r}; choose from {OPS + TREE_OPS}")
     out: list[Case] = []
     seen: set[Case] = set()
     for b, v, k, dt, a in itertools.product(g.B, g.V, g.K, g.dtypes, g.acceptance):
