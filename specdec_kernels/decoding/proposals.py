@@ -94,6 +94,8 @@ class TreeProposal:
         ``[B, N, N]`` bool: ``mask[b, i, j]``: ``j`` is ``i`` or an ancestor of ``i``.
     num_nodes : Tensor
         ``[B]`` int64, ``>= 1``; nodes ``>= num_nodes[b]`` are padding.
+    depth : int
+        The deepest depth any row's tree may have (host int).
     on_keep : callable or None
         ``on_keep(ver)``: the drafter's cache bookkeeping once the accepted path is known.
     draft_probs : None
@@ -106,6 +108,7 @@ class TreeProposal:
     depths: torch.Tensor
     mask: torch.Tensor
     num_nodes: torch.Tensor
+    depth: int
     on_keep: object = None
     draft_probs: torch.Tensor | None = None
 
@@ -123,6 +126,13 @@ class TreeProposal:
         return target.extend(tokens, self.num_nodes, tree=tree)
 
     def verify(self, logits, sampling, seeds):
+        """``sk.verify_tree_*``'s result, its ``[B, N]`` columns cut to ``depth + 1`` (with
+        ``validate=False`` the ops keep all ``N``; the rest are ``-1``)."""
+        ver = self._verify(logits, sampling, seeds)
+        w = self.depth + 1
+        return ver._replace(tokens=ver.tokens[:, :w], accepted_nodes=ver.accepted_nodes[:, :w])
+
+    def _verify(self, logits, sampling, seeds):
         import specdec_kernels as sk  # the tree ops; lazily (this module loads under sk)
 
         if sampling.greedy:

@@ -332,7 +332,7 @@ class TreeDrafter(ModelDrafter):
             on = (path >= 0) & (ver.accepted_nodes[:, 1:] >= 0)
             self.model.compact(start[:, None] + path.clamp_min(0), on.sum(1), start)
 
-        return TreeProposal(tokens, parents, depths, mask, num_nodes, keep)
+        return TreeProposal(tokens, parents, depths, mask, num_nodes, self.tree.depth, keep)
 
 
 def _grow_ancestors(anc: torch.Tensor, parent_fed: torch.Tensor) -> torch.Tensor:
