@@ -548,7 +548,8 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
     interleaved repeats and, from the first repeat, ``mean_accepted`` (accepted drafts per row
     and target pass) and ``tokens_per_pass`` (``mean_accepted + 1``); plus, per shape, a row at
     ``batch_size = "all"`` measuring tokens per pass over ``cfg.pass_prompts`` held-out prompts.
-    ``matches_target_only``: the greedy output equals the target alone's."""
+    ``matches_target_only``: the greedy output equals the target alone's; ``target-only`` rows
+    (and ``speedup_vs_target_only``) time the target alone in the same interleaved repeats."""
     import specdec_kernels as sk
 
     target, draft, text = load_pair(assets)
@@ -562,7 +563,11 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
         for b, p in prompts_of.items()
     }
     runs: dict[tuple, list] = {(n, b): [] for n in shapes for b in cfg.batch_sizes}
+    alone: dict[int, list[float]] = {b: [] for b in cfg.batch_sizes}  # target alone, tok/s
     for rep in range(cfg.repeats):
+        for b in cfg.batch_sizes:
+            out = sk.autoregressive_generate(target, prompts_of[b], cfg.max_new_tokens)
+            alone[b].append(out.stats.tokens_per_second)
         for (name, b), rs in runs.items():
             out = gens[name].generate(prompts_of[b], max_new_tokens=cfg.max_new_tokens)
             rs.append(out)
@@ -571,9 +576,26 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
                 f"{out.stats.tokens_per_second:7.1f} tok/s, "
                 f"{out.stats.mean_emitted:.2f} tokens/pass"
             )
-    rows = []
+    rows = [
+        {
+            "system": "target_only",
+            "shape": "target-only",
+            "batch_size": b,
+            "num_nodes": 1,
+            "temperature": 0.0,
+            "tokens_per_second": round(statistics.median(tps), 3),
+            "tokens_per_second_all": [round(t, 3) for t in tps],
+            "mean_accepted": 0.0,
+            "tokens_per_pass": 1.0,
+            "max_new_tokens": cfg.max_new_tokens,
+            "prompt_len": cfg.prompt_len,
+            "repeats": len(tps),
+        }
+        for b, tps in alone.items()
+    ]
     for (name, b), outs in runs.items():
         s = outs[0].stats
+        tps = statistics.median(o.stats.tokens_per_second for o in outs)
         rows.append(
             {
                 "system": "specdec_tree" if "tree" in shapes[name] else "specdec",
@@ -581,9 +603,8 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
                 "batch_size": b,
                 "num_nodes": _num_nodes(shapes[name]),
                 "temperature": 0.0,
-                "tokens_per_second": round(
-                    statistics.median(o.stats.tokens_per_second for o in outs), 3
-                ),
+                "tokens_per_second": round(tps, 3),
+                "speedup_vs_target_only": round(tps / statistics.median(alone[b]), 4),
                 "tokens_per_second_all": [round(o.stats.tokens_per_second, 3) for o in outs],
                 "mean_accepted": round(s.mean_accepted, 4),
                 "tokens_per_pass": round(s.mean_emitted, 4),
@@ -651,15 +672,19 @@ def check_tree_targets(rows: list[dict]) -> list[str]:
 def format_tree_table(rows: list[dict]) -> str:
     """A Markdown table of :func:`run_tree_e2e`'s rows."""
     lines = [
-        "| shape | nodes | B | tokens/pass | accepted/pass | tokens/s | = target alone |",
-        "|" + "---|" * 7,
+        "| shape | nodes | B | tokens/pass | accepted/pass | tokens/s | vs target alone "
+        "| = target alone's tokens |",
+        "|" + "---|" * 8,
     ]
     for r in sorted(rows, key=lambda r: (str(r["batch_size"]), r["num_nodes"], r["shape"])):
         tps = r.get("tokens_per_second")
         same = r.get("matches_target_only")
+        speedup = r.get("speedup_vs_target_only")
         lines.append(
             f"| {r['shape']} | {r['num_nodes']} | {r['batch_size']} | "
             f"{r['tokens_per_pass']:.2f} | {r['mean_accepted']:.2f} | "
-            f"{'' if tps is None else format(tps, '.1f')} | {'' if same is None else same} |"
+            f"{'' if tps is None else format(tps, '.1f')} | "
+            f"{'' if speedup is None else format(speedup, '.2f') + 'x'} | "
+            f"{'' if same is None else same} |"
         )
     return "\n".join(lines)

@@ -180,7 +180,7 @@ def plot_trees(rows: list[dict], path: str) -> None:
                 hatch="" if shape.startswith("chain") else "//",
             )
         ticks = [g for g in groups if key == "mean_accepted" or g != "all"]
-        ax.set_xticks(range(len(ticks)), [f"B={g}" for g in ticks])
+        ax.set_xticks(range(len(ticks)), [f"B={g}" if g != "all" else "all prompts" for g in ticks])
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7, ncol=2)
