@@ -300,3 +300,7 @@ def test_bad_tree_arguments(pair):
         sk.SpeculativeGenerator(target, draft, tree=StaticTree([VOCAB + 1]))
     with pytest.raises(ValueError, match="tree"):
         TreeDrafter(CausalLMAdapter(draft), "dynamic")
+    from specdec_kernels.decoding import Decoder, HFAdapter  # an adapter without tree support
+
+    with pytest.raises(ValueError, match="tree support"):
+        Decoder(HFAdapter.__new__(HFAdapter), TreeDrafter(CausalLMAdapter(draft), StaticTree([2])))

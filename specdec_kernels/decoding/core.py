@@ -78,7 +78,8 @@ class GenerationStats:
     """What a generation call did.
 
     ``target_forwards`` / ``draft_forwards`` count decoding passes (prefill excluded);
-    ``acceptance_rate`` = accepted draft tokens / drafted tokens; ``mean_accepted`` = mean
+    ``acceptance_rate`` = accepted draft tokens / drafted tokens (with token trees every node but
+    the root counts as drafted, so the rate is lower than a chain's); ``mean_accepted`` = mean
     accepted drafts per row and target pass; ``accepted_histogram[n]`` = how many (row, pass)
     pairs accepted ``n`` drafts; ``tokens_per_second`` counts generated tokens of all rows.
     """
@@ -165,7 +166,9 @@ class Decoder:
         The model whose distribution is produced (:mod:`specdec_kernels.decoding.adapters`).
     drafter : Drafter or None
         Where drafts come from; ``None`` decodes with the target alone (one token per pass,
-        through the same verification ops with ``K = 0``).
+        through the same verification ops with ``K = 0``). A
+        :class:`~specdec_kernels.decoding.trees.TreeDrafter` drafts a token tree per row
+        (its shape's ``depth`` plays the part of ``K``, ``num_speculative_tokens`` is unused).
     num_speculative_tokens : int or "auto"
         ``K >= 1``, or ``"auto"``: per row, the ``K <= max_speculative_tokens`` maximising
         expected tokens per unit of cost (:mod:`specdec_kernels.adaptive`) from the row's
@@ -209,6 +212,11 @@ class Decoder:
         if tree is not None:  # a tree drafter: paths up to tree.depth, N - 1 nodes
             if auto:
                 raise ValueError("num_speculative_tokens='auto' does not apply to token trees")
+            if not hasattr(target, "compact"):
+                raise ValueError(
+                    f"token trees need a target adapter with tree support (extend(..., tree=), "
+                    f"compact); {type(target).__name__} has none"
+                )
             self.max_k, self.width = tree.depth, max(tree.num_nodes - 1, tree.num_fed)
         self.cost_ratio = cost_ratio
 
