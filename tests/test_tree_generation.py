@@ -219,24 +219,28 @@ def test_tree_sampling_with_top_k_1_is_greedy(pair):
     target, draft = pair
     prompts = ragged_prompts(3)
     want = reference(target, prompts, 16)
-    for tree in (TREES["dynamic-16"], TREES["static-3211"]):
+    for tree in (TREES["dynamic-16"], TREES["static-3211"], StaticTree([3, 2], sampled=True)):
         gen = sk.SpeculativeGenerator(target, draft, tree=tree)
         for seed in (0, 1):
             got = gen.generate(prompts, 16, temperature=1.0, top_k=1, seed=seed).sequences
             assert_rows_equal(got, want)
 
 
-def test_tree_sampling_seeded_and_samples(pair):
+@pytest.mark.parametrize("tree", [TREES["dynamic-8"], StaticTree([3, 1, 1], sampled=True)])
+def test_tree_sampling_seeded_and_samples(pair, tree):
     target, draft = pair
     prompts = ragged_prompts(3)
-    gen = sk.SpeculativeGenerator(target, draft, tree=TREES["dynamic-8"])
-    a = gen.generate(prompts, 12, temperature=0.8, top_p=0.9, seed=7).sequences
-    assert a == gen.generate(prompts, 12, temperature=0.8, top_p=0.9, seed=7).sequences
-    assert a != gen.generate(prompts, 12, temperature=0.8, top_p=0.9, seed=8).sequences
-    assert all(0 <= t < VOCAB for s in a for t in s)
+    gen = sk.SpeculativeGenerator(target, draft, tree=tree)
+    a = gen.generate(prompts, 12, temperature=0.8, top_p=0.9, seed=7)
+    assert a.sequences == gen.generate(prompts, 12, temperature=0.8, top_p=0.9, seed=7).sequences
+    assert a.sequences != gen.generate(prompts, 12, temperature=0.8, top_p=0.9, seed=8).sequences
+    assert all(0 <= t < VOCAB for s in a.sequences for t in s)
+    assert a.stats.accepted_tokens > 0
 
 
-@pytest.mark.parametrize("tree", [DynamicTree(6, 3, 2), StaticTree([3, 2])])
+@pytest.mark.parametrize(
+    "tree", [DynamicTree(6, 3, 2), StaticTree([3, 2]), StaticTree([3, 2], sampled=True)]
+)
 def test_tree_sampling_first_two_tokens_follow_the_target(tree):
     """N identical rows, 2 new tokens each: the first token follows the target's p(x1) and the
     second its marginal sum_x1 p(x1) p(x2 | x1) (chi-square each, false-failure probability
@@ -276,6 +280,7 @@ def test_tree_sampling_first_two_tokens_follow_the_target(tree):
         (lambda: StaticTree(parents=[-1]), "parents"),
         (lambda: StaticTree(parents=[-1, 0, 2]), "parents"),
         (lambda: StaticTree(parents=[-1, -1]), "parents"),
+        (lambda: StaticTree([2], sampled=1), "sampled"),
         (lambda: DynamicTree(1, 2, 2), "num_nodes"),
         (lambda: DynamicTree(8, 0, 2), "top_k"),
         (lambda: DynamicTree(8, 2, 0), "depth"),

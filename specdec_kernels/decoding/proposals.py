@@ -98,9 +98,12 @@ class TreeProposal:
         The deepest depth any row's tree may have (host int).
     on_keep : callable or None
         ``on_keep(ver)``: the drafter's cache bookkeeping once the accepted path is known.
-    draft_probs : None
-        Always ``None``: the children are the draft's top-ranked tokens (``draft_mode =
-        "deterministic"``).
+    draft_probs : Tensor or None
+        ``None`` when the children are the draft's top-ranked tokens (``draft_mode =
+        "deterministic"``); else ``[B, N, V]``, row ``i`` the distribution node ``i``'s
+        children were drawn from.
+    draft_mode : str
+        How the children were proposed (``sk.verify_tree_sampling``'s ``draft_mode``).
     """
 
     tokens: torch.Tensor
@@ -111,6 +114,7 @@ class TreeProposal:
     depth: int
     on_keep: object = None
     draft_probs: torch.Tensor | None = None
+    draft_mode: str = "deterministic"
 
     @property
     def num_drafted(self) -> torch.Tensor:
@@ -139,13 +143,14 @@ class TreeProposal:
             return sk.verify_tree_greedy(
                 logits, self.tokens, self.parents, num_nodes=self.num_nodes, validate=False
             )
-        # the children are the draft's top-ranked tokens, fixed given the context: one-hot q
+        # top-ranked children are fixed given the context ("deterministic": one-hot q);
+        # sampled ones come with the distributions they were drawn from
         return sk.verify_tree_sampling(
             logits,
             self.tokens,
             self.parents,
-            None,
-            draft_mode="deterministic",
+            self.draft_probs,
+            draft_mode=self.draft_mode,
             temperature=sampling.temperature,
             top_k=sampling.top_k,
             top_p=sampling.top_p,

@@ -52,6 +52,12 @@ class StaticTree:
     parents : sequence of int, keyword only
         ``parents[0] = -1`` (the root), ``0 <= parents[i] < i``; the ``c``-th child of a node (in
         index order) is its ``c``-th most likely token. Exactly one of the two.
+    sampled : bool, keyword only
+        When generation samples (``temperature > 0``), draw each node's children from the
+        draft's distribution (filtered like the target's), without replacement, instead of
+        taking its most likely tokens, and verify them with
+        ``draft_mode="without_replacement"`` and the draft's probabilities (SpecInfer-style).
+        Greedy generation takes the most likely tokens either way.
 
     Attributes
     ----------
@@ -77,8 +83,9 @@ class StaticTree:
 
     parents: tuple[int, ...]
     depths: tuple[int, ...]
+    sampled: bool
 
-    def __init__(self, branching: Sequence[int] | None = None, *, parents=None):
+    def __init__(self, branching: Sequence[int] | None = None, *, parents=None, sampled=False):
         if (branching is None) == (parents is None):
             raise ValueError("StaticTree: give exactly one of branching and parents")
         if branching is not None:
@@ -102,6 +109,9 @@ class StaticTree:
         new = {old: i for i, old in enumerate(order)}
         object.__setattr__(self, "parents", tuple(-1 if i == 0 else new[parents[i]] for i in order))
         object.__setattr__(self, "depths", tuple(depth[i] for i in order))
+        if not isinstance(sampled, bool):
+            raise ValueError(f"StaticTree: sampled must be a bool, got {sampled!r}")
+        object.__setattr__(self, "sampled", sampled)
 
     @property
     def num_nodes(self) -> int:
@@ -252,10 +262,13 @@ class TreeDrafter(ModelDrafter):
         plan, model = self._plan, self.model
         b, dev = tokens.shape[0], tokens.device
         rows = torch.arange(b, device=dev)[:, None]
-        lp, tok = self.catch_up(tokens, seq_len).log_softmax(-1).topk(plan.width, -1)
+        sampled = getattr(self.tree, "sampled", False) and not sampling.greedy
         # the expanded nodes of the level above: children candidates and bookkeeping
-        exp_lp, exp_tok = lp[:, None], tok[:, None]  # [B, E, width]
-        exp_score = torch.zeros(b, 1, dtype=lp.dtype, device=dev)  # [B, E] cumulative
+        exp_lp, exp_tok, q = self._children(
+            self.catch_up(tokens, seq_len)[:, None], sampled, sampling, generator
+        )  # [B, E, width] x2, [B, E, V] or None
+        qs = [q]  # the expanded nodes' draft distributions: the root's, then in feeding order
+        exp_score = torch.zeros(b, 1, dtype=exp_lp.dtype, device=dev)  # [B, E] cumulative
         exp_cand = torch.full((b, 1), -1, dtype=torch.int64, device=dev)  # [B, E] (root -1)
         exp_fed = torch.full((b, 1), -1, dtype=torch.int64, device=dev)  # [B, E] cache slot
         anc = torch.zeros(b, 0, 0, dtype=torch.bool, device=dev)  # [B, F, F] among fed nodes
@@ -288,16 +301,40 @@ class TreeDrafter(ModelDrafter):
                     (seq_len - 1 + d)[:, None].expand(b, e), anc[:, f:], seq_len.clone()
                 ),
             )  # [B, E', V]
-            exp_lp, exp_tok = logits.log_softmax(-1).topk(plan.width, -1)
+            exp_lp, exp_tok, q = self._children(logits, sampled, sampling, generator)
+            qs.append(q)
             exp_score = score.gather(1, sel)
             exp_cand = n_cand + sel
             exp_fed = f + torch.arange(e, device=dev).expand(b, -1)
             n_cand += w
         c = {k: torch.cat(v, -1) for k, v in cand.items()}  # [B, C] each (depth: [C])
-        return self._tree(c, anc, num_draft, tokens.shape[0])
+        prop, fed = self._tree(c, anc, num_draft, tokens.shape[0])
+        if sampled:  # node i's row: the distribution its children were drawn from
+            q_all = torch.cat(qs, 1)  # [B, 1 + F, V]: root, then fed nodes
+            prop.draft_probs = q_all.gather(
+                1, (fed + 1)[..., None].expand(-1, -1, q_all.shape[2])
+            )  # [B, N, V] (leaves: the root's row, unused)
+            prop.draft_mode = "without_replacement"
+        return prop
 
-    def _tree(self, c, anc, num_draft, b) -> TreeProposal:
-        """The candidates kept as nodes, in breadth-first order, as a :class:`TreeProposal`."""
+    def _children(self, logits, sampled, sampling, generator):
+        """Each row's candidate children from draft logits ``[B, E, V]``: ``(log q [B, E, w],
+        tokens [B, E, w], q [B, E, V] or None)``; the ``w`` most likely tokens, or (``sampled``)
+        ``w`` tokens drawn without replacement from the filtered ``q``, in drawing order
+        (the largest ``q / Exp(1)`` first: the exponential race, run ``w`` deep)."""
+        w = self._plan.width
+        if not sampled:
+            lp, tok = logits.log_softmax(-1).topk(w, -1)
+            return lp, tok, None
+        b, e, v = logits.shape
+        q = sampling.probs(logits.reshape(b * e, v)).view(b, e, v)
+        race = torch.empty_like(q).exponential_(1, generator=generator).clamp_min(1e-30)
+        tok = torch.where(q > 0, q / race, -1.0).topk(w, -1).indices
+        return q.gather(-1, tok).log(), tok, q
+
+    def _tree(self, c, anc, num_draft, b) -> tuple[TreeProposal, torch.Tensor]:
+        """The candidates kept as nodes, in breadth-first order, as a :class:`TreeProposal`, and
+        each node's draft cache slot ``[B, N]`` (``-1``: not fed to the draft)."""
         dev = num_draft.device
         num_c = c["score"].shape[1]
         if self._plan.keep is None:
@@ -332,7 +369,7 @@ class TreeDrafter(ModelDrafter):
             on = (path >= 0) & (ver.accepted_nodes[:, 1:] >= 0)
             self.model.compact(start[:, None] + path.clamp_min(0), on.sum(1), start)
 
-        return TreeProposal(tokens, parents, depths, mask, num_nodes, self.tree.depth, keep)
+        return TreeProposal(tokens, parents, depths, mask, num_nodes, self.tree.depth, keep), fed
 
 
 def _grow_ancestors(anc: torch.Tensor, parent_fed: torch.Tensor) -> torch.Tensor:
