@@ -123,8 +123,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e.add_argument(
         "--trees",
         action="store_true",
-        help="token trees (8 and 16 nodes, static and dynamic) against chains, greedy: "
-        "tokens per target pass and tokens/s (--batch, --repeats, --max-new-tokens apply)",
+        help="token trees (8 and 16 nodes, static and dynamic) against chains: tokens per "
+        "target pass and tokens/s (--batch, --repeats, --max-new-tokens apply; "
+        "--temperatures: its first value, default greedy)",
     )
     e.set_defaults(bench_func=_e2e)
     return p
@@ -278,13 +279,18 @@ def _e2e_trees(args) -> int:
     from specdec_kernels.benchmarks import e2e, results
 
     cfg = e2e.TreeE2EConfig()
-    over = dict(batch_sizes=args.batch, repeats=args.repeats, max_new_tokens=args.max_new_tokens)
+    over = dict(
+        batch_sizes=args.batch,
+        repeats=args.repeats,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperatures[0] if args.temperatures else None,
+    )
     cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None})
     header = results.run_header(torch.device("cpu"), "e2e_trees")
     print(
         f"specdec bench e2e --trees: {header['machine']['cpu']}, {torch.get_num_threads()} "
-        f"threads, commit {header['commit']}, B={cfg.batch_sizes}, {cfg.max_new_tokens} new "
-        f"tokens, {cfg.repeats} repeat(s)",
+        f"threads, commit {header['commit']}, B={cfg.batch_sizes}, T={cfg.temperature}, "
+        f"{cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)",
         flush=True,
     )
     t0 = time.perf_counter()

@@ -528,32 +528,48 @@ def tree_shapes() -> dict:
         "dynamic-8": {"tree": DynamicTree(num_nodes=8, top_k=2, depth=7)},
         "dynamic-16": {"tree": DynamicTree(num_nodes=16, top_k=2, depth=10)},
         "dynamic-16-k4": {"tree": DynamicTree(num_nodes=16, top_k=4, depth=6)},
+        # sampling only (greedy takes the top tokens: the same as static-8 / static-16)
+        "static-8-sampled": {"tree": StaticTree(parents=spine(6, 1).parents, sampled=True)},
+        "static-16-sampled": {"tree": StaticTree(parents=spine(11, 4).parents, sampled=True)},
     }
+
+
+#: shapes whose greedy rows repeat another shape's
+SAMPLING_ONLY = ("static-8-sampled", "static-16-sampled")
 
 
 @dataclass(frozen=True)
 class TreeE2EConfig:
     batch_sizes: tuple[int, ...] = (1, 8)
-    shapes: tuple[str, ...] = tuple(tree_shapes())
+    shapes: tuple[str, ...] | None = None  # None: every shape that applies at the temperature
     max_new_tokens: int = 96
     prompt_len: int = 64
     repeats: int = 3
-    #: prompts of the tokens-per-pass measurement (greedy; the same at every batch size)
+    #: prompts of the tokens-per-pass measurement (the same at every batch size)
     pass_prompts: int = 16
+    temperature: float = 0.0
+    seed: int = 0
+
+    def shape_names(self) -> tuple[str, ...]:
+        if self.shapes is not None:
+            return self.shapes
+        return tuple(n for n in tree_shapes() if self.temperature > 0 or n not in SAMPLING_ONLY)
 
 
 def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> list[dict]:
-    """Greedy generation with chains and trees on the bundled pair (``specdec bench e2e
-    --trees``): one row per ``(shape, batch_size)`` with the median ``tokens_per_second`` over
-    interleaved repeats and, from the first repeat, ``mean_accepted`` (accepted drafts per row
-    and target pass) and ``tokens_per_pass`` (``mean_accepted + 1``); plus, per shape, a row at
+    """Generation with chains and trees on the bundled pair (``specdec bench e2e --trees``),
+    greedy or at ``cfg.temperature``: one row per ``(shape, batch_size)`` with the median
+    ``tokens_per_second`` over interleaved repeats and, from the first repeat, ``mean_accepted``
+    (accepted drafts per row and target pass) and ``tokens_per_pass`` (``mean_accepted + 1``);
+    plus, per shape, a row at
     ``batch_size = "all"`` measuring tokens per pass over ``cfg.pass_prompts`` held-out prompts.
     ``matches_target_only``: the greedy output equals the target alone's; ``target-only`` rows
     (and ``speedup_vs_target_only``) time the target alone in the same interleaved repeats."""
     import specdec_kernels as sk
 
     target, draft, text = load_pair(assets)
-    shapes = {name: tree_shapes()[name] for name in cfg.shapes}
+    shapes = {name: tree_shapes()[name] for name in cfg.shape_names()}
+    kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
     prompts_of = {b: make_prompts(text, b, cfg.prompt_len) for b in cfg.batch_sizes}
     gens = {name: sk.SpeculativeGenerator(target, draft, **kw) for name, kw in shapes.items()}
     for gen in gens.values():  # warm-up
@@ -566,10 +582,10 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
     alone: dict[int, list[float]] = {b: [] for b in cfg.batch_sizes}  # target alone, tok/s
     for rep in range(cfg.repeats):
         for b in cfg.batch_sizes:
-            out = sk.autoregressive_generate(target, prompts_of[b], cfg.max_new_tokens)
+            out = sk.autoregressive_generate(target, prompts_of[b], **kw)
             alone[b].append(out.stats.tokens_per_second)
         for (name, b), rs in runs.items():
-            out = gens[name].generate(prompts_of[b], max_new_tokens=cfg.max_new_tokens)
+            out = gens[name].generate(prompts_of[b], **kw)
             rs.append(out)
             log(
                 f"[e2e trees] rep {rep} {name:>14} B={b:<2}: "
@@ -582,7 +598,7 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
             "shape": "target-only",
             "batch_size": b,
             "num_nodes": 1,
-            "temperature": 0.0,
+            "temperature": cfg.temperature,
             "tokens_per_second": round(statistics.median(tps), 3),
             "tokens_per_second_all": [round(t, 3) for t in tps],
             "mean_accepted": 0.0,
@@ -602,7 +618,7 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
                 "shape": name,
                 "batch_size": b,
                 "num_nodes": _num_nodes(shapes[name]),
-                "temperature": 0.0,
+                "temperature": cfg.temperature,
                 "tokens_per_second": round(tps, 3),
                 "speedup_vs_target_only": round(tps / statistics.median(alone[b]), 4),
                 "tokens_per_second_all": [round(o.stats.tokens_per_second, 3) for o in outs],
@@ -613,12 +629,14 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
                 "max_new_tokens": cfg.max_new_tokens,
                 "prompt_len": cfg.prompt_len,
                 "repeats": len(outs),
-                "matches_target_only": all(o.sequences == want[b] for o in outs),
+                "matches_target_only": (
+                    all(o.sequences == want[b] for o in outs) if cfg.temperature == 0 else None
+                ),
             }
         )
     many = make_prompts(text, cfg.pass_prompts, cfg.prompt_len)
     for name, gen in gens.items():
-        s = gen.generate(many, max_new_tokens=cfg.max_new_tokens).stats
+        s = gen.generate(many, **kw).stats
         rows.append(
             {
                 "system": "specdec_tree" if "tree" in shapes[name] else "specdec",
@@ -626,7 +644,7 @@ def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> li
                 "batch_size": "all",
                 "num_prompts": cfg.pass_prompts,
                 "num_nodes": _num_nodes(shapes[name]),
-                "temperature": 0.0,
+                "temperature": cfg.temperature,
                 "mean_accepted": round(s.mean_accepted, 4),
                 "tokens_per_pass": round(s.mean_emitted, 4),
                 "max_new_tokens": cfg.max_new_tokens,
@@ -644,7 +662,9 @@ def _num_nodes(kw: dict) -> int:
 
 def check_tree_targets(rows: list[dict]) -> list[str]:
     """The issue's tree target: tokens per target pass of the 16-node dynamic tree against the
-    best chain, over the held-out prompts (the ``batch_size = "all"`` rows)."""
+    best chain, over the held-out prompts (the ``batch_size = "all"`` rows; greedy runs)."""
+    if any(r["temperature"] != 0 for r in rows):
+        return []
     over = {r["shape"]: r for r in rows if r["batch_size"] == "all"}
     tree = over.get("dynamic-16")
     chains = [r for r in over.values() if r["system"] == "specdec"]

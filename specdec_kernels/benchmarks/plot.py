@@ -150,7 +150,8 @@ def plot_ops(rows: list[dict], path: str) -> None:
 
 
 def plot_trees(rows: list[dict], path: str) -> None:
-    """Token trees against chains (``specdec bench e2e --trees``): an ``accepted per pass``
+    """Token trees against chains (``specdec bench e2e --trees``, one temperature): an
+    ``accepted per pass``
     panel (mean accepted drafts per row and target pass; the ``"all"`` group is the many-prompt
     measurement) and a tokens/s panel, one bar per shape, grouped by batch size."""
     plt = _plt()
@@ -184,7 +185,9 @@ def plot_trees(rows: list[dict], path: str) -> None:
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7, ncol=2)
-    fig.suptitle("Trees vs chains, bundled pair, greedy: " + _machine_label(rows), fontsize=9)
+    t = rows[0].get("temperature", 0.0)
+    how = "greedy" if t == 0 else f"temperature {t:g}"
+    fig.suptitle(f"Trees vs chains, bundled pair, {how}: " + _machine_label(rows), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
