@@ -3,7 +3,8 @@
 #   1. build the CUDA extension in place,
 #   2. run the test suite's CUDA cases, count launches per call, capture a call in a CUDA graph,
 #   3. run `specdec bench ops` on the GPU (triton.testing.do_bench, CUDA graphs where the op can
-#      be captured) over the "gpu" grid, write JSON + PNG, and check the kernel targets.
+#      be captured) over the "gpu" grid, write JSON + PNG, and check the kernel targets;
+#   4. tree verification: kernel vs reference on the device, graph capture, tree vs chain timings.
 # Everything (log, JSON, PNG, summary) goes to OUTDIR. Each step has its own time limit so a
 # slow step cannot eat the next one's; a failed step is logged and the script goes on.
 #
@@ -69,7 +70,7 @@ assert torch.equal(got.tokens, want.tokens), "graph replay differs from the eage
 print("CUDA graph capture and replay of verify_sampling (top-k + top-p): ok")
 PY
 step bench_ops "${BENCH_SECONDS}" "${PYTHON}" -m specdec_kernels.benchmarks ops --grid gpu --device cuda \
-  --budget 0.05 --max-seconds "$((BENCH_SECONDS - 30))" \
+  --ops verify_greedy,verify_sampling,accept_reject,kv_compact_ --budget 0.05 --max-seconds "$((BENCH_SECONDS - 30))" \
   --json "${OUT}/ops_gpu.json" --plot "${OUT}/ops_gpu.png"
 step targets "60" "${PYTHON}" - "${OUT}/ops_gpu.json" <<'PY'
 import sys
@@ -80,6 +81,54 @@ print(f"run {rows[0]['run_id']} on {rows[0]['machine'].get('gpu')}, commit {rows
 for line in ops.check_gpu_targets(rows):
     print(line)
 PY
+# Tree verification (issue 12): the compiled kernel against the reference on the device (every
+# draft mode, filters, ragged trees), a CUDA-graph capture, then tree vs chain timings at the same
+# number of verified positions (N = K + 1 = 8 and 16).
+step tree_check "${TREE_SECONDS:-90}" "${PYTHON}" - <<'PY'
+import torch, specdec_kernels as sk
+g = torch.Generator(device="cuda").manual_seed(0)
+modes = ("deterministic", "independent", "without_replacement")
+for b, n, v, dt in ((1, 8, 32000, torch.bfloat16), (8, 16, 32000, torch.float32),
+                    (64, 16, 128256, torch.bfloat16)):
+    logits = (torch.randn(b, n, v, device="cuda", generator=g) * 3).to(dt)
+    parents = torch.tensor([-1] + [(i - 1) // 3 for i in range(1, n)], device="cuda")
+    parents = parents.expand(b, n).contiguous()
+    top = logits.float().argmax(-1)
+    tokens = top.gather(1, parents.clamp(min=0))  # first children often match
+    tokens[:, 2::3] = torch.randint(0, v, (b, n), device="cuda", generator=g)[:, 2::3]
+    q = torch.softmax(torch.randn(b, n, v, device="cuda", generator=g), -1)
+    nn = torch.randint(1, n + 1, (b,), device="cuda", generator=g)
+    seeds = torch.arange(b, device="cuda") * 7919
+    for mode in modes:
+        for tk, tp in ((None, None), (50, 0.9)):
+            kw = dict(draft_mode=mode, top_k=tk, top_p=tp, seed=seeds, num_nodes=nn,
+                      validate=False)
+            want = sk.verify_tree_sampling(logits, tokens, parents, q, backend="reference", **kw)
+            got = sk.verify_tree_sampling(logits, tokens, parents, q, backend="triton", **kw)
+            diff = int((got.tokens != want.tokens).any(1).sum())
+            print(f"tree B={b} N={n} V={v} {dt} {mode} top_k={tk} top_p={tp}: "
+                  f"{diff} of {b} rows differ from the reference (rounding near-ties only)")
+            assert diff <= max(1, b // 32), "the Triton tree kernel disagrees with the reference"
+    want = sk.verify_tree_greedy(logits, tokens, parents, num_nodes=nn, backend="reference")
+    got = sk.verify_tree_greedy(logits, tokens, parents, num_nodes=nn, backend="triton")
+    assert torch.equal(got.tokens, want.tokens) and torch.equal(got.accepted_nodes,
+                                                                want.accepted_nodes)
+call = lambda: sk.verify_tree_sampling(logits, tokens, parents, q, draft_mode="independent",
+                                       top_k=50, top_p=0.9, seed=seeds, validate=False)
+want = call()
+torch.cuda.synchronize()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    got = call()
+graph.replay()
+torch.cuda.synchronize()
+assert torch.equal(got.tokens, want.tokens), "graph replay differs from the eager call"
+print("tree kernels match the reference on the GPU; CUDA graph capture and replay: ok")
+PY
+step bench_tree "${TREE_BENCH_SECONDS:-90}" "${PYTHON}" -m specdec_kernels.benchmarks ops --device cuda \
+  --ops verify_tree_greedy,verify_tree_sampling --batch 1,8,64 --k 7,15 --vocab 32000,128256 \
+  --dtypes bf16 --acceptance 0.5 --providers triton,chain --budget 0.05 \
+  --max-seconds "$((${TREE_BENCH_SECONDS:-90} - 30))" --json "${OUT}/ops_tree_gpu.json"
 grep -E "^(PASS|MISS)|copy bandwidth" "${LOG}" > "${OUT}/targets.txt" || true
 echo "gpu_check done: status ${status}; results in ${OUT}" | tee -a "${LOG}"
 exit ${status}

@@ -44,6 +44,21 @@ def test_bytes_needed_grow_with_acceptance(op):
         assert lo.bytes_needed - 8 * 1000 * 4 < 8 * 100
 
 
+@pytest.mark.parametrize("op", ops.TREE_OPS)
+def test_tree_rows_run_and_their_chain_matches(op):
+    lo = ops.SETUP[op](ops.Case(op, 8, 7, 1000, "fp32", 0.0), CPU)
+    hi = ops.SETUP[op](ops.Case(op, 8, 7, 1000, "fp32", 0.9), CPU)
+    assert hi.num_accepted_mean > lo.num_accepted_mean
+    assert hi.bytes_needed > lo.bytes_needed
+    for name in ("native", "reference", "chain"):
+        if name in hi.skipped:
+            continue
+        out = hi.fns[name]()
+        assert out[0].shape == (8, 8), name  # [B, N] tokens (chain: [B, K+1])
+    if "native" not in hi.skipped:
+        assert hi.fns["native"]()[0].tolist() == hi.fns["reference"]()[0].tolist()
+
+
 def test_providers_agree_on_cpu():
     case = ops.Case("verify_sampling", 2, 4, 300, "fp32", 0.5, True, False)
     bench = ops.SETUP["verify_sampling"](case, CPU)

@@ -6,7 +6,8 @@
 // (specdec_kernels/_extension.py) with one kernel that routes each call to the native kernel
 // below (specdec::native_<name>, same schema) or to the pure-PyTorch fallback; their fake
 // kernels are registered there too.
-// Verification: specdec::native_verify / native_accept_reject are the CPU kernels behind
+// Verification: specdec::native_verify / native_accept_reject / native_verify_tree are the CPU
+// kernels behind
 // backend="native" of the public verification ops (specdec_kernels/verification.py).
 #include <Python.h>
 #include <torch/library.h>
@@ -39,6 +40,9 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)");
   m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
+  m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
+        "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
+        "Tensor? top_p, Tensor? seeds, bool greedy_only) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -48,6 +52,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_paged_kv_compact_", &specdec::paged_kv_compact_cpu);
   m.impl("native_verify", &specdec::native_verify_cpu);
   m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
+  m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA

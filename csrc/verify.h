@@ -5,6 +5,10 @@
 //                 Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p,
 //                 Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
+//   native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents,
+//                      Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature,
+//                      Tensor? top_k, Tensor? top_p, Tensor? seeds, bool greedy_only)
+//                      -> (Tensor, Tensor, Tensor)
 //
 // target_logits [B, K+1, V] float32/bfloat16/float16 (vocabulary stride 1, other dims any
 // stride); draft_tokens [B, K] int32/int64; draft_probs [B, K, V] float or None;
@@ -12,6 +16,10 @@
 // int64 (temperature and seeds required unless greedy_only). Returns tokens [B, K+1] int64 and
 // num_accepted [B] int64. They are the `backend="native"` implementation of the public custom ops
 // specdec::verify_greedy / verify_sampling / accept_reject (specdec_kernels/verification.py);
+// native_verify_tree (target_logits [B, N, V], tree_tokens and parents [B, N], draft_probs
+// [B, N, V], num_nodes [B], mode 0/1/2 = deterministic/independent/without_replacement) returns
+// tokens [B, N], num_accepted [B] and accepted_nodes [B, N], int64, for
+// specdec::verify_tree_greedy / verify_tree_sampling (specdec_kernels/tree_verification.py);
 // the pure-PyTorch twins are specdec_kernels/reference/.
 #pragma once
 
@@ -25,6 +33,13 @@ namespace specdec {
 std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_tokens,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
+    const at::Tensor& target_logits, const at::Tensor& tree_tokens, const at::Tensor& parents,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, int64_t mode,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
     bool greedy_only);

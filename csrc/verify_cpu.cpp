@@ -9,6 +9,7 @@
 #include <ATen/Version.h>
 
 #include <string>
+#include <utility>
 
 #include "kernels/verify_cpu.h"
 
@@ -67,6 +68,14 @@ Capability capability() {
     return Capability::kDefault;
   }();
   return cap;
+}
+
+void launch_tree(const verify_cpu::TreeArgs& a) {
+  switch (capability()) {
+    case Capability::kAvx512: return verify_cpu::launch_verify_tree_AVX512(a);
+    case Capability::kAvx2: return verify_cpu::launch_verify_tree_AVX2(a);
+    case Capability::kDefault: return verify_cpu::launch_verify_tree_DEFAULT(a);
+  }
 }
 
 void launch(const verify_cpu::VerifyArgs& a) {
@@ -156,6 +165,97 @@ std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
   a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   if (B > 0) launch(a);
   return {tokens, num_accepted};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
+    const at::Tensor& target_logits, const at::Tensor& tree_tokens, const at::Tensor& parents,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, int64_t mode,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only) {
+  const char* op = "native_verify_tree";
+  check_cpu(op, "target_logits", target_logits);
+  TORCH_CHECK_VALUE(target_logits.dim() == 3, op,
+                    ": target_logits must have shape [B, N, V] (3 dims), got ",
+                    target_logits.sizes());
+  const int64_t B = target_logits.size(0), N = target_logits.size(1), V = target_logits.size(2);
+  TORCH_CHECK_VALUE(N >= 1 && V >= 1, op, ": target_logits must have N >= 1 and V >= 1, got ",
+                    target_logits.sizes());
+  check_vocab_stride("target_logits", target_logits);
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor&>{"tree_tokens",
+                                                                          tree_tokens},
+                                {"parents", parents}}) {
+    check_cpu(op, name, t);
+    check_int(op, name, t);
+    TORCH_CHECK_VALUE(t.dim() == 2 && t.size(0) == B && t.size(1) == N, op, ": ", name,
+                      " must have shape [B, N] = [", B, ", ", N, "] (from target_logits ",
+                      target_logits.sizes(), "), got ", t.sizes());
+  }
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, op,
+                    ": mode must be 0 (deterministic), 1 (independent) or 2 "
+                    "(without_replacement), got ", mode);
+  check_int(op, "num_nodes", num_nodes);
+  const at::Tensor tokens_in = tree_tokens.to(at::kLong).contiguous();
+  const at::Tensor parents_in = parents.to(at::kLong).contiguous();
+  const at::Tensor nn = per_row("num_nodes", num_nodes, B, at::kLong);
+
+  verify_cpu::TreeArgs a;
+  a.logits = target_logits.const_data_ptr();
+  a.logits_kind = float_kind("target_logits", target_logits);
+  a.logits_stride_b = target_logits.stride(0);
+  a.logits_stride_n = target_logits.stride(1);
+  a.tree_tokens = tokens_in.const_data_ptr<int64_t>();
+  a.parents = parents_in.const_data_ptr<int64_t>();
+  a.num_nodes = nn.const_data_ptr<int64_t>();
+  a.batch = B;
+  a.num_nodes_max = N;
+  a.vocab = V;
+  a.greedy_only = greedy_only;
+  a.mode = greedy_only ? 0 : static_cast<int32_t>(mode);
+
+  at::Tensor temp, topk, topp, seed;
+  if (!greedy_only) {
+    TORCH_CHECK_VALUE(temperature.has_value() && seeds.has_value(), op,
+                      ": temperature and seeds are required unless greedy_only");
+    temp = per_row("temperature", *temperature, B, at::kFloat);
+    TORCH_CHECK_TYPE(seeds->scalar_type() == at::kLong, op, ": seeds must be int64, got ",
+                     seeds->scalar_type());
+    seed = per_row("seeds", *seeds, B, at::kLong);
+    a.temperature = temp.const_data_ptr<float>();
+    a.seeds = seed.const_data_ptr<int64_t>();
+    if (top_k.has_value()) {
+      check_int(op, "top_k", *top_k);
+      topk = per_row("top_k", *top_k, B, at::kLong);
+      a.top_k = topk.const_data_ptr<int64_t>();
+    }
+    if (top_p.has_value()) {
+      topp = per_row("top_p", *top_p, B, at::kFloat);
+      a.top_p = topp.const_data_ptr<float>();
+    }
+    if (a.mode != 0) {
+      TORCH_CHECK_VALUE(draft_probs.has_value(), op, ": mode ", mode,
+                        " (independent / without_replacement) needs draft_probs [B, N, V]");
+      const at::Tensor& q = *draft_probs;
+      check_cpu(op, "draft_probs", q);
+      TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == B && q.size(1) == N && q.size(2) == V, op,
+                        ": draft_probs must have shape [B, N, V] = [", B, ", ", N, ", ", V,
+                        "], got ", q.sizes());
+      check_vocab_stride("draft_probs", q);
+      a.draft_probs = q.const_data_ptr();
+      a.probs_kind = float_kind("draft_probs", q);
+      a.probs_stride_b = q.stride(0);
+      a.probs_stride_n = q.stride(1);
+    }
+  }
+  const auto options = target_logits.options().dtype(at::kLong);
+  at::Tensor tokens = at::empty({B, N}, options);
+  at::Tensor nodes = at::empty({B, N}, options);
+  at::Tensor num_accepted = at::empty({B}, options);
+  a.tokens = tokens.mutable_data_ptr<int64_t>();
+  a.accepted_nodes = nodes.mutable_data_ptr<int64_t>();
+  a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
+  if (B > 0) launch_tree(a);
+  return {tokens, num_accepted, nodes};
 }
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,

@@ -87,6 +87,9 @@ def _calls(backend):
     q, _ = make_draft_probs(b, k, v)
     temp = torch.tensor([0.0, 0.7, 1.0, 1.3])
     kw = dict(backend=backend, validate=False, num_draft_tokens=nd)
+    parents = torch.tensor([[-1, 0, 0, 1]]).expand(b, k + 1).contiguous()
+    tree_tokens = torch.cat([torch.full((b, 1), -1), drafts.clamp(min=0)], dim=1)
+    tree_q = torch.softmax(torch.randn(b, k + 1, v), -1)
     return [
         lambda: sk.verify_greedy(logits, drafts, **kw),
         lambda: sk.verify_sampling(logits, drafts, q, temperature=temp, seed=torch.arange(b), **kw),
@@ -102,6 +105,23 @@ def _calls(backend):
             **kw,
         ),
         lambda: sk.accept_reject(drafts, drafts, backend=backend),
+        lambda: sk.verify_tree_greedy(
+            logits, tree_tokens, parents, num_nodes=nd + 1, backend=backend, validate=False
+        ),
+        lambda: sk.verify_tree_sampling(
+            logits,
+            tree_tokens,
+            parents,
+            tree_q,
+            draft_mode="without_replacement",
+            temperature=temp,
+            top_k=5,
+            top_p=0.9,
+            num_nodes=nd + 1,
+            seed=torch.arange(b),
+            backend=backend,
+            validate=False,
+        ),
     ]
 
 

@@ -35,6 +35,30 @@ struct VerifyArgs {
   bool greedy_only = false;
 };
 
+// Pointers of one tree verify call (specdec_kernels/reference/verify_tree.py). Strides are in
+// elements; the vocabulary dim has stride 1.
+struct TreeArgs {
+  const void* logits = nullptr;  // [B, N, V] logits_kind
+  FloatKind logits_kind = FloatKind::kFloat32;
+  int64_t logits_stride_b = 0, logits_stride_n = 0;
+  const int64_t* tree_tokens = nullptr;  // [B, N] contiguous
+  const int64_t* parents = nullptr;      // [B, N] contiguous
+  const void* draft_probs = nullptr;     // [B, N, V] probs_kind, or nullptr (mode 0)
+  FloatKind probs_kind = FloatKind::kFloat32;
+  int64_t probs_stride_b = 0, probs_stride_n = 0;
+  const int64_t* num_nodes = nullptr;  // [B]
+  const float* temperature = nullptr;  // [B]; nullptr when greedy_only
+  const int64_t* top_k = nullptr;      // [B] or nullptr (off)
+  const float* top_p = nullptr;        // [B] or nullptr (off)
+  const int64_t* seeds = nullptr;      // [B]; nullptr when greedy_only
+  int64_t* tokens = nullptr;           // [B, N] out, -1 padded
+  int64_t* accepted_nodes = nullptr;   // [B, N] out, -1 padded
+  int64_t* num_accepted = nullptr;     // [B] out
+  int64_t batch = 0, num_nodes_max = 0, vocab = 0;  // B, N, V
+  int32_t mode = 0;  // 0 deterministic, 1 independent, 2 without replacement
+  bool greedy_only = false;
+};
+
 // Pointers of one accept_reject call (both [B, K] int64 contiguous; out [B]).
 struct AcceptRejectArgs {
   const int64_t* draft = nullptr;
@@ -49,6 +73,9 @@ void launch_verify_DEFAULT(const VerifyArgs& a);
 void launch_verify_AVX2(const VerifyArgs& a);
 void launch_verify_AVX512(const VerifyArgs& a);
 void launch_accept_reject(const AcceptRejectArgs& a);
+void launch_verify_tree_DEFAULT(const TreeArgs& a);
+void launch_verify_tree_AVX2(const TreeArgs& a);
+void launch_verify_tree_AVX512(const TreeArgs& a);
 
 }  // namespace verify_cpu
 }  // namespace specdec

@@ -26,11 +26,20 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include "verify_cpu_kernel.h"
+#include "verify_tree_cpu_kernel.h"
 
 namespace specdec {
 namespace verify_cpu {
 
 static_assert(Vec::size() == 8, "the AVX2 vector headers were not the ones included");
+
+void launch_verify_tree_AVX2(const TreeArgs& a) {
+  switch (a.logits_kind) {
+    case FloatKind::kFloat32: return run_tree_logits<float>(a);
+    case FloatKind::kBFloat16: return run_tree_logits<c10::BFloat16>(a);
+    case FloatKind::kFloat16: return run_tree_logits<c10::Half>(a);
+  }
+}
 
 void launch_verify_AVX2(const VerifyArgs& a) {
   switch (a.logits_kind) {
@@ -48,6 +57,7 @@ void launch_verify_AVX2(const VerifyArgs& a) {
 namespace specdec {
 namespace verify_cpu {
 void launch_verify_AVX2(const VerifyArgs& a) { launch_verify_DEFAULT(a); }
+void launch_verify_tree_AVX2(const TreeArgs& a) { launch_verify_tree_DEFAULT(a); }
 }  // namespace verify_cpu
 }  // namespace specdec
 

@@ -49,7 +49,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="case grid (default: smoke; full with --full or SPECDEC_BENCH_FULL=1)",
     )
     o.add_argument("--full", action="store_true", help="the issue's full grid")
-    o.add_argument("--ops", type=_csv(str), default=ops.OPS, help="comma-separated ops")
+    o.add_argument(
+        "--ops",
+        type=_csv(str),
+        default=ops.OPS,
+        help="comma-separated ops (default: the chain ops; also "
+        + ", ".join(ops.TREE_OPS)
+        + ": tree vs chain)",
+    )
     o.add_argument(
         "--providers",
         type=_csv(str),

@@ -22,6 +22,8 @@ BUDGET = {
     "verify_sampling": 3,
     "verify_sampling top-k+top-p": 4,
     "accept_reject": 1,
+    "verify_tree_greedy": 1,
+    "verify_tree_sampling top-k+top-p": 1,
 }
 
 
@@ -77,6 +79,11 @@ def _calls(b: int, k: int, v: int, device):
     drafts = torch.randint(0, v, (b, k), generator=g).to(device)
     q = torch.softmax(torch.randn(b, k, v, generator=g), -1).to(device)
     kw = dict(backend="triton", validate=False)
+    # a tree of the same number of verified positions: two children per node, breadth first
+    parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, k + 1)]).expand(b, k + 1)
+    tree_tokens = torch.cat([torch.full((b, 1), -1), drafts], dim=1).to(device)
+    parents = parents.contiguous().to(device)
+    tree_q = torch.softmax(torch.randn(b, k + 1, v, generator=g), -1).to(device)
     return {
         "verify_greedy": lambda: sk.verify_greedy(logits, drafts, **kw),
         "verify_sampling": lambda: sk.verify_sampling(logits, drafts, q, seed=1, **kw),
@@ -84,13 +91,33 @@ def _calls(b: int, k: int, v: int, device):
             logits, drafts, q, top_k=5, top_p=0.9, seed=1, **kw
         ),
         "accept_reject": lambda: sk.accept_reject(drafts, drafts, backend="triton"),
+        "verify_tree_greedy": lambda: sk.verify_tree_greedy(logits, tree_tokens, parents, **kw),
+        "verify_tree_sampling top-k+top-p": lambda: sk.verify_tree_sampling(
+            logits,
+            tree_tokens,
+            parents,
+            tree_q,
+            draft_mode="independent",
+            top_k=5,
+            top_p=0.9,
+            seed=1,
+            **kw,
+        ),
     }
+
+
+def _strategy(op: str, b: int, device) -> str:
+    from specdec_kernels.ops.verify_sampling import pick_strategy
+
+    if op == "accept_reject":
+        return "-"
+    if op.startswith("verify_tree"):
+        return "row"  # one program per row walks its tree
+    return pick_strategy(b, device)
 
 
 def launch_table(batch_sizes=(1, 8, 64, 128), k: int = 4, v: int = 1000, device=None):
     """Rows ``{op, batch, strategy, launches, budget}`` for every op and batch size."""
-    from specdec_kernels.ops.verify_sampling import pick_strategy
-
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     rows = []
     for b in batch_sizes:
@@ -103,7 +130,7 @@ def launch_table(batch_sizes=(1, 8, 64, 128), k: int = 4, v: int = 1000, device=
                     "batch": b,
                     "K": k,
                     "V": v,
-                    "strategy": "-" if op == "accept_reject" else pick_strategy(b, device),
+                    "strategy": _strategy(op, b, device),
                     "launches": sum(launches.values()),
                     "kernels": dict(launches),
                     "budget": BUDGET[op],

@@ -19,6 +19,13 @@ What "acceptance ``a``" means, per op (all draws from a fixed seed, so a case is
   ``p_j(y_j) = 0``; the draft token is ``argmax p_j`` with probability ``a`` (accepted, since
   ``q <= p`` there) and ``y_j`` otherwise (rejected). Acceptance ``sum_x min(p, q) = a``.
 
+- ``verify_tree_greedy`` / ``verify_tree_sampling``: a binary tree of ``N = K + 1`` nodes in
+  breadth-first order (``parents[i] = (i - 1) // 2``: the same number of verified positions as
+  the chain of ``K`` drafts); a node's first child is the target's argmax (greedy) or has
+  ``p(x) = a`` (sampling, ``"deterministic"`` draft mode, temperature 1) with probability ``a``
+  (greedy) / always (sampling), its second child a random token. The ``chain`` provider runs the
+  chain op on the same logits with the chain case's drafts.
+
 Bytes needed (per row ``b`` with ``n_b`` accepted drafts, element size ``s``):
 ``(n_b + 1) * V * s`` of logits (rows after the first rejection need not be read), plus, with
 draft probabilities, the ``q`` row at the rejected position (``V * s``, none when all drafts were
@@ -47,6 +54,9 @@ from specdec_kernels.reference import verify_sampling as ref_sampling
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("verify_greedy", "verify_sampling", "accept_reject", "kv_compact_")
+#: Tree verification rows, run when named (``--ops verify_tree_greedy,verify_tree_sampling``):
+#: each times the tree op against the chain op at the same number of verified positions.
+TREE_OPS = ("verify_tree_greedy", "verify_tree_sampling")
 
 #: Providers of each op, in the order they are run and shown.
 #: ``native``: the C++ CPU kernels (``backend="native"``, CPU tensors only);
@@ -59,6 +69,10 @@ PROVIDERS = {
     "verify_sampling": ("native", "triton", "reference", "torch_compile", "hf"),
     "accept_reject": ("native", "triton", "reference", "torch_compile"),
     "kv_compact_": ("extension", "reference", "torch_compile"),
+    # ``chain``: the chain op (verify_greedy / verify_sampling) on the same [B, K+1, V] logits
+    # with the device's own kernel (native on CPU, Triton on CUDA): the tree op's yardstick.
+    "verify_tree_greedy": ("native", "triton", "reference", "chain"),
+    "verify_tree_sampling": ("native", "triton", "reference", "chain"),
 }
 
 # kv_compact_ cache geometry: [L, 2, B, H, S, D], a committed prefix of PREFIX tokens, then the
@@ -140,8 +154,8 @@ def cases(grid: str | Grid = "smoke", ops: tuple[str, ...] = OPS) -> list[Case]:
     ``accept_reject`` and ``kv_compact_`` ignore ``V``; ``accept_reject`` also the dtype."""
     g = GRIDS[grid] if isinstance(grid, str) else grid
     for op in ops:
-        if op not in OPS:
-            raise ValueError(f"unknown op {op!r}; choose from {OPS}")
+        if op not in OPS + TREE_OPS:
+            raise ValueError(f"unknown op {op!r}; choose from {OPS + TREE_OPS}")
     out: list[Case] = []
     seen: set[Case] = set()
     for b, v, k, dt, a in itertools.product(g.B, g.V, g.K, g.dtypes, g.acceptance):
@@ -380,7 +394,86 @@ def setup_kv_compact(case: Case, device: torch.device) -> Bench:
     return Bench(fns, needed, float((keep - 1).float().mean()), skipped)
 
 
+def _binary_tree(case: Case, device: torch.device) -> torch.Tensor:
+    """``[B, K+1]`` parents of a breadth-first binary tree."""
+    n = case.K + 1
+    parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, n)], device=device)
+    return parents.expand(case.B, n).contiguous()
+
+
+def setup_verify_tree(case: Case, device: torch.device) -> Bench:
+    """Tree verification (greedy, or sampling in ``"deterministic"`` draft mode at temperature 1)
+    of a binary tree of ``K + 1`` nodes, and the chain op on the same logits."""
+    import specdec_kernels as sk
+    from specdec_kernels.reference import verify_tree as ref_tree
+
+    g = _generator(case, device)
+    B, K, V, a = case.B, case.K, case.V, case.acceptance
+    n = K + 1
+    parents = _binary_tree(case, device)  # [B, N]
+    logits = _logits(case, g)  # [B, N, V] float32
+    tokens = torch.randint(0, V, (B, n), generator=g, device=device)
+    greedy = case.op == "verify_tree_greedy"
+    for i in range(n):
+        first = 2 * i + 1
+        if first >= n:
+            break
+        if greedy:  # the first child is the target's choice with probability a
+            top = logits[:, i].argmax(-1)
+            hit = torch.rand(B, generator=g, device=device) < a
+            tokens[:, first] = torch.where(hit, top, (top + 1) % V)
+        else:  # p(first child) = a, as the chain's one-hot case
+            x = tokens[:, first]
+            others = logits[:, i].scatter(-1, x[:, None], float("-inf")).logsumexp(-1)
+            a_ = min(max(a, 1e-6), 1 - 1e-6)
+            val = others + (math.log(a_ / (1 - a_)) if a > 0 else -1e4)
+            logits[:, i].scatter_(-1, x[:, None], val[:, None])
+    logits = logits.to(DTYPES[case.dtype])
+    nn = torch.full((B,), n, dtype=torch.int64, device=device)
+    seeds = torch.arange(B, dtype=torch.int64, device=device) * 7919 + 12345
+    temp = torch.ones(B, dtype=torch.float32, device=device)
+    chain_case = Case("verify_greedy" if greedy else "verify_sampling", B, K, V, case.dtype, a)
+    chain = SETUP[chain_case.op](chain_case, device)  # the chain benchmark's own inputs
+    chain_own = "native" if device.type == "cpu" else "triton"
+    kw = dict(validate=False)
+    if greedy:
+        ref_args = (logits, tokens, parents, nn)
+        acc = ref_tree.verify_tree_greedy(*ref_args)[1]
+        fns = {
+            "native": lambda: sk.verify_tree_greedy(
+                logits, tokens, parents, backend="native", **kw
+            ),
+            "triton": lambda: sk.verify_tree_greedy(
+                logits, tokens, parents, backend="triton", **kw
+            ),
+            "reference": lambda: ref_tree.verify_tree_greedy(*ref_args),
+            "chain": chain.fns[chain_own],
+        }
+    else:
+        ref_args = (logits, tokens, parents, None, nn, 0, temp, None, None, seeds)
+        acc = ref_tree.verify_tree_sampling(*ref_args)[1]
+        fns = {
+            "native": lambda: sk.verify_tree_sampling(
+                logits, tokens, parents, seed=seeds, backend="native", **kw
+            ),
+            "triton": lambda: sk.verify_tree_sampling(
+                logits, tokens, parents, seed=seeds, backend="triton", **kw
+            ),
+            "reference": lambda: ref_tree.verify_tree_sampling(*ref_args),
+            "chain": chain.fns[chain_own],
+        }
+    # the rows on the accepted path, plus the stop node's row
+    needed = int(((acc + 1) * V).sum()) * logits.element_size() + _small_bytes(tokens, parents)
+    needed += B * (2 * n * 8 + 8)
+    skipped = _native_skip(device)
+    if chain_own in chain.skipped:
+        skipped["chain"] = chain.skipped[chain_own]
+    return Bench(fns, needed, float(acc.float().mean()), skipped)
+
+
 SETUP = {
+    "verify_tree_greedy": setup_verify_tree,
+    "verify_tree_sampling": setup_verify_tree,
     "verify_greedy": setup_verify_greedy,
     "verify_sampling": setup_verify_sampling,
     "accept_reject": setup_accept_reject,
@@ -418,8 +511,8 @@ def default_providers(device: torch.device) -> tuple[str, ...]:
     Triton's interpreter there, which times the interpreter, not the kernel: left out unless
     asked for."""
     if device.type == "cuda":
-        return ("triton", "extension", "reference", "torch_compile", "hf")
-    return ("native", "extension", "reference", "torch_compile", "hf")
+        return ("triton", "extension", "reference", "torch_compile", "hf", "chain")
+    return ("native", "extension", "reference", "torch_compile", "hf", "chain")
 
 
 def run_case(

@@ -1,0 +1,364 @@
+"""Fused tree verification kernel (sampling and greedy) and its launcher.
+
+One program per row walks the row's tree (:mod:`specdec_kernels.reference.verify_tree` is the
+specification; same numbers, same formulas). Nodes are in topological order, so the walk is one
+pass over the node indices: node ``i`` is tried when its parent is the current node. At every
+node the walk reaches it computes the filtered target statistics of that node's logits row (max,
+sum of exponentials and first argmax chunk by chunk, then the top-k / top-p threshold search of
+the chain kernels, :mod:`specdec_kernels.ops._common`); nodes off the accepted path are never
+read beyond their token's entry. A rejected child costs nothing more in ``"deterministic"``
+mode (its token is removed from the residual: kept in a small list) and one pass over the
+vocabulary otherwise (the residual ``max(0, r - Z q_c)`` is kept in a ``[B, V]`` float32
+workspace). The recovered or bonus token is one exponential race over the stop node's row.
+
+One launch per call. Every index that comes from the inputs (``num_nodes``, ``parents``,
+``tree_tokens``) is clamped or masked before it addresses memory, so ``validate=False`` garbage
+never reads or writes out of bounds.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from specdec_kernels.ops._common import (
+    EXP_FLOOR,
+    KEY_FLOOR,
+    PURPOSE_ACCEPT,
+    PURPOSE_SAMPLE,
+    chunk_stats,
+    merge_best,
+    merge_stats,
+    row_key,
+    stream_key,
+    target_prob,
+    thresholds,
+    uniform,
+)
+from specdec_kernels.ops.verify_sampling import launch_config
+
+MODE_DETERMINISTIC = tl.constexpr(0)
+MODE_WITHOUT_REPLACEMENT = tl.constexpr(2)
+# As the chain kernels: no FMA contraction, so the arithmetic rounds like the reference's; the
+# walk keeps a node's statistics, filter state and race state live at once (see verify_sampling).
+_COMPILE = {"enable_fp_fusion": False, "maxnreg": 192}
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _node_stats(row_ptr,  # [V] the node's logits row
+                V, temp, greedy, top_k, top_p, NEED_SUM: tl.constexpr,
+                HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NCHUNK):
+    """(max of x = logit / T, first argmax, key threshold, kept mass) of one node's row."""
+    big_m = tl.full([], float("-inf"), tl.float32)
+    big_s = tl.zeros([], tl.float32)
+    big_a = tl.zeros([], tl.int32)
+    for c in range(0, NCHUNK):
+        m, s, a = chunk_stats(row_ptr, c * CHUNK, V, temp, NEED_SUM, CHUNK, BLOCK)
+        big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z = big_s
+    if NEED_SUM:
+        if greedy == 0:
+            kappa, z = thresholds(
+                row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+                TBLOCK, NCHUNK,
+            )
+    return big_m, big_a, kappa, z
+# fmt: on
+
+
+@triton.jit
+def _removed(idx, rej):
+    """``[BLOCK]`` bool: ``idx`` is one of the rejected siblings' tokens ``rej [BLOCK_N]``."""
+    return tl.sum((idx[:, None] == rej[None, :]).to(tl.int32), axis=1) > 0
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _shrink_residual(row_ptr,  # [V] logits row of the current node
+                     q_row,  # [V] its draft probabilities
+                     ws_row,  # [V] float32 residual workspace of the row
+                     V, temp, m, zp, kappa, z, sib, rej, denom,
+                     MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK):
+    """``r = max(0, r - Z * q_c)`` over the vocabulary (``r = p`` before the first rejection);
+    returns the new mass ``sum(r)``."""
+    offs = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], tl.float32)
+    for c in range(0, NCHUNK):
+        for t in tl.static_range(0, CHUNK, BLOCK):
+            idx = c * CHUNK + t + offs
+            mask = idx < V
+            if sib == 0:
+                x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+                r = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
+            else:
+                r = tl.load(ws_row + idx, mask=mask, other=0.0)
+            q = tl.load(q_row + idx, mask=mask, other=0.0).to(tl.float32)
+            if MODE == MODE_WITHOUT_REPLACEMENT:
+                q = tl.where(_removed(idx, rej), 0.0, q) / denom
+                q = tl.where(denom > 0.0, q, 0.0)
+            r = tl.maximum(r - z * q, 0.0)
+            r = tl.where(mask, r, 0.0)
+            tl.store(ws_row + idx, r, mask=mask)
+            total += r
+    return tl.sum(total, axis=0)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _race(row_ptr,  # [V] logits row of the stop node
+          ws_row,  # [V] float32 residual workspace (used when MODE is not deterministic)
+          V, temp, m, zp, kappa, stream, sib, rej,
+          MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK):
+    """The exponential race of the stop node: the recovered token over the residual (when a
+    child was rejected) and the bonus token over ``p``; the chain's scores
+    (``_common.chunk_race``)."""
+    offs = tl.arange(0, BLOCK)
+    r_best = tl.zeros([], tl.float32)
+    r_idx = tl.zeros([], tl.int32)
+    p_best = tl.full([], -1.0, tl.float32)
+    p_idx = tl.zeros([], tl.int32)
+    for c in range(0, NCHUNK):
+        rb_vec = tl.zeros([BLOCK], tl.float32)
+        ri_vec = tl.zeros([BLOCK], tl.int32)
+        pb_vec = tl.full([BLOCK], -1.0, tl.float32)
+        pi_vec = tl.zeros([BLOCK], tl.int32)
+        for t in tl.static_range(0, CHUNK, BLOCK):
+            idx = c * CHUNK + t + offs
+            mask = idx < V
+            x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+            p = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
+            if MODE == MODE_DETERMINISTIC:
+                r = tl.where(_removed(idx, rej), 0.0, p)
+            else:
+                r = tl.load(ws_row + idx, mask=mask, other=0.0)
+            r = tl.where(sib > 0, r, 0.0)
+            exponential = tl.maximum(-tl.log(uniform(stream, idx)), EXP_FLOOR)
+            rb_vec, ri_vec = merge_best(
+                rb_vec, ri_vec, tl.where(r > 0.0, r / exponential, 0.0), idx
+            )
+            pb_vec, pi_vec = merge_best(
+                pb_vec, pi_vec, tl.where(mask & (p > 0.0), p / exponential, -1.0), idx
+            )
+        rb = tl.max(rb_vec, axis=0)
+        ri = tl.min(tl.where(rb_vec == rb, ri_vec, 2147483647), axis=0)
+        pb = tl.max(pb_vec, axis=0)
+        pi = tl.min(tl.where(pb_vec == pb, pi_vec, 2147483647), axis=0)
+        r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
+        p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
+    return tl.where((sib > 0) & (r_best > 0.0), r_idx, p_idx)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _verify_tree_kernel(
+    logits_ptr, stride_lb, stride_ln,  # [B, N, V] target logits, vocab stride 1
+    tok_ptr, stride_tb,  # [B, N] tree tokens
+    par_ptr, stride_pb,  # [B, N] parents
+    q_ptr, stride_qb, stride_qn,  # [B, N, V] draft probabilities (unused in MODE 0)
+    nn_ptr,  # [B] num_nodes
+    temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
+    seed_ptr,  # [B] int64 seeds
+    ws_ptr,  # [B, V] float32 residual workspace (unused in MODE 0)
+    tokens_ptr, nodes_ptr,  # [B, N] int64 out: emitted tokens, accepted path; -1 padded
+    nacc_ptr,  # [B] int64 out: num_accepted
+    V, N, NCHUNK,
+    GREEDY_ONLY: tl.constexpr, MODE: tl.constexpr, HAS_TOPK: tl.constexpr,
+    HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
+    NPIV: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    nb = tl.minimum(tl.maximum(tl.load(nn_ptr + b).to(tl.int32), 1), N)
+    if GREEDY_ONLY:
+        temp = tl.full([], 1.0, tl.float32)
+        greedy = temp == temp
+        key = tl.zeros([], tl.uint32)
+    else:
+        temp = tl.load(temp_ptr + b).to(tl.float32)
+        greedy = temp == 0.0
+        temp = tl.where(greedy, 1.0, temp)
+        key = row_key(tl.load(seed_ptr + b))
+    top_k = 0
+    top_p = 1.0
+    if HAS_TOPK:
+        top_k = tl.load(topk_ptr + b)
+    if HAS_TOPP:
+        top_p = tl.load(topp_ptr + b).to(tl.float32)
+    need_sum = not GREEDY_ONLY
+    ws_row = ws_ptr + b * V
+
+    offs_n = tl.arange(0, BLOCK_N)
+    out_tok = tl.full([BLOCK_N], -1, tl.int64)
+    out_node = tl.where(offs_n == 0, 0, -1).to(tl.int64)
+    rej = tl.full([BLOCK_N], -1, tl.int32)  # tokens of the current node's rejected children
+    cur = 0
+    depth = 0
+    sib = 0
+    z = tl.full([], 1.0, tl.float32)  # mass of the unnormalised residual
+    removed_mass = tl.zeros([], tl.float32)
+    row = logits_ptr + b * stride_lb
+    m, a, kappa, zp = _node_stats(
+        row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
+        TBLOCK, NCHUNK,
+    )
+    for i in range(1, N):
+        parent = tl.load(par_ptr + b * stride_pb + i, mask=i < nb, other=-1).to(tl.int32)
+        if parent == cur:
+            x = tl.load(tok_ptr + b * stride_tb + i).to(tl.int32)
+            in_vocab = (x >= 0) & (x < V)
+            xs = tl.minimum(tl.maximum(x, 0), V - 1)
+            row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
+            q_row = q_ptr + b * stride_qb + cur.to(tl.int64) * stride_qn
+            accept = in_vocab & (x == a)
+            r_x = tl.zeros([], tl.float32)
+            x_removed = tl.sum((rej == x).to(tl.int32), axis=0) > 0
+            denom = 1.0 - removed_mass
+            if not GREEDY_ONLY:
+                if greedy == 0:
+                    p_x = target_prob(tl.load(row + xs).to(tl.float32) / temp, m, zp, kappa)
+                    if MODE == MODE_DETERMINISTIC:
+                        r_x = tl.where(x_removed, 0.0, p_x)
+                        q_x = tl.full([], 1.0, tl.float32)
+                    else:
+                        r_x = p_x
+                        if sib > 0:
+                            r_x = tl.load(ws_row + xs)
+                        q_x = tl.load(q_row + xs).to(tl.float32)
+                        if MODE == MODE_WITHOUT_REPLACEMENT:
+                            q_x = tl.where(x_removed, 0.0, q_x) / denom
+                            q_x = tl.where(denom > 0.0, q_x, 0.0)
+                    r_x = tl.where(in_vocab, r_x, 0.0)
+                    u = uniform(stream_key(key, depth, PURPOSE_ACCEPT), sib)
+                    accept = in_vocab & (r_x > 0.0) & (q_x > 0.0) & (u * q_x * z < r_x)
+            if accept:
+                out_tok = tl.where(offs_n == depth, x.to(tl.int64), out_tok)
+                depth += 1
+                out_node = tl.where(offs_n == depth, i, out_node)
+                cur = i
+                sib = 0
+                z = 1.0
+                removed_mass = 0.0
+                rej = tl.full([BLOCK_N], -1, tl.int32)
+                row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
+                m, a, kappa, zp = _node_stats(
+                    row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV,
+                    CHUNK, BLOCK, TBLOCK, NCHUNK,
+                )
+            else:
+                if not GREEDY_ONLY:
+                    if greedy == 0:
+                        if MODE == MODE_DETERMINISTIC:
+                            z = tl.maximum(z - r_x, 0.0)
+                        else:
+                            z = _shrink_residual(
+                                row, q_row, ws_row, V, temp, m, zp, kappa, z, sib, rej, denom,
+                                MODE, CHUNK, BLOCK, NCHUNK,
+                            )
+                            if MODE == MODE_WITHOUT_REPLACEMENT:
+                                fresh = in_vocab & (x_removed == 0)
+                                q_first = tl.load(q_row + xs).to(tl.float32)
+                                removed_mass += tl.where(fresh, q_first, 0.0)
+                rej = tl.where(offs_n == sib, tl.where(in_vocab, x, -1), rej)
+                sib += 1
+
+    extra = a
+    if not GREEDY_ONLY:
+        if greedy == 0:
+            row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
+            stream = stream_key(key, depth, PURPOSE_SAMPLE)
+            extra = _race(
+                row, ws_row, V, temp, m, zp, kappa, stream, sib, rej, MODE, CHUNK, BLOCK, NCHUNK
+            )
+    extra = tl.minimum(tl.maximum(extra, 0), V - 1).to(tl.int64)
+    out_tok = tl.where(offs_n == depth, extra, out_tok)
+    tl.store(tokens_ptr + b * N + offs_n, out_tok, mask=offs_n < N)
+    tl.store(nodes_ptr + b * N + offs_n, out_node, mask=offs_n < N)
+    tl.store(nacc_ptr + b, depth.to(tl.int64))
+# fmt: on
+
+
+def verify_tree(
+    target_logits,
+    tree_tokens,
+    parents,
+    draft_probs,
+    num_nodes,
+    mode,
+    temperature,
+    top_k,
+    top_p,
+    seeds,
+    *,
+    greedy_only: bool,
+):
+    """Launch the tree kernel; see :func:`specdec_kernels.verify_tree_sampling`.
+
+    Inputs are already checked: ``target_logits [B, N, V]`` (last stride 1), ``tree_tokens`` and
+    ``parents [B, N]`` (unit last stride), ``draft_probs [B, N, V]`` (last stride 1; None in mode
+    0), ``num_nodes [B]``, ``temperature [B]`` float32, ``top_k [B]`` int64 or None, ``top_p
+    [B]`` float32 or None, ``seeds [B]`` int64. ``greedy_only`` ignores the sampling arguments.
+    Returns ``(tokens [B, N], num_accepted [B], accepted_nodes [B, N])`` int64.
+    """
+    batch, n, vocab = target_logits.shape
+    device = target_logits.device
+    cfg = launch_config(vocab)
+    tokens = torch.empty((batch, n), dtype=torch.int64, device=device)
+    nodes = torch.empty((batch, n), dtype=torch.int64, device=device)
+    num_accepted = torch.empty((batch,), dtype=torch.int64, device=device)
+    if batch == 0:
+        return tokens, num_accepted, nodes
+    mode = 0 if greedy_only else int(mode)
+    has_q = mode != 0
+    q = draft_probs if has_q else target_logits  # never read in mode 0
+    stride_qb, stride_qn = (q.stride(0), q.stride(1)) if has_q else (0, 0)
+    ws = (
+        torch.empty((batch, vocab), dtype=torch.float32, device=device)
+        if has_q
+        else num_accepted  # never read in mode 0
+    )
+    temp = num_nodes if greedy_only else temperature
+    seed_t = num_nodes if greedy_only else seeds
+    topk_t = top_k if top_k is not None else num_nodes
+    topp_t = top_p if top_p is not None else num_nodes
+    _verify_tree_kernel[(batch,)](
+        target_logits,
+        target_logits.stride(0),
+        target_logits.stride(1),
+        tree_tokens,
+        tree_tokens.stride(0),
+        parents,
+        parents.stride(0),
+        q,
+        stride_qb,
+        stride_qn,
+        num_nodes,
+        temp,
+        topk_t,
+        topp_t,
+        seed_t,
+        ws,
+        tokens,
+        nodes,
+        num_accepted,
+        vocab,
+        n,
+        cfg["NCHUNK"],
+        GREEDY_ONLY=greedy_only,
+        MODE=mode,
+        HAS_TOPK=top_k is not None and not greedy_only,
+        HAS_TOPP=top_p is not None and not greedy_only,
+        CHUNK=cfg["CHUNK"],
+        BLOCK=cfg["BLOCK"],
+        TBLOCK=cfg["TBLOCK"],
+        NPIV=cfg["NPIV"],
+        BLOCK_N=triton.next_power_of_2(n),
+        **_COMPILE,
+    )
+    return tokens, num_accepted, nodes
