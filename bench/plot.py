@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--e2e", default=os.path.join(HERE, "e2e.json"))
     p.add_argument("--out-e2e", default=os.path.join(HERE, "e2e_cpu.png"))
+    p.add_argument("--trees", default=os.path.join(HERE, "e2e_trees.json"))
+    p.add_argument("--out-trees", default=os.path.join(HERE, "e2e_trees_cpu.png"))
     p.add_argument("--ops", default=os.path.join(HERE, "ops.json"))
     p.add_argument("--out-ops", default=os.path.join(HERE, "ops_cpu.png"))
     p.add_argument(
@@ -43,6 +45,7 @@ def main(argv=None) -> int:
     for src, dst, kind, draw in (
         (args.e2e, args.out_e2e, "e2e", plot.plot_e2e),
         (args.ops, args.out_ops, "ops", plot.plot_ops),
+        (args.trees, args.out_trees, "e2e_trees", plot.plot_trees),
     ):
         if not os.path.exists(src):
             print(f"{src}: missing, skipped")
@@ -54,7 +57,10 @@ def main(argv=None) -> int:
         print(f"{dst}: {len(rows)} rows of run {rows[0]['run_id']} ({rows[0]['date']})")
         if args.markdown:
             print(f"\n{describe(rows)}\n")
-            print(e2e.format_table(rows) if kind == "e2e" else ops.format_table(rows))
+            table = {"e2e": e2e.format_table, "ops": ops.format_table}
+            print(table.get(kind, e2e.format_tree_table)(rows))
+            if kind == "e2e_trees":
+                print("\n" + "\n".join(f"- {line}" for line in e2e.check_tree_targets(rows)))
             if kind == "e2e":
                 print("\n" + "\n".join(f"- {line.strip()}" for line in e2e.check_targets(rows)))
             print()

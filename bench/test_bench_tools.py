@@ -179,3 +179,28 @@ def test_plots_and_json_roundtrip(tmp_path):
     plot.plot_ops(_fake_ops_rows(), str(tmp_path / "ops.png"))
     assert (tmp_path / "e2e.png").stat().st_size > 1000
     assert (tmp_path / "ops.png").stat().st_size > 1000
+
+
+def test_tree_e2e_rows_checker_and_plot(tmp_path):
+    """A tiny `specdec bench e2e --trees` run: every shape's greedy output equals the target
+    alone's, the tokens-per-pass fields agree, the target checker compares the 16-node dynamic
+    tree with the chains, and the plot is drawn."""
+    cfg = e2e.TreeE2EConfig(
+        batch_sizes=(2,),
+        shapes=("chain-4", "chain-15", "static-8", "dynamic-16"),
+        max_new_tokens=8,
+        repeats=1,
+        pass_prompts=3,
+    )
+    rows = e2e.run_tree_e2e(cfg, log=lambda m: None)
+    timed = [r for r in rows if r["batch_size"] == 2 and r["system"] != "target_only"]
+    assert len(timed) == 4 and all(r["matches_target_only"] for r in timed)
+    assert {r["shape"] for r in rows if r["batch_size"] == "all"} == set(cfg.shapes)
+    for r in rows:
+        assert r["tokens_per_pass"] == pytest.approx(r["mean_accepted"] + 1, abs=1e-3)
+        assert 1 <= r["tokens_per_pass"] <= r["num_nodes"]
+    lines = e2e.check_tree_targets(rows)
+    assert lines and all("dynamic-16" in line for line in lines)
+    assert "| dynamic-16 | 16 | 2 |" in e2e.format_tree_table(rows)
+    plot.plot_trees(rows, str(tmp_path / "trees.png"))
+    assert (tmp_path / "trees.png").stat().st_size > 0

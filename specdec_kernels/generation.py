@@ -21,6 +21,7 @@ from specdec_kernels.decoding import (
     NgramDrafter,
     Sampling,
 )
+from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
 
 __all__ = [
     "GenerationOutput",
@@ -83,6 +84,15 @@ class SpeculativeGenerator:
         and ``measure_costs(target, draft).verify_cost`` gives the figure).
     ngram_size : int
         Longest n-gram matched by the ``"ngram"`` drafter.
+    tree : StaticTree or DynamicTree, optional
+        Draft a token tree per row instead of a chain (:mod:`specdec_kernels.decoding.trees`):
+        a fixed shape (``StaticTree([3, 2, 1, 1])``, Medusa-style branching per depth, or
+        ``StaticTree(parents=[...])``) or an EAGLE-2 tree (``DynamicTree(num_nodes=16, top_k=4,
+        depth=5)``). The target scores the whole tree in one pass with the tree attention mask
+        and ``sk.verify_tree_greedy`` / ``sk.verify_tree_sampling`` decide (the children are the
+        draft's top-ranked tokens: ``draft_mode="deterministic"``), so greedy output still
+        equals the target's greedy decoding and sampling stays lossless.
+        ``num_speculative_tokens`` is not used then (``"auto"`` raises).
 
     Raises
     ------
@@ -97,6 +107,11 @@ class SpeculativeGenerator:
     >>> out = gen.generate([sk.models.encode("def main():\\n")], max_new_tokens=16)
     >>> len(out.sequences[0])
     28
+    >>> tree = sk.decoding.DynamicTree(num_nodes=8, top_k=2, depth=4)
+    >>> out_tree = sk.SpeculativeGenerator(target, draft, tree=tree).generate(
+    ...     [sk.models.encode("def main():\\n")], max_new_tokens=16)
+    >>> out_tree.sequences == out.sequences     # greedy: both are the target's own decoding
+    True
     """
 
     def __init__(
@@ -109,11 +124,18 @@ class SpeculativeGenerator:
         cost_ratio: float | None = None,
         verify_cost: float = 0.0,
         ngram_size: int = 3,
+        tree: StaticTree | DynamicTree | None = None,
     ):
         self.target, self.draft = target, draft
         ngram = isinstance(draft, str)
         if ngram and draft != "ngram":
             raise ValueError(f"draft must be a model or 'ngram', got {draft!r}")
+        if tree is not None and ngram:
+            raise ValueError("tree needs a draft model, not 'ngram'")
+        if tree is not None and not isinstance(tree, (StaticTree, DynamicTree)):
+            raise ValueError(
+                f"tree must be None, a StaticTree or a DynamicTree, got {type(tree).__name__}"
+            )
         if not ngram:
             tp, dp = next(target.parameters()), next(draft.parameters())
             if draft.vocab_size != target.vocab_size:
@@ -129,9 +151,18 @@ class SpeculativeGenerator:
         if cost_ratio is None:
             cost_ratio = 0.0 if ngram else cost_per_token(draft) / cost_per_token(target)
         self.cost_ratio = cost_ratio
+
+        def drafter():
+            if ngram:
+                return NgramDrafter(ngram_size)
+            if tree is not None:
+                return TreeDrafter(CausalLMAdapter(draft), tree)
+            return ModelDrafter(CausalLMAdapter(draft))
+
+        self.tree = tree
         self._decoder = lambda: Decoder(
             CausalLMAdapter(target),
-            NgramDrafter(ngram_size) if ngram else ModelDrafter(CausalLMAdapter(draft)),
+            drafter(),
             num_speculative_tokens,
             max_speculative_tokens=max_speculative_tokens,
             cost_ratio=cost_ratio,

@@ -14,6 +14,7 @@ import time
 
 DEFAULT_OPS_JSON = os.path.join("bench", "results", "ops.json")
 DEFAULT_E2E_JSON = os.path.join("bench", "results", "e2e.json")
+DEFAULT_TREES_JSON = os.path.join("bench", "results", "e2e_trees.json")
 
 
 def _csv(cast):
@@ -126,6 +127,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     e.add_argument("--json", default=DEFAULT_E2E_JSON, help="append rows here ('' for none)")
     e.add_argument("--plot", default=None, help="draw speedup against K to this PNG")
+    e.add_argument(
+        "--trees",
+        action="store_true",
+        help="token trees (8 and 16 nodes, static and dynamic) against chains: tokens per "
+        "target pass and tokens/s (--batch, --repeats, --max-new-tokens apply; "
+        "--temperatures: its first value, default greedy)",
+    )
     e.set_defaults(bench_func=_e2e)
     return p
 
@@ -221,6 +229,8 @@ def _e2e(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.trees:
+        return _e2e_trees(args)
     cfg = e2e.QUICK if args.quick else e2e.E2EConfig()
     over = {
         k: v
@@ -264,6 +274,48 @@ def _e2e(args) -> int:
         from specdec_kernels.benchmarks import plot
 
         plot.plot_e2e(rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _e2e_trees(args) -> int:
+    import dataclasses
+
+    import torch
+
+    from specdec_kernels.benchmarks import e2e, results
+
+    cfg = e2e.TreeE2EConfig()
+    over = dict(
+        batch_sizes=args.batch,
+        repeats=args.repeats,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperatures[0] if args.temperatures else None,
+    )
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None})
+    header = results.run_header(torch.device("cpu"), "e2e_trees")
+    print(
+        f"specdec bench e2e --trees: {header['machine']['cpu']}, {torch.get_num_threads()} "
+        f"threads, commit {header['commit']}, B={cfg.batch_sizes}, T={cfg.temperature}, "
+        f"{cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    rows = [{**header, **r} for r in e2e.run_tree_e2e(cfg, args.assets, log=log)]
+    print(f"\n{e2e.format_tree_table(rows)}\n")
+    print("targets (this run):")
+    for line in e2e.check_tree_targets(rows):
+        print("  " + line)
+    print(f"e2e --trees done in {time.perf_counter() - t0:.0f} s")
+    path = DEFAULT_TREES_JSON if args.json == DEFAULT_E2E_JSON else args.json
+    if path:
+        results.append_rows(path, rows)
+        print(f"appended {len(rows)} rows to {path}")
+    if args.plot:
+        from specdec_kernels.benchmarks import plot
+
+        plot.plot_trees(rows, args.plot)
         print(f"wrote {args.plot}")
     return 0
 

@@ -503,3 +503,208 @@ def format_table(rows: list[dict]) -> str:
             f"{f(r['ideal_speedup'], '.2f')} |"
         )
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- token trees
+def tree_shapes() -> dict:
+    """The e2e tree rows: ``label -> SpeculativeGenerator keywords``. Chains of K drafts, static
+    trees (a spine of the draft's top-1 tokens with second choices branching off the first
+    levels, Medusa-style) and dynamic EAGLE-2 trees, 8 and 16 nodes (root included). The tree
+    parameters were picked by a sweep on the bundled pair's held-out prompts (a pair whose
+    draft agrees with the target often, so depth matters more than breadth)."""
+    from specdec_kernels.decoding import DynamicTree, StaticTree
+
+    def spine(length, branches):  # root -> 1 -> ... -> length, plus 2nd children of 0..b-1
+        return StaticTree(parents=[-1, *range(length), *range(branches)])
+
+    return {
+        "chain-4": {"num_speculative_tokens": 4},
+        "chain-6": {"num_speculative_tokens": 6},
+        "chain-7": {"num_speculative_tokens": 7},
+        "chain-8": {"num_speculative_tokens": 8},
+        "chain-15": {"num_speculative_tokens": 15},
+        "static-8": {"tree": spine(6, 1)},
+        "static-16": {"tree": spine(11, 4)},
+        "dynamic-8": {"tree": DynamicTree(num_nodes=8, top_k=2, depth=7)},
+        "dynamic-16": {"tree": DynamicTree(num_nodes=16, top_k=2, depth=10)},
+        "dynamic-16-k4": {"tree": DynamicTree(num_nodes=16, top_k=4, depth=6)},
+        # sampling only (greedy takes the top tokens: the same as static-8 / static-16)
+        "static-8-sampled": {"tree": StaticTree(parents=spine(6, 1).parents, sampled=True)},
+        "static-16-sampled": {"tree": StaticTree(parents=spine(11, 4).parents, sampled=True)},
+    }
+
+
+#: shapes whose greedy rows repeat another shape's
+SAMPLING_ONLY = ("static-8-sampled", "static-16-sampled")
+
+
+@dataclass(frozen=True)
+class TreeE2EConfig:
+    batch_sizes: tuple[int, ...] = (1, 8)
+    shapes: tuple[str, ...] | None = None  # None: every shape that applies at the temperature
+    max_new_tokens: int = 96
+    prompt_len: int = 64
+    repeats: int = 3
+    #: prompts of the tokens-per-pass measurement (the same at every batch size)
+    pass_prompts: int = 16
+    temperature: float = 0.0
+    seed: int = 0
+
+    def shape_names(self) -> tuple[str, ...]:
+        if self.shapes is not None:
+            return self.shapes
+        return tuple(n for n in tree_shapes() if self.temperature > 0 or n not in SAMPLING_ONLY)
+
+
+def run_tree_e2e(cfg: TreeE2EConfig, assets: str | None = None, log=print) -> list[dict]:
+    """Generation with chains and trees on the bundled pair (``specdec bench e2e --trees``),
+    greedy or at ``cfg.temperature``: one row per ``(shape, batch_size)`` with the median
+    ``tokens_per_second`` over interleaved repeats and, from the first repeat, ``mean_accepted``
+    (accepted drafts per row and target pass) and ``tokens_per_pass`` (``mean_accepted + 1``);
+    plus, per shape, a row at
+    ``batch_size = "all"`` measuring tokens per pass over ``cfg.pass_prompts`` held-out prompts.
+    ``matches_target_only``: the greedy output equals the target alone's; ``target-only`` rows
+    (and ``speedup_vs_target_only``) time the target alone in the same interleaved repeats."""
+    import specdec_kernels as sk
+
+    target, draft, text = load_pair(assets)
+    shapes = {name: tree_shapes()[name] for name in cfg.shape_names()}
+    kw = dict(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, seed=cfg.seed)
+    prompts_of = {b: make_prompts(text, b, cfg.prompt_len) for b in cfg.batch_sizes}
+    gens = {name: sk.SpeculativeGenerator(target, draft, **kw) for name, kw in shapes.items()}
+    for gen in gens.values():  # warm-up
+        gen.generate(prompts_of[cfg.batch_sizes[0]][:1], max_new_tokens=4)
+    want = {
+        b: sk.autoregressive_generate(target, p, cfg.max_new_tokens).sequences
+        for b, p in prompts_of.items()
+    }
+    runs: dict[tuple, list] = {(n, b): [] for n in shapes for b in cfg.batch_sizes}
+    alone: dict[int, list[float]] = {b: [] for b in cfg.batch_sizes}  # target alone, tok/s
+    for rep in range(cfg.repeats):
+        for b in cfg.batch_sizes:
+            out = sk.autoregressive_generate(target, prompts_of[b], **kw)
+            alone[b].append(out.stats.tokens_per_second)
+        for (name, b), rs in runs.items():
+            out = gens[name].generate(prompts_of[b], **kw)
+            rs.append(out)
+            log(
+                f"[e2e trees] rep {rep} {name:>14} B={b:<2}: "
+                f"{out.stats.tokens_per_second:7.1f} tok/s, "
+                f"{out.stats.mean_emitted:.2f} tokens/pass"
+            )
+    rows = [
+        {
+            "system": "target_only",
+            "shape": "target-only",
+            "batch_size": b,
+            "num_nodes": 1,
+            "temperature": cfg.temperature,
+            "tokens_per_second": round(statistics.median(tps), 3),
+            "tokens_per_second_all": [round(t, 3) for t in tps],
+            "mean_accepted": 0.0,
+            "tokens_per_pass": 1.0,
+            "max_new_tokens": cfg.max_new_tokens,
+            "prompt_len": cfg.prompt_len,
+            "repeats": len(tps),
+        }
+        for b, tps in alone.items()
+    ]
+    for (name, b), outs in runs.items():
+        s = outs[0].stats
+        tps = statistics.median(o.stats.tokens_per_second for o in outs)
+        rows.append(
+            {
+                "system": "specdec_tree" if "tree" in shapes[name] else "specdec",
+                "shape": name,
+                "batch_size": b,
+                "num_nodes": _num_nodes(shapes[name]),
+                "temperature": cfg.temperature,
+                "tokens_per_second": round(tps, 3),
+                "speedup_vs_target_only": round(tps / statistics.median(alone[b]), 4),
+                "tokens_per_second_all": [round(o.stats.tokens_per_second, 3) for o in outs],
+                "mean_accepted": round(s.mean_accepted, 4),
+                "tokens_per_pass": round(s.mean_emitted, 4),
+                "target_forwards": s.target_forwards,
+                "draft_forwards": s.draft_forwards,
+                "max_new_tokens": cfg.max_new_tokens,
+                "prompt_len": cfg.prompt_len,
+                "repeats": len(outs),
+                "matches_target_only": (
+                    all(o.sequences == want[b] for o in outs) if cfg.temperature == 0 else None
+                ),
+            }
+        )
+    many = make_prompts(text, cfg.pass_prompts, cfg.prompt_len)
+    for name, gen in gens.items():
+        s = gen.generate(many, **kw).stats
+        rows.append(
+            {
+                "system": "specdec_tree" if "tree" in shapes[name] else "specdec",
+                "shape": name,
+                "batch_size": "all",
+                "num_prompts": cfg.pass_prompts,
+                "num_nodes": _num_nodes(shapes[name]),
+                "temperature": cfg.temperature,
+                "mean_accepted": round(s.mean_accepted, 4),
+                "tokens_per_pass": round(s.mean_emitted, 4),
+                "max_new_tokens": cfg.max_new_tokens,
+                "prompt_len": cfg.prompt_len,
+            }
+        )
+        log(f"[e2e trees] {name:>14} over {cfg.pass_prompts} prompts: {s.mean_emitted:.3f}")
+    return rows
+
+
+def _num_nodes(kw: dict) -> int:
+    """Tokens one target pass scores per row: the root and the drafts."""
+    return kw["tree"].num_nodes if "tree" in kw else kw["num_speculative_tokens"] + 1
+
+
+def check_tree_targets(rows: list[dict]) -> list[str]:
+    """The issue's tree target: tokens per target pass of the 16-node dynamic tree against the
+    best chain, over the held-out prompts (the ``batch_size = "all"`` rows; greedy runs)."""
+    if any(r["temperature"] != 0 for r in rows):
+        return []
+    over = {r["shape"]: r for r in rows if r["batch_size"] == "all"}
+    tree = over.get("dynamic-16")
+    chains = [r for r in over.values() if r["system"] == "specdec"]
+    if tree is None or not chains:
+        return []
+    fastest = {}  # the chain with the most tokens/s at each batch size
+    for r in rows:
+        if r["system"] == "specdec" and r["batch_size"] != "all":
+            b = r["batch_size"]
+            if b not in fastest or r["tokens_per_second"] > fastest[b]["tokens_per_second"]:
+                fastest[b] = r
+    out = []
+    for what, chain in [("most tokens/pass", max(chains, key=lambda r: r["tokens_per_pass"]))] + [
+        (f"fastest at B={b}", over[r["shape"]]) for b, r in sorted(fastest.items())
+    ]:
+        ratio = tree["tokens_per_pass"] / chain["tokens_per_pass"]
+        out.append(
+            f"{'PASS' if ratio >= 1.3 else 'MISS'} dynamic-16 {tree['tokens_per_pass']:.2f} "
+            f"tokens/pass vs the chain with {what} ({chain['shape']}, "
+            f"{chain['tokens_per_pass']:.2f}): {ratio:.2f}x (target >= 1.3x)"
+        )
+    return out
+
+
+def format_tree_table(rows: list[dict]) -> str:
+    """A Markdown table of :func:`run_tree_e2e`'s rows."""
+    lines = [
+        "| shape | nodes | B | tokens/pass | accepted/pass | tokens/s | vs target alone "
+        "| = target alone's tokens |",
+        "|" + "---|" * 8,
+    ]
+    for r in sorted(rows, key=lambda r: (str(r["batch_size"]), r["num_nodes"], r["shape"])):
+        tps = r.get("tokens_per_second")
+        same = r.get("matches_target_only")
+        speedup = r.get("speedup_vs_target_only")
+        lines.append(
+            f"| {r['shape']} | {r['num_nodes']} | {r['batch_size']} | "
+            f"{r['tokens_per_pass']:.2f} | {r['mean_accepted']:.2f} | "
+            f"{'' if tps is None else format(tps, '.1f')} | "
+            f"{'' if speedup is None else format(speedup, '.2f') + 'x'} | "
+            f"{'' if same is None else same} |"
+        )
+    return "\n".join(lines)

@@ -147,3 +147,47 @@ def plot_ops(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot_trees(rows: list[dict], path: str) -> None:
+    """Token trees against chains (``specdec bench e2e --trees``, one temperature): an
+    ``accepted per pass``
+    panel (mean accepted drafts per row and target pass; the ``"all"`` group is the many-prompt
+    measurement) and a tokens/s panel, one bar per shape, grouped by batch size."""
+    plt = _plt()
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    groups = list(dict.fromkeys(r["batch_size"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    width = 0.8 / max(len(shapes), 1)
+    cmap = plt.get_cmap("tab20")
+    for ax, key, title in (
+        (axes[0], "mean_accepted", "accepted per pass"),
+        (axes[1], "tokens_per_second", "tokens/s"),
+    ):
+        for i, shape in enumerate(shapes):
+            pts = [
+                (j, r[key])
+                for j, g in enumerate(groups)
+                if key == "mean_accepted" or g != "all"
+                for r in rows
+                if r["shape"] == shape and r["batch_size"] == g and r.get(key) is not None
+            ]
+            ax.bar(
+                [j + (i - (len(shapes) - 1) / 2) * width for j, _ in pts],
+                [v for _, v in pts],
+                width,
+                label=shape,
+                color=cmap(i % 20),
+                hatch="" if shape.startswith("chain") else "//",
+            )
+        ticks = [g for g in groups if key == "mean_accepted" or g != "all"]
+        ax.set_xticks(range(len(ticks)), [f"B={g}" if g != "all" else "all prompts" for g in ticks])
+        ax.set_title(title)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7, ncol=2)
+    t = rows[0].get("temperature", 0.0)
+    how = "greedy" if t == 0 else f"temperature {t:g}"
+    fig.suptitle(f"Trees vs chains, bundled pair, {how}: " + _machine_label(rows), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

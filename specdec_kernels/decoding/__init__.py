@@ -17,21 +17,33 @@ append tokens and get logits, roll back, keep rows) and to drafters through one 
                          sampling=Sampling(temperature=0.8, top_k=50, top_p=0.9),
                          eos_token_id=None, seed=0)
     result.sequences, result.from_draft, result.stats    # per row, prompt included
+
+Token trees plug into the same loop through their drafter: ``TreeDrafter(CausalLMAdapter(
+draft_lm), DynamicTree(num_nodes=16, top_k=4, depth=5))`` (or a ``StaticTree``) proposes a tree
+per row, the target scores it in one pass, ``sk.verify_tree_*`` decides and both caches keep the
+accepted path (:mod:`specdec_kernels.decoding.proposals`).
 """
 
 from specdec_kernels.decoding.adapters import CachedModel, CausalLMAdapter, HFAdapter
 from specdec_kernels.decoding.core import Decoder, DecodeResult, GenerationStats, Sampling
 from specdec_kernels.decoding.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec_kernels.decoding.proposals import ChainProposal, TreeProposal
+from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
 
 __all__ = [
     "CachedModel",
     "CausalLMAdapter",
+    "ChainProposal",
     "DecodeResult",
     "Decoder",
     "Drafter",
+    "DynamicTree",
     "GenerationStats",
     "HFAdapter",
     "ModelDrafter",
     "NgramDrafter",
     "Sampling",
+    "StaticTree",
+    "TreeDrafter",
+    "TreeProposal",
 ]

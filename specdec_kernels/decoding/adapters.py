@@ -4,11 +4,15 @@ A :class:`CachedModel` holds, per row, the tokens it has been fed (its ``lengths
 only ever asks four things of it:
 
 ``prefill(prompts)``         feed each row's tokens (ragged lists), no logits;
-``extend(tokens, num_valid, logits_index=None)``
+``extend(tokens, num_valid, logits_index=None, tree=None)``
                              append the first ``num_valid[b]`` of ``tokens[b]`` (``[B, T]``) to row
                              ``b`` at positions ``lengths[b] ..``; return logits ``[B, T, V]``, or
                              ``[B, V]`` at ``logits_index`` (slots past ``num_valid`` are garbage);
+                             ``tree`` (:class:`sk.models.TreeAttention`, adapters that support
+                             token trees): the tokens are tree nodes;
 ``rollback(n)``              forget the last ``n[b]`` tokens of each row;
+``compact(src, keep, start)``  token trees only: keep the entries at ``src[b, :keep[b]]`` at
+                             ``start[b] ..`` and drop the rest (:meth:`sk.KVCache.compact`);
 ``select(order)``            keep rows ``order`` (new row ``i`` = old row ``order[i]``).
 
 ``sync_value()`` / ``on_sync(values)`` let an adapter piggyback on the loop's one host
@@ -43,6 +47,9 @@ class CachedModel(Protocol):
     ) -> torch.Tensor: ...
 
     def rollback(self, n: torch.Tensor) -> None: ...
+
+    # token trees only (optional): extend(..., tree=TreeAttention) and
+    # compact(src_positions, num_keep, start)
 
     def select(self, order: torch.Tensor) -> None: ...
 
@@ -94,10 +101,10 @@ class CausalLMAdapter:
         self.cache.advance(torch.tensor([len(r) for r in prompts], device=self.device))
         self._max_len = width
 
-    def extend(self, tokens, num_valid, logits_index=None):
+    def extend(self, tokens, num_valid, logits_index=None, tree=None):
         span = self._max_len + tokens.shape[1]  # attention reads positions < span
         logits = self.model(
-            tokens, self.cache, logits_index=logits_index, kv_len=span, validate=False
+            tokens, self.cache, logits_index=logits_index, kv_len=span, validate=False, tree=tree
         )
         self.cache.advance(num_valid, validate=False)
         self._max_len = span
@@ -105,6 +112,9 @@ class CausalLMAdapter:
 
     def rollback(self, n):
         self.cache.rollback(n, validate=False)
+
+    def compact(self, src_positions, num_keep, start):
+        self.cache.compact(src_positions, num_keep, start, validate=False)
 
     def select(self, order):
         self.cache.select_rows(order, self._max_len)

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec_kernels.adaptive import AcceptanceTracker, best_num_draft_tokens
+from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
-from specdec_kernels.verification import verify_greedy, verify_sampling
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,8 @@ class GenerationStats:
     """What a generation call did.
 
     ``target_forwards`` / ``draft_forwards`` count decoding passes (prefill excluded);
-    ``acceptance_rate`` = accepted draft tokens / drafted tokens; ``mean_accepted`` = mean
+    ``acceptance_rate`` = accepted draft tokens / drafted tokens (with token trees every node but
+    the root counts as drafted, so the rate is lower than a chain's); ``mean_accepted`` = mean
     accepted drafts per row and target pass; ``accepted_histogram[n]`` = how many (row, pass)
     pairs accepted ``n`` drafts; ``tokens_per_second`` counts generated tokens of all rows.
     """
@@ -165,7 +166,9 @@ class Decoder:
         The model whose distribution is produced (:mod:`specdec_kernels.decoding.adapters`).
     drafter : Drafter or None
         Where drafts come from; ``None`` decodes with the target alone (one token per pass,
-        through the same verification ops with ``K = 0``).
+        through the same verification ops with ``K = 0``). A
+        :class:`~specdec_kernels.decoding.trees.TreeDrafter` drafts a token tree per row
+        (its shape's ``depth`` plays the part of ``K``, ``num_speculative_tokens`` is unused).
     num_speculative_tokens : int or "auto"
         ``K >= 1``, or ``"auto"``: per row, the ``K <= max_speculative_tokens`` maximising
         expected tokens per unit of cost (:mod:`specdec_kernels.adaptive`) from the row's
@@ -211,6 +214,17 @@ class Decoder:
         self.max_k = (
             0 if drafter is None else (max_speculative_tokens if auto else num_speculative_tokens)
         )
+        self.width = self.max_k  # most cache slots a step writes past the committed tokens
+        tree = getattr(drafter, "tree", None)
+        if tree is not None:  # a tree drafter: paths up to tree.depth, N - 1 nodes
+            if auto:
+                raise ValueError("num_speculative_tokens='auto' does not apply to token trees")
+            if not hasattr(target, "compact"):
+                raise ValueError(
+                    f"token trees need a target adapter with tree support (extend(..., tree=), "
+                    f"compact); {type(target).__name__} has none"
+                )
+            self.max_k, self.width = tree.depth, max(tree.num_nodes - 1, tree.num_fed)
         self.cost_ratio, self.verify_cost = cost_ratio, verify_cost
 
     # ------------------------------------------------------------------------------ checks
@@ -332,7 +346,7 @@ class Decoder:
             st.num_draft = best_num_draft_tokens(
                 tracker.alpha(), self.cost_ratio, k, self.verify_cost
             )
-        capacity = (ctx or max(limits)) + k + 2
+        capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
         if self.drafter is not None:
             self.drafter.prefill(rows_in, capacity)
@@ -347,36 +361,20 @@ class Decoder:
             if ctx is None
             else st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))
         )
-        k = room.clamp(max=k_loop)  # [B]
-        q = None
+        k = room.clamp(max=k_loop)  # [B]: tokens a path may add (chain length, tree depth)
         if self.drafter is not None and k_loop > 0:
-            drafts, k, q = self.drafter.propose(
-                st.tokens, st.seq_len, k, k_loop, sampling, generator
-            )
+            prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, generator)
         else:
-            drafts = torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev)
+            prop = ChainProposal(torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev), k)
+        if prop.draft_probs is not None:
+            prop.draft_probs = _verifiable(prop.draft_probs)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
-        logits = self.target.extend(torch.cat([cur, drafts.clamp_min(0)], 1), k + 1)
-        logits = _verifiable(logits)  # [B, k_loop+1, V]
-        if sampling.greedy:
-            ver = verify_greedy(logits, drafts, num_draft_tokens=k, validate=False)
-        else:
-            ver = verify_sampling(
-                logits,
-                drafts,
-                _verifiable(q),
-                temperature=sampling.temperature,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
-                num_draft_tokens=k,
-                seed=rng.step_seeds(base_seed, st.ids, st.seq_len),
-                validate=False,
-            )
-        n = ver.num_accepted  # [B]
-        self.target.rollback(k - n)
-        if self.drafter is not None and k_loop > 0:
-            self.drafter.accept(n, k_loop)
+        logits = _verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V]
+        seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
+        ver = prop.verify(logits, sampling, seeds)
+        prop.keep(self.target, self.drafter, ver)
         self._commit(st, ver, eos)
+        n, k = ver.num_accepted, prop.num_drafted  # [B], [B]
         tracker.update(n, k)
         if self.auto:
             st.num_draft = best_num_draft_tokens(

@@ -10,6 +10,7 @@ from typing import Protocol
 
 import torch
 
+from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.ngram import ngram_draft
 
 
@@ -17,11 +18,14 @@ class Drafter(Protocol):
     """What :class:`specdec_kernels.decoding.Decoder` asks of a drafter.
 
     ``prefill(prompts, capacity)``: start on the rows' committed prompts.
-    ``propose(tokens, seq_len, num_draft, k_loop, sampling, generator)`` ->
-    ``(drafts [B, k_loop], num_draft [B], draft_probs [B, k_loop, V] or None)``: ``num_draft``
-    may shrink (a lookup that found fewer tokens); ``draft_probs`` are the distributions the
-    drafts were sampled from, ``None`` for deterministic drafts.
-    ``accept(num_accepted, k_loop)``: the target kept ``num_accepted[b]`` drafts of row ``b``.
+    ``propose(tokens, seq_len, num_draft, k_loop, sampling, generator)`` -> a proposal
+    (:mod:`specdec_kernels.decoding.proposals`): a :class:`ChainProposal` of
+    ``drafts [B, k_loop]``, ``num_draft [B]`` (which may shrink: a lookup that found fewer
+    tokens) and ``draft_probs [B, k_loop, V]`` (the distributions the drafts were sampled from,
+    ``None`` for deterministic drafts), or a tree (:class:`TreeDrafter`) whose paths are at most
+    ``num_draft[b]`` deep.
+    ``accept(num_accepted, k_loop)``: the target kept ``num_accepted[b]`` drafts of row ``b``
+    (chains; a tree proposal carries its own bookkeeping).
     ``select(order)``, ``sync_value()``, ``on_sync(values)``: as for model adapters.
     ``forwards_per_step(k_loop)``: model passes of one ``propose`` (statistics).
     """
@@ -55,13 +59,18 @@ class ModelDrafter:
     def prefill(self, prompts, capacity):
         self.model.prefill([r[:-1] for r in prompts], capacity)
 
-    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
+    def catch_up(self, tokens, seq_len) -> torch.Tensor:
+        """Feed the committed tokens the cache lacks (one ragged pass); the draft's logits
+        ``[B, V]`` after the last committed token."""
         dev = tokens.device
         behind = seq_len - self.model.lengths  # [B]: 1 or 2 committed tokens not yet fed
         at = (self.model.lengths[:, None] + torch.arange(2, device=dev)).clamp(
             max=tokens.shape[1] - 1
         )
-        logits = self.model.extend(tokens.gather(1, at), behind, logits_index=behind - 1)
+        return self.model.extend(tokens.gather(1, at), behind, logits_index=behind - 1)
+
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
+        logits = self.catch_up(tokens, seq_len)
         drafts, probs = [], []
         for i in range(k_loop):
             x, p = sampling.draw(logits, generator)  # [B], [B, V] or None
@@ -71,7 +80,7 @@ class ModelDrafter:
                 ones = torch.ones_like(x)
                 logits = self.model.extend(x[:, None], ones, logits_index=ones - 1)
         q = None if sampling.greedy else torch.stack(probs, 1)  # [B, k_loop, V]
-        return torch.stack(drafts, 1), num_draft, q
+        return ChainProposal(torch.stack(drafts, 1), num_draft, q)
 
     def accept(self, num_accepted, k_loop):
         # fed: the catch-up, then drafts 1 .. k_loop-1; keep the accepted ones
@@ -101,7 +110,7 @@ class NgramDrafter:
 
     def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
         drafts, found = ngram_draft(tokens, seq_len, k_loop, self.ngram_size)
-        return drafts, torch.minimum(num_draft, found), None
+        return ChainProposal(drafts, torch.minimum(num_draft, found))
 
     def accept(self, num_accepted, k_loop):
         pass

@@ -2,7 +2,7 @@
 :class:`CausalLM`, the token-level GPT-2-layout model that generation runs."""
 
 from specdec_kernels.models.bundled import decode, encode, load_bundled
-from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig
+from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig, TreeAttention
 from specdec_kernels.models.decoder import DecoderConfig, DecoderOnly, build, output_size
 
 __all__ = [
@@ -10,6 +10,7 @@ __all__ = [
     "CausalLMConfig",
     "DecoderConfig",
     "DecoderOnly",
+    "TreeAttention",
     "build",
     "decode",
     "encode",

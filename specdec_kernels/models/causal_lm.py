@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -19,6 +20,45 @@ from specdec_kernels.models.transformer import Block, activation, init_weights
 
 # GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+class TreeAttention(NamedTuple):
+    """Where ``T`` new tokens of a cached forward sit and what they see, for token trees.
+
+    Query ``t`` of row ``b`` is written, as always, at cache slot ``cache.lengths[b] + t``; it
+    takes the position id ``positions[b, t]`` (the committed length plus its depth) and attends
+    to every cache slot ``< start[b]`` (the committed prefix) and to slot ``start[b] + j`` where
+    ``mask[b, t, j]`` (its ancestors in the tree and itself), nothing else. Slots
+    ``start[b] .. cache.lengths[b] - 1`` may already hold earlier tree levels (the draft feeds a
+    tree one level per pass), so ``M >= cache.lengths - start + T``.
+
+    Attributes
+    ----------
+    positions : Tensor
+        ``[B, T]`` int64 position ids.
+    mask : Tensor
+        ``[B, T, M]`` bool.
+    start : Tensor
+        ``[B]`` int64: the cache slot of mask column 0.
+    """
+
+    positions: torch.Tensor
+    mask: torch.Tensor
+    start: torch.Tensor
+
+
+def tree_key_mask(tree: TreeAttention, lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """The ``[B, 1, T, kv_len]`` bool attention mask of ``tree`` over cache slots ``< kv_len``:
+    the prefix ``< start``, the tree columns ``mask`` selects, and each query's own slot
+    ``lengths + t`` (so that no query row is all masked, even a padding one: a fully masked row
+    would write NaN into the cache)."""
+    B, T, M = tree.mask.shape
+    keys = torch.arange(kv_len, device=lengths.device)
+    rel = keys[None] - tree.start[:, None]  # [B, L]: column of each slot in the tree mask
+    in_tree = tree.mask.gather(2, rel.clamp(0, M - 1)[:, None].expand(B, T, kv_len))
+    in_tree &= ((rel >= 0) & (rel < M))[:, None]  # [B, T, L]
+    own = keys[None, None] == (lengths[:, None] + torch.arange(T, device=lengths.device))[..., None]
+    return ((rel < 0)[:, None] | in_tree | own)[:, None]
 
 
 @dataclass(frozen=True)
@@ -110,7 +150,12 @@ class CausalLM(nn.Module):
         return self.config.n_positions
 
     def hidden_states(
-        self, input_ids: torch.Tensor, cache=None, kv_len: int | None = None, validate: bool = True
+        self,
+        input_ids: torch.Tensor,
+        cache=None,
+        kv_len: int | None = None,
+        validate: bool = True,
+        tree: TreeAttention | None = None,
     ) -> torch.Tensor:
         """Final-layer-normed hidden states ``[B, T, C]`` of ``input_ids`` ``[B, T]``.
 
@@ -118,18 +163,26 @@ class CausalLM(nn.Module):
         ``>= max(cache.lengths) + T``; the default reads the whole cache buffer.
         ``validate=False`` skips the cache's bounds checks (and their host synchronisation):
         for callers that guarantee ``lengths + T <= max_seq_len``, like the generators.
+        ``tree`` (with a cache only): the new tokens are tree nodes, placed and masked as
+        :class:`TreeAttention` says, instead of a causal run.
         """
         B, T = input_ids.shape
         wte, wpe = self.transformer.wte, self.transformer.wpe
         if cache is None:
+            if tree is not None:
+                raise ValueError("hidden_states: tree attention needs a cache")
             pos = torch.arange(T, device=input_ids.device)[None]  # [1, T]
             mask = None
         else:
-            pos = cache.lengths[:, None] + torch.arange(T, device=input_ids.device)  # [B, T]
             if kv_len is None:
                 kv_len = cache.key(0).shape[2]
-            keys = torch.arange(kv_len, device=input_ids.device)
-            mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, L]
+            if tree is None:
+                pos = cache.lengths[:, None] + torch.arange(T, device=input_ids.device)  # [B, T]
+                keys = torch.arange(kv_len, device=input_ids.device)
+                mask = (keys[None, None, :] <= pos[:, :, None])[:, None]  # [B, 1, T, L]
+            else:
+                pos = tree.positions.clamp_min(0)  # [B, T]; padding nodes may say -1
+                mask = tree_key_mask(tree, cache.lengths, kv_len)  # [B, 1, T, L]
         # padding past the context is garbage by construction; clamp it into the table
         x = wte(input_ids) + wpe(pos.clamp(max=self.config.n_positions - 1))  # [B, T, C]
         for block in self.transformer.h:
@@ -144,6 +197,7 @@ class CausalLM(nn.Module):
         logits_index=None,
         kv_len: int | None = None,
         validate: bool = True,
+        tree: TreeAttention | None = None,
     ) -> torch.Tensor:
         """Logits of ``input_ids`` ``[B, T]`` (int64), optionally through a KV cache.
 
@@ -160,8 +214,10 @@ class CausalLM(nn.Module):
             See :meth:`hidden_states`.
         validate : bool
             See :meth:`hidden_states`.
+        tree : TreeAttention, optional
+            The new tokens are the nodes of a token tree (see :class:`TreeAttention`).
         """
-        h = self.hidden_states(input_ids, cache, kv_len, validate)  # [B, T, C]
+        h = self.hidden_states(input_ids, cache, kv_len, validate, tree)  # [B, T, C]
         if logits_index is not None:
             rows = torch.arange(h.shape[0], device=h.device)
             h = h[rows, logits_index] if logits_index.dim() == 1 else h[rows[:, None], logits_index]

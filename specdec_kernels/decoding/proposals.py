@@ -1,0 +1,168 @@
+"""Proposals: what a drafter hands the decoding step, and how the step scores, verifies and
+keeps it.
+
+A step of :class:`~specdec_kernels.decoding.Decoder` is the same for every proposal::
+
+    proposal = drafter.propose(...)                  # draft
+    logits = proposal.score(target, cur)             # one target pass
+    ver = proposal.verify(logits, sampling, seeds)   # sk.verify_* decides
+    proposal.keep(target, drafter, ver)              # caches keep what was accepted
+
+A :class:`ChainProposal` holds ``k[b]`` drafts in sequence (verified by ``sk.verify_greedy`` /
+``sk.verify_sampling``, caches rolled back); a :class:`TreeProposal` holds a token tree per row
+(one target pass with the tree attention mask, verified by ``sk.verify_tree_greedy`` /
+``sk.verify_tree_sampling``, caches compacted to the accepted path). Both give a verification
+with ``tokens`` / ``num_accepted`` / ``num_emitted``, which the step commits alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specdec_kernels.models.causal_lm import TreeAttention
+from specdec_kernels.verification import verify_greedy, verify_sampling
+
+
+@dataclass
+class ChainProposal:
+    """``num_draft[b]`` draft tokens of row ``b`` in sequence.
+
+    Attributes
+    ----------
+    drafts : Tensor
+        ``[B, k_loop]`` int64; entries ``>= num_draft[b]`` are padding.
+    num_draft : Tensor
+        ``[B]`` int64.
+    draft_probs : Tensor or None
+        ``[B, k_loop, V]``: the distributions the drafts were sampled from; ``None`` when
+        deterministic.
+    """
+
+    drafts: torch.Tensor
+    num_draft: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+
+    @property
+    def num_drafted(self) -> torch.Tensor:
+        return self.num_draft
+
+    def score(self, target, cur: torch.Tensor) -> torch.Tensor:
+        """Target logits ``[B, k_loop + 1, V]`` of the last committed token ``cur`` ``[B, 1]``
+        followed by the drafts."""
+        return target.extend(torch.cat([cur, self.drafts.clamp_min(0)], 1), self.num_draft + 1)
+
+    def verify(self, logits, sampling, seeds):
+        if sampling.greedy:
+            return verify_greedy(
+                logits, self.drafts, num_draft_tokens=self.num_draft, validate=False
+            )
+        return verify_sampling(
+            logits,
+            self.drafts,
+            self.draft_probs,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            num_draft_tokens=self.num_draft,
+            seed=seeds,
+            validate=False,
+        )
+
+    def keep(self, target, drafter, ver) -> None:
+        """Roll the target back past the rejected drafts; tell the drafter what was kept."""
+        target.rollback(self.num_draft - ver.num_accepted)
+        if drafter is not None and self.drafts.shape[1] > 0:
+            drafter.accept(ver.num_accepted, self.drafts.shape[1])
+
+
+@dataclass
+class TreeProposal:
+    """A token tree per row (API.md section 6), in breadth-first order (depths ascending).
+
+    Attributes
+    ----------
+    tokens : Tensor
+        ``[B, N]`` int64; entry 0 (the root: the last committed token) is filled in by
+        :meth:`score`.
+    parents : Tensor
+        ``[B, N]`` int64, ``parents[b, 0] = -1``, ``parents[b, i] < i``.
+    depths : Tensor
+        ``[B, N]`` int64, root 0.
+    mask : Tensor
+        ``[B, N, N]`` bool: ``mask[b, i, j]``: ``j`` is ``i`` or an ancestor of ``i``.
+    num_nodes : Tensor
+        ``[B]`` int64, ``>= 1``; nodes ``>= num_nodes[b]`` are padding.
+    depth : int
+        The deepest depth any row's tree may have (host int).
+    on_keep : callable or None
+        ``on_keep(ver)``: the drafter's cache bookkeeping once the accepted path is known.
+    draft_probs : Tensor or None
+        ``None`` when the children are the draft's top-ranked tokens (``draft_mode =
+        "deterministic"``); else ``[B, N, V]``, row ``i`` the distribution node ``i``'s
+        children were drawn from.
+    draft_mode : str
+        How the children were proposed (``sk.verify_tree_sampling``'s ``draft_mode``).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    mask: torch.Tensor
+    num_nodes: torch.Tensor
+    depth: int
+    on_keep: object = None
+    draft_probs: torch.Tensor | None = None
+    draft_mode: str = "deterministic"
+
+    @property
+    def num_drafted(self) -> torch.Tensor:
+        return self.num_nodes - 1
+
+    def score(self, target, cur: torch.Tensor) -> torch.Tensor:
+        """Target logits ``[B, N, V]`` of every node, in one pass: node ``i`` is written at cache
+        slot ``base + i`` (``base`` = the target's length, where the root goes), at position
+        ``base + depth``, attending to the committed prefix, its ancestors and itself."""
+        base = target.lengths  # [B]
+        tokens = torch.cat([cur, self.tokens[:, 1:].clamp_min(0)], 1)  # [B, N]
+        tree = TreeAttention(base[:, None] + self.depths, self.mask, base)
+        return target.extend(tokens, self.num_nodes, tree=tree)
+
+    def verify(self, logits, sampling, seeds):
+        """``sk.verify_tree_*``'s result, its ``[B, N]`` columns cut to ``depth + 1`` (with
+        ``validate=False`` the ops keep all ``N``; the rest are ``-1``)."""
+        ver = self._verify(logits, sampling, seeds)
+        w = self.depth + 1
+        return ver._replace(tokens=ver.tokens[:, :w], accepted_nodes=ver.accepted_nodes[:, :w])
+
+    def _verify(self, logits, sampling, seeds):
+        import specdec_kernels as sk  # the tree ops; lazily (this module loads under sk)
+
+        if sampling.greedy:
+            return sk.verify_tree_greedy(
+                logits, self.tokens, self.parents, num_nodes=self.num_nodes, validate=False
+            )
+        # top-ranked children are fixed given the context ("deterministic": one-hot q);
+        # sampled ones come with the distributions they were drawn from
+        return sk.verify_tree_sampling(
+            logits,
+            self.tokens,
+            self.parents,
+            self.draft_probs,
+            draft_mode=self.draft_mode,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            num_nodes=self.num_nodes,
+            seed=seeds,
+            validate=False,
+        )
+
+    def keep(self, target, drafter, ver) -> None:
+        """Keep the root and the accepted path in the target's cache (in node order after the
+        root, the rest dropped), then let the drafter do the same with its own cache."""
+        root = target.lengths - self.num_nodes  # [B]: the root's slot (extend advanced N)
+        target.compact(root[:, None] + ver.accepted_nodes[:, 1:], ver.num_accepted, root + 1)
+        if self.on_keep is not None:
+            self.on_keep(ver)
