@@ -61,8 +61,9 @@ def chain_speculative_sampling(
 
     * Seeds are honoured per row: with `[B]` ``seed`` / ``offset`` tensors row ``b`` depends only
       on ``(seed[b], offset[b])`` and its own inputs (batch invariance); upstream reads element 0
-      of a tensor seed for every row. With an int or a one-element seed, rows still draw
-      different numbers (as upstream's per-row Philox subsequences do). The random numbers are
+      of a tensor seed for every row. With ints or one-element tensors (``B > 1``) the rows
+      mix in their index and so still draw different numbers, as upstream's per-row Philox
+      subsequences do. The random numbers are
       this package's counter-based ones, so tokens differ from FlashInfer's for the same seed;
       the distribution is the same.
     * Draft ids outside ``[0, V)`` are never read (upstream reads out of bounds): such a draft is
@@ -199,7 +200,7 @@ def _seeds(b: int, device, generator, seed, offset) -> Tensor:
             check.require_dtype(name, value, _SEED_DTYPES)
             if value.dim() != 1 or value.shape[0] not in (1, b):
                 raise ValueError(f"{name} must have shape [1] or [B] = [{b}], got {value.shape}")
-            per_row |= value.shape[0] == b and b != 1
+            per_row |= value.shape[0] == b
             tensors.append(as_int64_bits(value).to(device).expand(b))
         elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
             as_int = int(value) & 0xFFFFFFFFFFFFFFFF
