@@ -30,6 +30,13 @@ from specdec_kernels.generation import (  # noqa: E402
 )
 from specdec_kernels.kv_cache import KVCache, PagedKVCache  # noqa: E402
 from specdec_kernels.models import build, output_size  # noqa: E402
+from specdec_kernels.tree_verification import (  # noqa: E402
+    TreeVerification,
+    tree_attention_mask,
+    tree_depths,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
 from specdec_kernels.verification import (  # noqa: E402
     Verification,
     accept_reject,
@@ -54,6 +61,11 @@ __all__ = [
     "verify_sampling",
     "verify_typical",
     "compat",
+    "TreeVerification",
+    "verify_tree_greedy",
+    "verify_tree_sampling",
+    "tree_attention_mask",
+    "tree_depths",
     "KVCache",
     "PagedKVCache",
     "extension_available",

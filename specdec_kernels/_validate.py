@@ -402,3 +402,124 @@ def check_flat_temperature_range(
     biggest = torch.zeros(rows_per_request.shape[0], device=target_logits.device)
     biggest = biggest.scatter_reduce(0, owner, row_max, "amax")
     check_temperature_range(biggest[:, None, None], temperature)
+
+
+# --- tree verification -------------------------------------------------------------------------
+
+
+def check_tree_tensor(name: str, t, b: int, n: int, device: torch.device) -> None:
+    """``tree_tokens`` / ``parents``: ``[B, N]`` int32/int64 on the logits' device."""
+    require_tensor(name, t)
+    require_dtype(name, t, INT_DTYPES)
+    require_shape(name, t, (b, n), "[B, N] (from target_logits [B, N, V])")
+    require_device(name, t, device)
+
+
+def num_nodes_tensor(num_nodes, b: int, n: int, device: torch.device) -> torch.Tensor:
+    """``num_nodes`` as a ``[B]`` integer tensor (``N`` everywhere when None)."""
+    if num_nodes is None:
+        return torch.full((b,), n, dtype=torch.int64, device=device)
+    require_tensor("num_nodes", num_nodes)
+    require_dtype("num_nodes", num_nodes, INT_DTYPES)
+    require_shape("num_nodes", num_nodes, (b,), "[B]")
+    require_device("num_nodes", num_nodes, device)
+    return num_nodes
+
+
+def check_parents(parents: torch.Tensor, num_nodes: torch.Tensor) -> None:
+    """Value checks of a tree's shape (synchronises): ``num_nodes`` in ``[1, N]``, the root's
+    parent ``-1`` and ``0 <= parents[b, i] < i`` for the real nodes ``1 <= i < n_b``."""
+    b, n = parents.shape
+    bad_nn = (num_nodes < 1) | (num_nodes > n)
+    if bool(bad_nn.any()):
+        (row,) = _first(bad_nn)
+        raise ValueError(
+            f"num_nodes must lie in [1, N] = [1, {n}] (the root is a node), got "
+            f"num_nodes[{row}] = {int(num_nodes[row])}"
+        )
+    if b == 0 or n == 0:
+        return
+    bad_root = parents[:, 0] != -1
+    if bool(bad_root.any()):
+        (row,) = _first(bad_root)
+        raise ValueError(
+            f"parents[{row}, 0] must be -1 (node 0 is the root), got {int(parents[row, 0])}"
+        )
+    nodes = torch.arange(n, device=parents.device)[None, :]
+    live = (nodes >= 1) & (nodes < num_nodes[:, None])
+    bad = live & ((parents < 0) | (parents >= nodes))
+    if bool(bad.any()):
+        row, node = _first(bad)
+        raise ValueError(
+            f"parents[{row}, {node}] = {int(parents[row, node])} is not a node before node "
+            f"{node}: a real node's parent must lie in [0, {node}) (nodes are in topological "
+            f"order; num_nodes[{row}] = {int(num_nodes[row])})"
+        )
+
+
+def check_tree_values(
+    target_logits,
+    tree_tokens,
+    parents,
+    num_nodes,
+    draft_probs=None,
+    temperature=None,
+    top_k=None,
+    top_p=None,
+) -> None:
+    """Value checks of ``validate=True`` for the tree ops (synchronises). Padding nodes
+    (``>= n_b``) may hold anything: their logits, tokens and draft rows are not read."""
+    b, n, v = target_logits.shape
+    check_parents(parents, num_nodes)
+    nodes = torch.arange(n, device=parents.device)[None, :]
+    real = nodes < num_nodes[:, None]  # [B, N]
+    bad_ids = real & (nodes >= 1) & ((tree_tokens < 0) | (tree_tokens >= v))
+    if bool(bad_ids.any()):
+        row, node = _first(bad_ids)
+        raise ValueError(
+            f"tree_tokens[{row}, {node}] = {int(tree_tokens[row, node])} is outside [0, V) "
+            f"with V = {v} (nodes 1 .. num_nodes[{row}] - 1 = {int(num_nodes[row]) - 1} must be "
+            f"real token ids)"
+        )
+    live_logits = torch.where(real[:, :, None], target_logits, 0)
+    check_logit_values(live_logits)
+    if draft_probs is not None:
+        # rows of the real nodes that have a real child
+        child = real & (nodes >= 1)
+        index = parents.to(torch.int64).clamp(0, n - 1)
+        has_child = torch.zeros((b, n), dtype=torch.int64, device=parents.device)
+        has_child = has_child.scatter_add(1, index, child.to(torch.int64)) > 0
+        tol = probs_tolerance(draft_probs.dtype)
+        negative = (draft_probs < 0).any(dim=-1) & has_child
+        sums = draft_probs.float().sum(dim=-1)
+        off = has_child & (((sums - 1).abs() > tol) | ~torch.isfinite(sums))
+        for bad, what in (
+            (negative, "has negative entries"),
+            (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})"),
+        ):
+            if bool(bad.any()):
+                row, node = _first(bad)
+                raise ValueError(
+                    f"draft_probs[{row}, {node}] (the proposal of node {node}'s children) "
+                    f"{what}: sum = {float(sums[row, node]):.6g}, "
+                    f"min = {float(draft_probs[row, node].min()):.6g}"
+                )
+    if temperature is not None:
+        bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
+        if bool(bad.any()):
+            (row,) = _first(bad)
+            raise ValueError(
+                "temperature must be finite and >= 0, got "
+                f"temperature[{row}] = {float(temperature[row])}"
+            )
+        check_temperature_range(live_logits, temperature)
+    if top_k is not None:
+        bad = top_k < 0
+        if bool(bad.any()):
+            (row,) = _first(bad)
+            raise ValueError(f"top_k must be >= 0 (0 = off), got top_k[{row}] = {int(top_k[row])}")
+    if top_p is not None:
+        bad = ~((top_p > 0) & (top_p <= 1))
+        if bool(bad.any()):
+            (row,) = _first(bad)
+            raise ValueError(f"top_p must be in (0, 1], got top_p[{row}] = {float(top_p[row])}")

@@ -1,0 +1,461 @@
+"""Public tree verification ops: :func:`verify_tree_greedy`, :func:`verify_tree_sampling`,
+:func:`tree_attention_mask`, :func:`tree_depths` and their result :class:`TreeVerification`.
+
+A tree of candidates (Medusa, EAGLE-2/3, SpecInfer) is scored by the target in one pass; these ops
+pick the accepted path. The two verify ops are ``torch.library`` custom ops
+(``torch.ops.specdec.verify_tree_greedy`` / ``verify_tree_sampling``) with fakes of the same
+signature; the functions here check arguments, turn scalars into per-row tensors, pick the backend
+(:mod:`specdec_kernels._dispatch`) and call them. The specification is
+:mod:`specdec_kernels.reference.verify_tree`.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from specdec_kernels import _validate as check
+from specdec_kernels._dispatch import resolve_backend
+from specdec_kernels.reference import rng
+from specdec_kernels.reference import verify_tree as ref_tree
+
+DRAFT_MODES = ref_tree.DRAFT_MODES
+
+
+class TreeVerification(NamedTuple):
+    """The result of a tree verification step.
+
+    Attributes
+    ----------
+    tokens : Tensor
+        `[B, D+1]` int64 (``D`` the deepest real node's depth): the accepted draft tokens, then
+        the recovered or bonus token, left-aligned, then ``-1``.
+    num_accepted : Tensor
+        `[B]` int64: accepted draft tokens (the depth of the last accepted node).
+    num_emitted : Tensor
+        `[B]` int64, always ``num_accepted + 1``.
+    accepted_nodes : Tensor
+        `[B, D+1]` int64: the node indices of the accepted path, root (0) first, then ``-1``.
+    """
+
+    tokens: Tensor
+    num_accepted: Tensor
+    num_emitted: Tensor
+    accepted_nodes: Tensor
+
+
+# --- custom ops ------------------------------------------------------------------------------
+
+
+def _result(tokens: Tensor, accepted: Tensor, nodes: Tensor):
+    return tokens, accepted, accepted + 1, nodes
+
+
+@torch.library.custom_op("specdec::verify_tree_greedy", mutates_args=())
+def _verify_tree_greedy_op(
+    target_logits: Tensor, tree_tokens: Tensor, parents: Tensor, num_nodes: Tensor, backend: str
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _result(*ref_tree.verify_tree_greedy(target_logits, tree_tokens, parents, num_nodes))
+
+
+def _fake_result(target_logits):
+    b, n, _ = target_logits.shape
+    tokens = target_logits.new_empty((b, n), dtype=torch.int64)
+    accepted = tokens.new_empty((b,))
+    return tokens, accepted, tokens.new_empty((b,)), tokens.new_empty((b, n))
+
+
+@_verify_tree_greedy_op.register_fake
+def _(target_logits, tree_tokens, parents, num_nodes, backend):
+    return _fake_result(target_logits)
+
+
+@torch.library.custom_op("specdec::verify_tree_sampling", mutates_args=())
+def _verify_tree_sampling_op(
+    target_logits: Tensor,
+    tree_tokens: Tensor,
+    parents: Tensor,
+    draft_probs: Tensor | None,
+    num_nodes: Tensor,
+    mode: int,
+    temperature: Tensor,
+    top_k: Tensor | None,
+    top_p: Tensor | None,
+    seeds: Tensor,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _result(
+        *ref_tree.verify_tree_sampling(
+            target_logits,
+            tree_tokens,
+            parents,
+            draft_probs,
+            num_nodes,
+            mode,
+            temperature,
+            top_k,
+            top_p,
+            seeds,
+        )
+    )
+
+
+@_verify_tree_sampling_op.register_fake
+def _(
+    target_logits,
+    tree_tokens,
+    parents,
+    draft_probs,
+    num_nodes,
+    mode,
+    temperature,
+    top_k,
+    top_p,
+    seeds,
+    backend,
+):
+    return _fake_result(target_logits)
+
+
+# --- argument handling -----------------------------------------------------------------------
+
+
+def _check_tree_args(target_logits, tree_tokens, parents, num_nodes):
+    """Structural checks (always). Returns ``(B, N, V, tree_tokens, parents, num_nodes)`` with
+    the small tensors contiguous and ``num_nodes`` a ``[B]`` tensor."""
+    b, k, v = check.check_logits(target_logits)
+    n = k + 1
+    device = target_logits.device
+    check.check_tree_tensor("tree_tokens", tree_tokens, b, n, device)
+    check.check_tree_tensor("parents", parents, b, n, device)
+    nn = check.num_nodes_tensor(num_nodes, b, n, device)
+    return b, n, v, tree_tokens.contiguous(), parents.contiguous(), nn.contiguous()
+
+
+def _trim(result, parents, num_nodes, trim: bool) -> TreeVerification:
+    """``[B, N]`` outputs cut to ``[B, D+1]`` (a host sync: only with ``validate=True``)."""
+    tokens, accepted, emitted, nodes = result
+    if trim and tokens.shape[0] > 0:
+        d = int(ref_tree.tree_depths(parents, num_nodes).amax())
+        tokens, nodes = tokens[:, : d + 1], nodes[:, : d + 1]
+    return TreeVerification(tokens, accepted, emitted, nodes)
+
+
+# --- public functions ------------------------------------------------------------------------
+
+
+def verify_tree_greedy(
+    target_logits: Tensor,
+    tree_tokens: Tensor,
+    parents: Tensor,
+    *,
+    num_nodes: Tensor | None = None,
+    backend: str | None = None,
+    validate: bool = True,
+) -> TreeVerification:
+    """Greedy verification of a token tree scored in one target pass.
+
+    From the root, ``t = argmax(target_logits[b, node])`` (first index on ties); the first child
+    (in index order) whose token is ``t`` is accepted and the walk continues there; otherwise
+    ``t`` is emitted and the walk stops; at a leaf the leaf's ``argmax`` is the bonus token.
+    A path-shaped tree (``parents = [-1, 0, 1, ..., K-1]``) gives :func:`verify_greedy`'s
+    tokens.
+
+    Parameters
+    ----------
+    target_logits : Tensor
+        `[B, N, V]` float32/bfloat16/float16, last dim stride 1: row ``i`` scores the token
+        after node ``i``'s path.
+    tree_tokens : Tensor
+        `[B, N]` int32/int64: node ``i``'s draft token (entry 0, the root, is ignored).
+    parents : Tensor
+        `[B, N]` int32/int64: ``parents[b, 0] = -1``, ``0 <= parents[b, i] < i`` for the real
+        nodes ``1 <= i < n_b`` (topological order). Siblings are tried in index order.
+    num_nodes : Tensor, optional
+        `[B]` integer ``n_b`` in ``[1, N]``; nodes ``>= n_b`` are padding (any values, never
+        read). Default ``N``.
+    backend : {None, "triton", "native", "reference"}
+        As in :func:`specdec_kernels.verify_greedy`.
+    validate : bool
+        Check values first (synchronises): ``num_nodes`` range, ``parents`` (a bad entry raises
+        ``ValueError`` naming the row and the node), token ids of real nodes in ``[0, V)``, no
+        NaN / ``+inf`` logits in real nodes' rows. With ``False`` nothing synchronises, bad
+        values never cause out-of-bounds accesses or ids outside ``[0, V)``, and the outputs
+        keep all ``N`` columns (the depth ``D`` is data; ``D + 1 <= N``; the extra columns are
+        ``-1``).
+
+    Returns
+    -------
+    TreeVerification
+        ``tokens [B, D+1]``, ``num_accepted [B]``, ``num_emitted [B]``, ``accepted_nodes
+        [B, D+1]`` (int64, ``-1`` padded; ``D`` the deepest real node's depth in the batch).
+        ``cache.compact(start + accepted_nodes[:, 1:], num_accepted, start)`` keeps the
+        accepted path of a tree written at ``start .. start + N - 1``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad types, shapes or devices; with ``validate=True`` bad values.
+
+    Examples
+    --------
+    The tree ``0 -> {1, 2}, 1 -> 3``; the target's argmax after the root is 0 (node 2's token),
+    after node 2 it is 2:
+
+    >>> import torch, specdec_kernels as sk
+    >>> parents = torch.tensor([[-1, 0, 0, 1]])
+    >>> tree_tokens = torch.tensor([[-1, 1, 0, 2]])
+    >>> logits = torch.tensor([[[5., 0, 0], [0, 0, 5], [0, 0, 5], [5, 0, 0]]])
+    >>> out = sk.verify_tree_greedy(logits, tree_tokens, parents)
+    >>> out.tokens.tolist(), out.accepted_nodes.tolist(), out.num_accepted.tolist()
+    ([[0, 2, -1]], [[0, 2, -1]], [1])
+    """
+    b, n, v, tree_tokens, parents, nn = _check_tree_args(
+        target_logits, tree_tokens, parents, num_nodes
+    )
+    if validate:
+        check.check_tree_values(target_logits, tree_tokens, parents, nn)
+    result = torch.ops.specdec.verify_tree_greedy(
+        target_logits, tree_tokens, parents, nn, resolve_backend(backend, target_logits.device)
+    )
+    return _trim(result, parents, nn, validate)
+
+
+def verify_tree_sampling(
+    target_logits: Tensor,
+    tree_tokens: Tensor,
+    parents: Tensor,
+    draft_probs: Tensor | None = None,
+    *,
+    draft_mode: str = "deterministic",
+    temperature: float | Tensor = 1.0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    num_nodes: Tensor | None = None,
+    seed: int | Tensor | None = None,
+    generator: torch.Generator | None = None,
+    backend: str | None = None,
+    validate: bool = True,
+) -> TreeVerification:
+    """Lossless verification of a token tree by recursive rejection sampling.
+
+    SpecInfer (Miao et al., ASPLOS 2024, https://arxiv.org/abs/2305.09781); multi-draft
+    speculative sampling (Chen et al. 2023 https://arxiv.org/abs/2302.01318, Jeon et al. 2024
+    https://arxiv.org/abs/2402.14160 for sampling without replacement). At an accepted node with
+    filtered target distribution ``p`` (temperature, top-k, top-p as in
+    :func:`specdec_kernels.verify_sampling`), ``r = p``; each child ``c`` in index order, with
+    token ``x_c`` and proposal ``q_c``, is accepted when ``r(x_c) > 0``, ``q_c(x_c) > 0`` and
+    ``u * q_c(x_c) < r(x_c)`` (the walk descends to it), else ``r = norm(max(0, r - q_c))``.
+    When every child is rejected a token drawn from ``r`` is emitted; at a leaf, the bonus
+    drawn from the leaf's ``p``. The emitted tokens are distributed exactly as tokens sampled
+    from the target one at a time, whenever the ``draft_mode``'s assumption holds.
+
+    Parameters
+    ----------
+    target_logits, tree_tokens, parents, num_nodes
+        As in :func:`verify_tree_greedy`.
+    draft_probs : Tensor, optional
+        `[B, N, V]` float, last stride 1: row ``i`` is ``q_i``, the draft distribution node
+        ``i``'s children were proposed from. Needed unless ``draft_mode="deterministic"``
+        (where it is ignored).
+    draft_mode : {"deterministic", "independent", "without_replacement"}
+        ``"deterministic"``: the children are fixed choices (top-k expansion, n-gram): ``q_c``
+        is one-hot at ``x_c`` (then the residual drops ``x_c``). ``"independent"``: node ``i``'s
+        children were sampled independently from ``q_i`` (SpecInfer). ``"without_replacement"``:
+        sampled from ``q_i`` without replacement in index order: ``q_c`` is ``q_i`` with the
+        earlier siblings' tokens removed, divided by ``1 -`` their ``q_i`` mass.
+    temperature, top_k, top_p, seed, generator
+        As in :func:`specdec_kernels.verify_sampling`; ``temperature = 0`` rows are exactly
+        :func:`verify_tree_greedy`'s.
+    backend, validate
+        As in :func:`verify_tree_greedy`; ``validate`` also checks, as
+        :func:`specdec_kernels.verify_sampling` does, the draft rows of real nodes with a real
+        child (non-deterministic modes), ``temperature`` and ``top_p``.
+
+    Returns
+    -------
+    TreeVerification
+        As in :func:`verify_tree_greedy`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As in :func:`verify_tree_greedy`; also an unknown ``draft_mode``, a missing
+        ``draft_probs`` where the mode needs it, both ``seed`` and ``generator``.
+
+    Notes
+    -----
+    Random numbers are counter based (:mod:`specdec_kernels.reference.rng`): the accept uniform
+    of the ``s``-th child tried at a node of depth ``d`` is keyed by ``(seed_b, d, s)``, the
+    recovered / bonus race of the node where the walk stops by ``(seed_b, d)``. Sibling 0 at
+    depth ``d`` draws the chain's numbers of draft position ``d``, so a path-shaped tree gives
+    exactly :func:`specdec_kernels.verify_sampling`'s tokens (``"deterministic"`` = chain
+    without ``draft_probs``, ``"independent"`` = chain with them, ``q_i`` at ``draft_probs[:,
+    i]`` for the chain's ``draft_probs[:, i]``).
+
+    Examples
+    --------
+    The tree of :func:`verify_tree_greedy`'s example with near one-hot targets: node 1's token
+    has target probability ~1e-13 and is rejected, node 2's has ~1 and is accepted; the bonus
+    after node 2 is token 2, whatever the seed:
+
+    >>> import torch, specdec_kernels as sk
+    >>> parents = torch.tensor([[-1, 0, 0, 1]])
+    >>> tree_tokens = torch.tensor([[-1, 1, 0, 2]])
+    >>> logits = torch.tensor([[[30., 0, 0], [0, 0, 30], [0, 0, 30], [30, 0, 0]]])
+    >>> out = sk.verify_tree_sampling(logits, tree_tokens, parents, seed=0)
+    >>> out.tokens.tolist(), out.accepted_nodes.tolist()
+    ([[0, 2, -1]], [[0, 2, -1]])
+    """
+    b, n, v, tree_tokens, parents, nn = _check_tree_args(
+        target_logits, tree_tokens, parents, num_nodes
+    )
+    device = target_logits.device
+    if draft_mode not in DRAFT_MODES:
+        raise ValueError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
+    mode = DRAFT_MODES.index(draft_mode)
+    if mode == ref_tree.MODE_DETERMINISTIC:
+        draft_probs = None
+    elif draft_probs is None:
+        raise ValueError(f"draft_mode={draft_mode!r} needs draft_probs [B, N, V], got None")
+    else:
+        check.require_tensor("draft_probs", draft_probs)
+        check.require_dtype("draft_probs", draft_probs, check.FLOAT_DTYPES)
+        check.require_shape("draft_probs", draft_probs, (b, n, v), "[B, N, V]")
+        check.require_device("draft_probs", draft_probs, device)
+        if draft_probs.stride(-1) != 1 and v > 1:
+            raise ValueError(
+                "draft_probs must have stride 1 in its last dim, got strides "
+                f"{tuple(draft_probs.stride())}"
+            )
+    if seed is not None and generator is not None:
+        raise ValueError("pass at most one of seed and generator, got both")
+    if isinstance(seed, torch.Tensor):
+        check.require_dtype("seed", seed, (torch.int64,))
+        check.require_shape("seed", seed, (b,), "[B]")
+        check.require_device("seed", seed, device)
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(
+            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
+        )
+    check.check_scalar_ranges(temperature, top_k, top_p)
+    resolved = resolve_backend(backend, device)
+
+    if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
+        if validate:
+            check.check_tree_values(target_logits, tree_tokens, parents, nn)
+        result = torch.ops.specdec.verify_tree_greedy(
+            target_logits, tree_tokens, parents, nn, resolved
+        )
+        return _trim(result, parents, nn, validate)
+
+    temp = check.per_row(
+        "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
+    )
+    topk = (
+        None
+        if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
+        else check.per_row(
+            "top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral
+        )
+    )
+    topp = (
+        None
+        if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
+        else check.per_row(
+            "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
+        )
+    )
+    if validate:
+        check.check_tree_values(
+            target_logits, tree_tokens, parents, nn, draft_probs, temp, topk, topp
+        )
+    seeds = rng.seeds_for_batch(b, device, seed, generator)
+    result = torch.ops.specdec.verify_tree_sampling(
+        target_logits,
+        tree_tokens,
+        parents,
+        draft_probs,
+        nn,
+        mode,
+        temp,
+        topk,
+        topp,
+        seeds,
+        resolved,
+    )
+    return _trim(result, parents, nn, validate)
+
+
+def _parents_args(parents, num_nodes, validate: bool):
+    check.require_tensor("parents", parents)
+    check.require_dtype("parents", parents, check.INT_DTYPES)
+    if parents.dim() != 2:
+        raise ValueError(f"parents must have shape [B, N] (2 dims), got {check._shape(parents)}")
+    b, n = parents.shape
+    nn = check.num_nodes_tensor(num_nodes, b, n, parents.device)
+    if num_nodes is not None and nn.device != parents.device:
+        raise ValueError(f"num_nodes is on {nn.device} but parents is on {parents.device}")
+    if validate:
+        check.check_parents(parents, nn)
+    return nn
+
+
+def tree_depths(
+    parents: Tensor, num_nodes: Tensor | None = None, *, validate: bool = True
+) -> Tensor:
+    """Depth of every node of a batch of trees.
+
+    Parameters
+    ----------
+    parents : Tensor
+        `[B, N]` int32/int64, as in :func:`verify_tree_greedy`.
+    num_nodes : Tensor, optional
+        `[B]` integer in ``[1, N]``; default ``N``.
+    validate : bool
+        Check ``parents`` and ``num_nodes`` (``ValueError`` naming the row and node;
+        synchronises). With ``False`` a node whose parent is not a real earlier node gets
+        depth ``-1``, like padding.
+
+    Returns
+    -------
+    Tensor
+        `[B, N]` int64: 0 at the root, ``depth(parent) + 1`` below, ``-1`` at padding nodes.
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> sk.tree_depths(torch.tensor([[-1, 0, 0, 1, 0]]), torch.tensor([4])).tolist()
+    [[0, 1, 1, 2, -1]]
+    """
+    nn = _parents_args(parents, num_nodes, validate)
+    return ref_tree.tree_depths(parents, nn)
+
+
+def tree_attention_mask(
+    parents: Tensor, num_nodes: Tensor | None = None, *, validate: bool = True
+) -> Tensor:
+    """Tree attention mask: which nodes each node's query may attend to.
+
+    Parameters
+    ----------
+    parents, num_nodes, validate
+        As in :func:`tree_depths`.
+
+    Returns
+    -------
+    Tensor
+        `[B, N, N]` bool: ``mask[b, i, j]`` is true when ``j`` is ``i`` or an ancestor of ``i``.
+        Padding nodes see only themselves (so an attention row is never empty).
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> sk.tree_attention_mask(torch.tensor([[-1, 0, 0, 1]]))[0].int().tolist()
+    [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+    """
+    nn = _parents_args(parents, num_nodes, validate)
+    return ref_tree.tree_attention_mask(parents, nn)
