@@ -424,3 +424,131 @@ def test_vllm_bad_inputs():
         torch.zeros(0, 13), torch.tensor([[4], [5]]), _meta(),
     )  # fmt: skip
     assert empty.tolist() == [[4, -1, -1], [5, -1, -1]]
+
+
+# --- SGLang -----------------------------------------------------------------------------------
+
+# The tree 0 -> {1 -> 2, 3 -> 4 -> 5} in SGLang's linked lists.
+NEXT_TOKEN = [1, 2, -1, 4, 5, -1]
+NEXT_SIBLING = [-1, 3, -1, -1, -1, -1]
+PARENTS = [-1, 0, 1, 0, 3, 4]
+
+
+def _sglang_buffers(b, n=6, s=4, fill=-7):
+    predicts = torch.full((b * n,), fill, dtype=torch.int32)
+    accept_index = torch.full((b, s), -1, dtype=torch.int32)
+    return predicts, accept_index, torch.full((b,), fill, dtype=torch.int32)
+
+
+def test_sglang_parents_from_lists():
+    from specdec_kernels.compat.sglang import parents_from_lists
+
+    got = parents_from_lists(torch.tensor([NEXT_TOKEN]), torch.tensor([NEXT_SIBLING]))
+    assert got.tolist() == [PARENTS]
+
+
+@pytest.mark.parametrize("s", [4, 2])
+def test_sglang_verify_tree_greedy_by_hand(s):
+    from specdec_kernels.compat.sglang import verify_tree_greedy
+
+    cand = torch.tensor([[7, 10, 20, 30, 40, 50]] * 3)
+    # row 0: 30 after the root, 40 after node 3, 50 after node 4, 77 after node 5 (full path)
+    # row 1: 10 after the root, 21 after node 1 (rejects node 2): path 0 -> 1
+    # row 2: 99 after the root: nothing accepted
+    target = torch.tensor([[30, 0, 0, 40, 50, 77], [10, 21, 0, 0, 0, 0], [99, 0, 0, 0, 0, 0]])
+    b, n = 3, 6
+    rindex = torch.arange(b * n).reshape(b, n)  # request b's node i sits at b * N + i
+    predicts, accept_index, accept_num = _sglang_buffers(b, s=s)
+    verify_tree_greedy(
+        predicts, accept_index, accept_num, cand, rindex,
+        torch.tensor([NEXT_TOKEN] * b), torch.tensor([NEXT_SIBLING] * b), target,
+    )  # fmt: skip
+    full = {  # accepted path (global indices) and predicts per row, by hand
+        0: ([0, 3, 4, 5], {0: 30, 3: 40, 4: 50, 5: 77}),
+        1: ([6, 7], {6: 10, 7: 21}),
+        2: ([12], {12: 99}),
+    }
+    expected_predicts = [-7] * (b * n)
+    for row, (path, pred) in full.items():
+        if len(path) > s:  # the depth limit S - 1: cut, the cut node predicts its target
+            path = path[:s]
+            pred = {k: target.reshape(-1)[k].item() for k in path}
+        assert accept_index[row].tolist() == path + [-1] * (s - len(path))
+        assert accept_num[row].item() == len(path) - 1
+        for k, value in pred.items():
+            expected_predicts[k] = value
+    assert predicts.tolist() == expected_predicts  # other entries untouched
+
+
+def _sampling_call(probs, cand, rindex=None, s=4, seed=0):
+    from specdec_kernels.compat.sglang import tree_speculative_sampling_target_only
+
+    b, n, _ = probs.shape
+    rindex = torch.arange(b * n).reshape(b, n) if rindex is None else rindex
+    predicts, accept_index, accept_num = _sglang_buffers(b, n, s)
+    draft_probs = torch.zeros_like(probs)
+    g = torch.Generator().manual_seed(seed)
+    tree_speculative_sampling_target_only(
+        predicts, accept_index, accept_num, cand, rindex,
+        torch.tensor([NEXT_TOKEN] * b), torch.tensor([NEXT_SIBLING] * b),
+        torch.rand(b, n, generator=g), torch.rand(b, generator=g), probs, draft_probs,
+    )  # fmt: skip
+    assert (draft_probs == 0).all()  # never used as scratch
+    return predicts, accept_index, accept_num
+
+
+def test_sglang_sampling_one_hot_target_reproduced():
+    from specdec_kernels.compat.sglang import verify_tree_greedy
+
+    b, n, v = 24, 6, 9
+    g = torch.Generator().manual_seed(6)
+    cand = torch.randint(0, v, (b, n), generator=g)
+    target_tok = torch.where(
+        torch.rand(b, n, generator=g) < 0.5, cand.roll(-1, dims=1), torch.randint(0, v, (b, n))
+    )
+    target_tok[:, 0] = torch.where(torch.rand(b, generator=g) < 0.5, cand[:, 3], cand[:, 1])
+    probs = torch.nn.functional.one_hot(target_tok, v).float()
+    got = _sampling_call(probs, cand)
+    want = _sglang_buffers(b)
+    verify_tree_greedy(*want, cand, torch.arange(b * n).reshape(b, n),
+                       torch.tensor([NEXT_TOKEN] * b), torch.tensor([NEXT_SIBLING] * b),
+                       target_tok)  # fmt: skip
+    for x, y in zip(got, want):
+        assert torch.equal(x, y)
+    assert got[2].max() >= 2  # the case reaches deep paths
+
+
+def test_sglang_sampling_distribution():
+    # Thresholds 1: the token after the root follows p_root, and after accepting node 3 the next
+    # token follows p_3 (chi-square, power asserted inside).
+    b, n, v = 120_000, 6, 8
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(n, v, generator=g)
+    logits[0, 3] += 2.5  # the root's target often takes node 3: samples after it
+    p = torch.softmax(logits, -1)
+    cand = torch.tensor([[0, 1, 2, 3, 4, 5]]).expand(b, n)  # node i's token is i
+    predicts, accept_index, _ = _sampling_call(p.expand(b, n, v), cand)
+    root = predicts.reshape(b, n)[:, 0].long()
+    chi_square_check(root, p[0].double(), "sglang root")
+    at3 = accept_index[:, 1] == torch.arange(b) * n + 3  # node 3's global index
+    chi_square_check(predicts.reshape(b, n)[at3, 3].long(), p[3].double(), "sglang node 3")
+
+
+def test_sglang_bad_inputs():
+    from specdec_kernels.compat.sglang import (
+        tree_speculative_sampling_target_only,
+        verify_tree_greedy,
+    )
+
+    b, n, v = 1, 6, 8
+    cand = torch.zeros(b, n, dtype=torch.long)
+    lists = (torch.arange(n)[None], torch.tensor([NEXT_TOKEN]), torch.tensor([NEXT_SIBLING]))
+    probs = torch.full((b, n, v), 1.0 / v)
+    args = (cand, *lists, torch.rand(b, n), torch.rand(b), probs, torch.zeros_like(probs))
+    with pytest.raises(ValueError, match="threshold_acc must be 1"):
+        tree_speculative_sampling_target_only(*_sglang_buffers(b), *args, threshold_acc=0.5)
+    with pytest.raises(TypeError, match="predicts"):
+        buffers = _sglang_buffers(b)
+        verify_tree_greedy(buffers[0].long(), *buffers[1:], cand, *lists, cand)
+    with pytest.raises(ValueError, match="target_predict"):
+        verify_tree_greedy(*_sglang_buffers(b), cand, *lists, cand[:, :3])

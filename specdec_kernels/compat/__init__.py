@@ -6,6 +6,6 @@ deliberate difference. Switching over is a one-line import change, e.g.
 ``from specdec_kernels.compat.flashinfer import chain_speculative_sampling``.
 """
 
-from specdec_kernels.compat import flashinfer, vllm
+from specdec_kernels.compat import flashinfer, sglang, vllm
 
-__all__ = ["flashinfer", "vllm"]
+__all__ = ["flashinfer", "sglang", "vllm"]
