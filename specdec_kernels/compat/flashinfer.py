@@ -72,8 +72,9 @@ def chain_speculative_sampling(
       ``p_i(x_i) > 0``: ``u * 0 < p``); it cannot have been sampled from ``q``.
     * The accepted counter tests each position once, with that position's own uniform; upstream
       re-tests the first rejected position with a fresh uniform, which biases the counter up.
-    * ``target_probs`` rows are used renormalised (``p / sum(p)``; identical for rows that sum
-      to 1), in float32 whatever the input dtype (float32, bfloat16, float16 accepted).
+    * The kernels use ``target_probs`` rows renormalised (``p / sum(p)``; identical for rows
+      that sum to 1), in float32 whatever the input dtype (float32, bfloat16, float16 accepted);
+      the accepted counter's tests after the first rejection use ``p(x)`` as given.
     * When the residual ``max(0, p - q)`` has no mass the extra token is drawn from ``p``
       (upstream returns its last valid index).
     * ``deterministic`` is accepted and ignored: the kernels are always deterministic.
@@ -179,9 +180,7 @@ def _passes_after(q, drafts, target_probs, seeds, emitted) -> Tensor:
     ids = drafts.to(torch.int64)
     in_vocab = (ids >= 0) & (ids < v)
     safe = ids.clamp(0, v - 1)[..., None]  # [B, n, 1]
-    p = target_probs[:, :n].gather(-1, safe)[..., 0].float()
-    # the kernels renormalise p: the same sum the row's p / sum(p) divides by
-    p = p / target_probs[:, :n].float().sum(dim=-1)
+    p = target_probs[:, :n].gather(-1, safe)[..., 0].float()  # as given: no [B, n, V] pass
     qx = q.gather(-1, safe)[..., 0].float()
     u = accept_uniforms(seeds, n)
     passed = (u * qx < p) & (qx > 0) & in_vocab
