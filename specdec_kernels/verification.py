@@ -672,10 +672,11 @@ def verify_typical(
     """Typical acceptance (lossy by design): accept drafts the target finds typical enough.
 
     Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
-    Heads" (2024, https://arxiv.org/abs/2401.10774, section 2.3.1), as vLLM V0's
-    ``TypicalAcceptanceSampler`` (vllm/model_executor/layers/typical_acceptance_sampler.py, v0.6)
-    applies it to chains. With ``p_j`` the filtered target distribution (temperature, top-k,
-    top-p exactly as :func:`verify_sampling`), draft ``x_j`` is accepted when
+    Heads" (2024, https://arxiv.org/abs/2401.10774, the typical acceptance section, 3.3.1 as vLLM
+    cites it), as vLLM V0's ``TypicalAcceptanceSampler`` applies it to chains
+    (``vllm/model_executor/layers/typical_acceptance_sampler.py`` at commit ``0244fee8``). With
+    ``p_j`` the filtered target distribution (temperature, top-k, top-p exactly as
+    :func:`verify_sampling`), draft ``x_j`` is accepted when
 
         ``p_j(x_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j)))``,
 
@@ -685,12 +686,12 @@ def verify_typical(
     (the exponential race of :func:`verify_sampling`, same counters: with the same seed the bonus
     token equals :func:`verify_sampling`'s). The output is not distributed as the target's.
 
-    Differences from the upstream implementations (deliberate): the entropy is the exact one
-    (Medusa and vLLM V0 use ``log(p + 1e-5)``, which lowers ``H`` of flat distributions by up
-    to ``1e-5 * V``); at a rejection vLLM V0 emits the target's argmax (greedy), here the token
-    is sampled from ``p_j`` as Medusa's section 2.3.1 and this package's API specify
-    (``temperature=0`` rows are fully greedy instead); per-row seeds as in
-    :func:`verify_sampling`.
+    Differences from vLLM V0 (deliberate): the entropy is the exact one (vLLM V0 and Medusa's
+    code use ``log(p + 1e-5)``, which lowers ``H`` of flat distributions by up to about
+    ``1e-5 * V``); the extra token is drawn here, from the filtered ``p_j`` with this package's
+    counters (vLLM V0 takes the token its target sampler already drew at that position, also a
+    draw from ``p_j``); ``temperature=0`` rows are exactly :func:`verify_greedy`'s; per-row seeds
+    as in :func:`verify_sampling`.
 
     Parameters
     ----------

@@ -86,6 +86,28 @@ def test_flat_layout_triton_row_strategy():
     assert torch.equal(padded[0], flat[0]) and torch.equal(flat[0], ref.tokens)
 
 
+@pytest.mark.parametrize("backend", available(["reference", NATIVE]))
+@pytest.mark.parametrize("mode", [0, 1, 2])  # greedy, sampling (flat rows, probabilities), typical
+def test_opcheck_verify_ex(backend, mode):
+    from specdec_kernels.verification import MODE_SAMPLING
+
+    b, k, v = 3, 2, 40
+    logits, drafts, _ = make_inputs(b, k, v)
+    nd = torch.tensor([2, 0, 1])
+    flat_mode = mode == MODE_SAMPLING
+    if flat_mode:  # flat [num_tokens + B, V] probabilities with the offsets
+        q, drafts = make_draft_probs(b, k, v)
+        target, _, q, cu = _flatten(torch.softmax(logits, -1), drafts, nd, q)
+        starts = (cu - nd, cu - nd + torch.arange(b))
+    else:
+        target, q, starts = logits, None, (None, None)
+    args = (
+        target, drafts, q, nd, torch.tensor([1.0, 0.0, 0.7]), None, None, torch.tensor([1, 2, 3]),
+        starts[1], starts[0], mode, flat_mode, 0.09, 0.3, backend,
+    )  # fmt: skip
+    torch.library.opcheck(torch.ops.specdec.verify_ex.default, args)
+
+
 def test_flat_layout_greedy_by_hand():
     # request 0: drafts [1, 2], argmax [1, 0, 2] -> [1, 0]; request 1: no drafts, argmax 2
     flat = torch.tensor([[0.0, 5, 0], [5, 0, 0], [0, 0, 5], [0, 0, 5]])

@@ -1,7 +1,8 @@
 """Reference typical acceptance: the specification of :func:`specdec_kernels.verify_typical`.
 
 Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding Heads"
-(2024, https://arxiv.org/abs/2401.10774), section 2.3.1; vLLM V0's ``TypicalAcceptanceSampler``.
+(2024, https://arxiv.org/abs/2401.10774), typical acceptance; vLLM V0's
+``TypicalAcceptanceSampler``.
 Written for clarity on full ``[B, K+1, V]`` float32 tensors, like :mod:`.verify_sampling`, whose
 filtered target distribution and exponential race it reuses (same random numbers).
 """
