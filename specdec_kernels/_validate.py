@@ -249,22 +249,28 @@ def check_control_values(temperature=None, top_k=None, top_p=None) -> None:
 
 
 def check_flat_structure(
-    target_logits, draft_tokens, cu_num_draft_tokens, max_spec_len, bonus_rows: bool
+    target_logits,
+    draft_tokens,
+    cu_num_draft_tokens,
+    max_spec_len,
+    bonus_rows: bool,
+    name: str = "target_logits",
 ) -> tuple[int, int, int]:
     """Shapes of the flattened layout: ``draft_tokens [T]``, ``cu_num_draft_tokens [B]``,
-    ``target_logits [T + B, V]`` (``[T, V]`` without bonus rows). Returns ``(B, T, V)``."""
-    require_tensor("target_logits", target_logits)
-    require_dtype("target_logits", target_logits, FLOAT_DTYPES)
+    ``target_logits [T + B, V]`` (``[T, V]`` without bonus rows; ``name`` is how the caller
+    calls it). Returns ``(B, T, V)``."""
+    require_tensor(name, target_logits)
+    require_dtype(name, target_logits, FLOAT_DTYPES)
     rows_label = "[num_tokens + B, V]" if bonus_rows else "[num_tokens, V]"
     if target_logits.dim() != 2:
         raise ValueError(
-            f"with cu_num_draft_tokens, target_logits must have shape {rows_label} (2 dims), "
+            f"with cu_num_draft_tokens, {name} must have shape {rows_label} (2 dims), "
             f"got {_shape(target_logits)}"
         )
     v = target_logits.shape[1]
     if v < 1 or (v > 1 and target_logits.stride(1) != 1):
         raise ValueError(
-            f"target_logits must have V >= 1 and stride 1 in its last dim, got shape "
+            f"{name} must have V >= 1 and stride 1 in its last dim, got shape "
             f"{_shape(target_logits)}, strides {tuple(target_logits.stride())}"
         )
     device = target_logits.device
@@ -275,20 +281,24 @@ def check_flat_structure(
             f"with cu_num_draft_tokens, draft_tokens must have shape [num_tokens], got "
             f"{_shape(draft_tokens)}"
         )
-    require_device("draft_tokens", draft_tokens, device)
+    if draft_tokens.device != device:
+        raise ValueError(f"draft_tokens is on {draft_tokens.device} but {name} is on {device}")
     require_tensor("cu_num_draft_tokens", cu_num_draft_tokens)
     require_dtype("cu_num_draft_tokens", cu_num_draft_tokens, INT_DTYPES)
     if cu_num_draft_tokens.dim() != 1:
         raise ValueError(
             f"cu_num_draft_tokens must have shape [B], got {_shape(cu_num_draft_tokens)}"
         )
-    require_device("cu_num_draft_tokens", cu_num_draft_tokens, device)
+    if cu_num_draft_tokens.device != device:
+        raise ValueError(
+            f"cu_num_draft_tokens is on {cu_num_draft_tokens.device} but {name} is on {device}"
+        )
     b = cu_num_draft_tokens.shape[0]
     t = draft_tokens.shape[0]
     rows = t + b if bonus_rows else t
     if target_logits.shape[0] != rows:
         raise ValueError(
-            f"target_logits must have shape {rows_label} = [{rows}, {v}] (num_tokens = "
+            f"{name} must have shape {rows_label} = [{rows}, {v}] (num_tokens = "
             f"{t} from draft_tokens, B = {b} from cu_num_draft_tokens), got "
             f"{_shape(target_logits)}"
         )

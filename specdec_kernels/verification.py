@@ -307,6 +307,7 @@ def _flat_inputs(
     num_draft_tokens,
     validate: bool,
     bonus_rows: bool = True,
+    name: str = "target_logits",
 ) -> _FlatInputs:
     """Check vLLM's flattened layout and derive the per-request offsets (no ``[.., V]`` copy).
 
@@ -320,7 +321,7 @@ def _flat_inputs(
             "takes the counts from cu_num_draft_tokens)"
         )
     b, t, v = check.check_flat_structure(
-        target_logits, draft_tokens, cu_num_draft_tokens, max_spec_len, bonus_rows
+        target_logits, draft_tokens, cu_num_draft_tokens, max_spec_len, bonus_rows, name
     )
     device = target_logits.device
     if draft_probs is not None:
@@ -563,6 +564,8 @@ def verify_sampling(
             validate,
         )
         b = flat.drafts.shape[0]
+        if draft_probs is not None and draft_probs.shape[0] == 0:
+            draft_probs = None  # no request has drafts: nothing to read
         temp, topk, topp = _controls(b, target_logits.device, temperature, top_k, top_p, seed)
         if validate:
             check.check_control_values(temp, topk, topp)

@@ -108,6 +108,22 @@ def test_opcheck_verify_ex(backend, mode):
     torch.library.opcheck(torch.ops.specdec.verify_ex.default, args)
 
 
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_flat_layout_no_drafts_at_all(backend):
+    # every request without drafts: only bonus rows, an empty [0, V] draft_probs
+    logits = torch.randn(3, 11)
+    out = sk.verify_sampling(
+        logits, torch.zeros(0, dtype=torch.long), torch.zeros(0, 11),
+        cu_num_draft_tokens=torch.zeros(3, dtype=torch.long), seed=5, backend=backend,
+    )  # fmt: skip
+    assert out.tokens.shape == (3, 1) and (out.num_accepted == 0).all()
+    greedy = sk.verify_greedy(
+        logits, torch.zeros(0, dtype=torch.long),
+        cu_num_draft_tokens=torch.zeros(3, dtype=torch.long), backend=backend,
+    )  # fmt: skip
+    assert greedy.tokens[:, 0].tolist() == logits.argmax(-1).tolist()
+
+
 def test_flat_layout_greedy_by_hand():
     # request 0: drafts [1, 2], argmax [1, 0, 2] -> [1, 0]; request 1: no drafts, argmax 2
     flat = torch.tensor([[0.0, 5, 0], [5, 0, 0], [0, 0, 5], [0, 0, 5]])
@@ -439,7 +455,7 @@ def test_vllm_bad_inputs():
         rejection_sample(drafts, WORKED, 3, cu[:4], None, target, bonus, _meta())
     with pytest.raises(ValueError, match="bonus_token_ids"):
         rejection_sample(drafts, WORKED, 3, cu, None, target, bonus[:4], _meta())
-    with pytest.raises(ValueError, match="target_logits must have shape"):
+    with pytest.raises(ValueError, match="target_probs must have shape"):
         rejection_sample(drafts, WORKED, 3, cu, None, target[:5], bonus, _meta())
     empty = rejection_sample(
         torch.zeros(0, dtype=torch.long), [0, 0], 2, torch.tensor([0, 0]), None,

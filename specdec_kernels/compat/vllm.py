@@ -146,6 +146,7 @@ def rejection_sample(
         None,
         validate=False,
         bonus_rows=False,
+        name="target_probs",
     )
     if target_probs.shape[0] == 0:  # no request has drafts: every output is its bonus token
         out = torch.full((b, max_spec_len + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32)
