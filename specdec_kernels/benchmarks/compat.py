@@ -2,10 +2,11 @@
 
 One setup function per entry point builds upstream-shaped inputs and returns two callables: the
 ``compat`` call exactly as an upstream user makes it, and the ``core`` call of the op it wraps on
-the same data (``torch.ops.specdec.verify_ex`` for FlashInfer / vLLM, the tree ops for SGLang),
-so ``compat - core`` is what the adapter adds (argument checks, seeds, the counters, writing the
-outputs in place). A third pair compares vLLM's flattened layout with the padded one in the core
-op (``sk.verify_sampling(..., cu_num_draft_tokens=)`` against ``[B, K+1, V]``).
+the same data and seeds (``torch.ops.specdec.verify_ex`` for FlashInfer / vLLM, the tree ops for
+SGLang), so both do the same kernel work and ``compat - core`` is what the adapter adds (argument
+checks, seeds, the counters, writing the outputs in place). The ``flat_layout`` pair compares
+vLLM's flattened layout with the padded one in the core op
+(``sk.verify_sampling(..., cu_num_draft_tokens=)`` against ``[B, K+1, V]``, same data).
 
 ``specdec bench compat`` runs them; ``results.measure`` times them (wall clock on CPU,
 ``triton.testing.do_bench`` on CUDA).
@@ -51,10 +52,11 @@ def setup_flashinfer(b: int, k: int, v: int, device) -> dict[str, Callable]:
     nd = torch.full((b,), k, dtype=torch.int64, device=device)
     ones = torch.ones(b, device=device)
     backend = resolve_backend(None, device)
+    seeds = flashinfer._seeds(b, device, None, seed, offset)  # the adapter's: the same walk
 
     def core():
         return torch.ops.specdec.verify_ex(
-            p, drafts, q, nd, ones, None, None, seed, None, None, MODE_SAMPLING, True, 0.0, 0.0,
+            p, drafts, q, nd, ones, None, None, seeds, None, None, MODE_SAMPLING, True, 0.0, 0.0,
             backend,
         )  # fmt: skip
 
@@ -77,6 +79,9 @@ def _vllm_inputs(b: int, k: int, v: int, device):
 
 def setup_vllm(b: int, k: int, v: int, device) -> dict[str, Callable]:
     counts, cu, q, p, drafts, _ = _vllm_inputs(b, k, v, device)
+    # The adapter draws fresh seeds on every call (torch's default generator, as vLLM does); with
+    # p = q every draft is accepted whatever the seeds, so both calls do the same kernel work.
+    p = q
     bonus = torch.zeros(b, 1, dtype=torch.int64, device=device)
     meta = SimpleNamespace(
         all_greedy=False, all_random=True, temperature=torch.ones(b, device=device), generators={}
@@ -164,7 +169,7 @@ def setup_sglang_sampling(b: int, k: int, v: int, device) -> dict[str, Callable]
     u, u_final = torch.rand(b, n, generator=g).to(device), torch.rand(b, generator=g).to(device)
     parents = sglang.parents_from_lists(nxt, sib)
     logits = torch.log(probs)
-    seed = torch.arange(b, device=device)
+    seed = sglang._seeds_from_uniforms(u[:, 0], u_final)  # the adapter's: the same walk
 
     def core():  # the tree op on logits given (the adapter also takes the log)
         return sk.verify_tree_sampling(logits, cand, parents, seed=seed, validate=False)
