@@ -4,7 +4,9 @@
 #   2. run the test suite's CUDA cases, count launches per call, capture a call in a CUDA graph,
 #   3. run `specdec bench ops` on the GPU (triton.testing.do_bench, CUDA graphs where the op can
 #      be captured) over the "gpu" grid, write JSON + PNG, and check the kernel targets;
-#   4. tree verification: kernel vs reference on the device, graph capture, tree vs chain timings.
+#   4. tree verification: kernel vs reference on the device, graph capture, tree vs chain timings;
+#   5. check the drop-in adapters and the flattened layout on the GPU and time their overhead
+#      (`specdec bench compat`).
 # Everything (log, JSON, PNG, summary) goes to OUTDIR. Each step has its own time limit so a
 # slow step cannot eat the next one's; a failed step is logged and the script goes on.
 #
@@ -129,6 +131,43 @@ step bench_tree "${TREE_BENCH_SECONDS:-90}" "${PYTHON}" -m specdec_kernels.bench
   --ops verify_tree_greedy,verify_tree_sampling --batch 1,8,64 --k 7,15 --vocab 32000,128256 \
   --dtypes bf16 --acceptance 0.5 --providers triton,chain --budget 0.05 \
   --max-seconds "$((${TREE_BENCH_SECONDS:-90} - 30))" --json "${OUT}/ops_tree_gpu.json"
+# Drop-in adapters (issue 13) on the GPU: vLLM's flattened layout and probability inputs through
+# the compiled Triton kernels agree with the CPU reference, then the adapter overheads.
+step compat_check "90" "${PYTHON}" - <<'PY'
+import torch, specdec_kernels as sk
+from types import SimpleNamespace
+from specdec_kernels.compat.flashinfer import chain_speculative_sampling
+from specdec_kernels.compat.vllm import rejection_sample
+g = torch.Generator().manual_seed(0)
+b, k, v = 16, 4, 32000
+logits = torch.randn(b, k + 1, v, generator=g) * 3
+q = torch.softmax(torch.randn(b, k, v, generator=g) * 3, -1)
+drafts = logits[:, :k].argmax(-1)
+nd = torch.randint(0, k + 1, (b,), generator=g)
+flat = torch.cat([logits[i, : nd[i] + 1] for i in range(b)])
+flat_q = torch.cat([q[i, : nd[i]] for i in range(b)])
+flat_d = torch.cat([drafts[i, : nd[i]] for i in range(b)])
+seed = torch.arange(b)
+want = sk.verify_sampling(logits, drafts, q, num_draft_tokens=nd, seed=seed, top_k=50,
+                          backend="reference")
+got = sk.verify_sampling(flat.cuda(), flat_d.cuda(), flat_q.cuda(),
+                         cu_num_draft_tokens=nd.cumsum(0).cuda(), seed=seed.cuda(), top_k=50)
+print("flat layout on cuda == padded reference on cpu:", torch.equal(got.tokens.cpu(), want.tokens))
+p = torch.softmax(logits, -1)
+fi = chain_speculative_sampling(q.cuda(), drafts.cuda(), p.cuda(), seed=seed.cuda(),
+                                offset=torch.zeros_like(seed).cuda())
+fc = chain_speculative_sampling(q, drafts, p, seed=seed, offset=torch.zeros_like(seed))
+print("flashinfer adapter cuda == cpu:", [torch.equal(x.cpu(), y) for x, y in zip(fi, fc)])
+meta = SimpleNamespace(all_greedy=True, all_random=False, temperature=None, generators={})
+cu = nd.cumsum(0)
+tp = torch.softmax(torch.cat([logits[i, : nd[i]] for i in range(b)]), -1)
+bonus = torch.zeros(b, 1, dtype=torch.long)
+vg = rejection_sample(flat_d.cuda(), nd.tolist(), k, cu.cuda(), None, tp.cuda(), bonus.cuda(), meta)
+vc = rejection_sample(flat_d, nd.tolist(), k, cu, None, tp, bonus, meta)
+print("vllm adapter (greedy) cuda == cpu:", torch.equal(vg.cpu(), vc))
+PY
+step bench_compat "120" "${PYTHON}" -m specdec_kernels.benchmarks compat --device cuda \
+  --batch 1,8,64,256 --json "${OUT}/compat_gpu.json"
 grep -E "^(PASS|MISS)|copy bandwidth" "${LOG}" > "${OUT}/targets.txt" || true
 echo "gpu_check done: status ${status}; results in ${OUT}" | tee -a "${LOG}"
 exit ${status}

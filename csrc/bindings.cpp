@@ -39,6 +39,11 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
         "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)");
+  m.def("native_verify_ex(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
+        "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
+        "Tensor? seeds, bool greedy_only, Tensor? logits_row_start, Tensor? probs_row_start, "
+        "bool log_input, bool typical, float posterior_threshold, float posterior_alpha) "
+        "-> (Tensor, Tensor)");
   m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
   m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
         "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
@@ -51,6 +56,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_paged_kv_write_", &specdec::paged_kv_write_cpu);
   m.impl("native_paged_kv_compact_", &specdec::paged_kv_compact_cpu);
   m.impl("native_verify", &specdec::native_verify_cpu);
+  m.impl("native_verify_ex", &specdec::native_verify_ex_cpu);
   m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
   m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);
 }

@@ -4,6 +4,9 @@
 //   native_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs,
 //                 Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p,
 //                 Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)
+//   native_verify_ex(... as native_verify ..., Tensor? logits_row_start,
+//                    Tensor? probs_row_start, bool log_input, bool typical,
+//                    float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor)
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
 //   native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents,
 //                      Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature,
@@ -43,6 +46,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
     bool greedy_only);
+// native_verify plus the flattened layout (logits_row_start / probs_row_start: [B] row of
+// position 0 in a [rows, V] target_logits / draft_probs; rows are clamped into the tensor),
+// probability inputs (log_input: x = log(value)) and typical acceptance (typical).
+std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
+    const std::optional<at::Tensor>& probs_row_start, bool log_input, bool typical,
+    double posterior_threshold, double posterior_alpha);
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
                                     const at::Tensor& verifier_tokens);

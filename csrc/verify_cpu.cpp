@@ -88,29 +88,50 @@ void launch(const verify_cpu::VerifyArgs& a) {
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
+std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_tokens,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    bool greedy_only) {
+    bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
+    const std::optional<at::Tensor>& probs_row_start, bool log_input, bool typical,
+    double posterior_threshold, double posterior_alpha) {
   const char* op = "native_verify";
   check_cpu(op, "target_logits", target_logits);
-  TORCH_CHECK_VALUE(target_logits.dim() == 3, op,
-                    ": target_logits must have shape [B, K+1, V] (3 dims), got ",
-                    target_logits.sizes());
-  const int64_t B = target_logits.size(0), K = target_logits.size(1) - 1,
-                V = target_logits.size(2);
-  TORCH_CHECK_VALUE(K >= 0 && V >= 1, op, ": target_logits must have K+1 >= 1 and V >= 1, got ",
-                    target_logits.sizes());
-  check_vocab_stride("target_logits", target_logits);
   check_cpu(op, "draft_tokens", draft_tokens);
   check_int(op, "draft_tokens", draft_tokens);
-  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == B &&
-                        draft_tokens.size(1) == K,
-                    op, ": draft_tokens must have shape [B, K] = [", B, ", ", K,
-                    "] (from target_logits ", target_logits.sizes(), "), got ",
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2, op, ": draft_tokens must have shape [B, K], got ",
                     draft_tokens.sizes());
+  const bool flat = logits_row_start.has_value();
+  int64_t B, K, V;
+  if (flat) {
+    TORCH_CHECK_VALUE(target_logits.dim() == 2, op,
+                      ": with logits_row_start, target_logits must have shape [rows, V], got ",
+                      target_logits.sizes());
+    B = draft_tokens.size(0);
+    K = draft_tokens.size(1);
+    V = target_logits.size(1);
+    TORCH_CHECK_VALUE(V >= 1 && (target_logits.size(0) >= 1 || B == 0), op,
+                      ": target_logits must have rows >= 1 and V >= 1, got ",
+                      target_logits.sizes());
+    TORCH_CHECK_VALUE(target_logits.stride(1) == 1 || V == 1, op,
+                      ": target_logits must have stride 1 in its last (vocabulary) dim, got "
+                      "strides ", target_logits.strides());
+  } else {
+    TORCH_CHECK_VALUE(target_logits.dim() == 3, op,
+                      ": target_logits must have shape [B, K+1, V] (3 dims), got ",
+                      target_logits.sizes());
+    B = target_logits.size(0);
+    K = target_logits.size(1) - 1;
+    V = target_logits.size(2);
+    TORCH_CHECK_VALUE(K >= 0 && V >= 1, op, ": target_logits must have K+1 >= 1 and V >= 1, got ",
+                      target_logits.sizes());
+    check_vocab_stride("target_logits", target_logits);
+    TORCH_CHECK_VALUE(draft_tokens.size(0) == B && draft_tokens.size(1) == K, op,
+                      ": draft_tokens must have shape [B, K] = [", B, ", ", K,
+                      "] (from target_logits ", target_logits.sizes(), "), got ",
+                      draft_tokens.sizes());
+  }
   check_int(op, "num_draft_tokens", num_draft_tokens);
   const at::Tensor drafts = draft_tokens.to(at::kLong).contiguous();
   const at::Tensor nd = per_row("num_draft_tokens", num_draft_tokens, B, at::kLong);
@@ -118,15 +139,26 @@ std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
   verify_cpu::VerifyArgs a;
   a.logits = target_logits.const_data_ptr();
   a.logits_kind = float_kind("target_logits", target_logits);
-  a.logits_stride_b = target_logits.stride(0);
-  a.logits_stride_k = target_logits.stride(1);
+  a.logits_stride_b = flat ? 0 : target_logits.stride(0);
+  a.logits_stride_k = flat ? target_logits.stride(0) : target_logits.stride(1);
   a.draft_tokens = drafts.const_data_ptr<int64_t>();
   a.num_draft_tokens = nd.const_data_ptr<int64_t>();
   a.batch = B;
   a.num_draft = K;
   a.vocab = V;
   a.greedy_only = greedy_only;
+  a.log_input = log_input;
+  a.typical = typical;
+  a.posterior_threshold = static_cast<float>(posterior_threshold);
+  a.posterior_alpha = static_cast<float>(posterior_alpha);
 
+  at::Tensor lstart, pstart;
+  if (flat) {
+    check_int(op, "logits_row_start", *logits_row_start);
+    lstart = per_row("logits_row_start", *logits_row_start, B, at::kLong);
+    a.logits_row_start = lstart.const_data_ptr<int64_t>();
+    a.logits_rows = target_logits.size(0);
+  }
   at::Tensor temp, topk, topp, seed;
   if (!greedy_only) {
     TORCH_CHECK_VALUE(temperature.has_value() && seeds.has_value(), op,
@@ -149,14 +181,28 @@ std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
     if (draft_probs.has_value()) {
       const at::Tensor& q = *draft_probs;
       check_cpu(op, "draft_probs", q);
-      TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == B && q.size(1) == K && q.size(2) == V, op,
-                        ": draft_probs must have shape [B, K, V] = [", B, ", ", K, ", ", V,
-                        "], got ", q.sizes());
-      check_vocab_stride("draft_probs", q);
+      if (probs_row_start.has_value()) {
+        TORCH_CHECK_VALUE(q.dim() == 2 && q.size(1) == V && (q.size(0) >= 1 || B == 0), op,
+                          ": with probs_row_start, draft_probs must have shape [rows, V] with V = ",
+                          V, ", got ", q.sizes());
+        TORCH_CHECK_VALUE(q.stride(1) == 1 || V == 1, op,
+                          ": draft_probs must have stride 1 in its last dim, got strides ",
+                          q.strides());
+        check_int(op, "probs_row_start", *probs_row_start);
+        pstart = per_row("probs_row_start", *probs_row_start, B, at::kLong);
+        a.probs_row_start = pstart.const_data_ptr<int64_t>();
+        a.probs_rows = q.size(0);
+        a.probs_stride_k = q.stride(0);
+      } else {
+        TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == B && q.size(1) == K && q.size(2) == V, op,
+                          ": draft_probs must have shape [B, K, V] = [", B, ", ", K, ", ", V,
+                          "], got ", q.sizes());
+        check_vocab_stride("draft_probs", q);
+        a.probs_stride_b = q.stride(0);
+        a.probs_stride_k = q.stride(1);
+      }
       a.draft_probs = q.const_data_ptr();
       a.probs_kind = float_kind("draft_probs", q);
-      a.probs_stride_b = q.stride(0);
-      a.probs_stride_k = q.stride(1);
     }
   }
   at::Tensor tokens = at::empty({B, K + 1}, target_logits.options().dtype(at::kLong));
@@ -256,6 +302,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
   a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
   if (B > 0) launch_tree(a);
   return {tokens, num_accepted, nodes};
+}
+
+std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only) {
+  return native_verify_ex_cpu(target_logits, draft_tokens, draft_probs, num_draft_tokens,
+                              temperature, top_k, top_p, seeds, greedy_only, std::nullopt,
+                              std::nullopt, false, false, 0.0, 0.0);
 }
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,

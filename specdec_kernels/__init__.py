@@ -17,7 +17,10 @@ if (
 ):
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from specdec_kernels import models  # noqa: E402
+from specdec_kernels import (
+    compat,  # noqa: E402
+    models,  # noqa: E402
+)
 from specdec_kernels._extension import extension_available  # noqa: E402
 from specdec_kernels.generation import (  # noqa: E402
     GenerationOutput,
@@ -39,6 +42,7 @@ from specdec_kernels.verification import (  # noqa: E402
     accept_reject,
     verify_greedy,
     verify_sampling,
+    verify_typical,
 )
 
 __version__ = "0.1.0"
@@ -55,6 +59,8 @@ __all__ = [
     "accept_reject",
     "verify_greedy",
     "verify_sampling",
+    "verify_typical",
+    "compat",
     "TreeVerification",
     "verify_tree_greedy",
     "verify_tree_sampling",

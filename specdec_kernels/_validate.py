@@ -218,6 +218,13 @@ def check_values(
                     f"draft_probs[{row}, {pos}] {what}: sum = {float(sums[row, pos]):.6g}, "
                     f"min = {float(draft_probs[row, pos].min()):.6g}"
                 )
+    check_control_values(temperature, top_k, top_p)
+    if temperature is not None:
+        check_temperature_range(target_logits, temperature)
+
+
+def check_control_values(temperature=None, top_k=None, top_p=None) -> None:
+    """Value checks of the per-row ``[B]`` sampling controls (reads them; synchronises)."""
     if temperature is not None:
         bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
         if bool(bad.any()):
@@ -226,7 +233,6 @@ def check_values(
                 "temperature must be finite and >= 0, got "
                 f"temperature[{row}] = {float(temperature[row])}"
             )
-        check_temperature_range(target_logits, temperature)
     if top_k is not None:
         bad = top_k < 0
         if bool(bad.any()):
@@ -237,6 +243,175 @@ def check_values(
         if bool(bad.any()):
             (row,) = _first(bad)
             raise ValueError(f"top_p must be in (0, 1], got top_p[{row}] = {float(top_p[row])}")
+
+
+# --- vLLM's flattened layout -------------------------------------------------------------------
+
+
+def check_flat_structure(
+    target_logits,
+    draft_tokens,
+    cu_num_draft_tokens,
+    max_spec_len,
+    bonus_rows: bool,
+    name: str = "target_logits",
+) -> tuple[int, int, int]:
+    """Shapes of the flattened layout: ``draft_tokens [T]``, ``cu_num_draft_tokens [B]``,
+    ``target_logits [T + B, V]`` (``[T, V]`` without bonus rows; ``name`` is how the caller
+    calls it). Returns ``(B, T, V)``."""
+    require_tensor(name, target_logits)
+    require_dtype(name, target_logits, FLOAT_DTYPES)
+    rows_label = "[num_tokens + B, V]" if bonus_rows else "[num_tokens, V]"
+    if target_logits.dim() != 2:
+        raise ValueError(
+            f"with cu_num_draft_tokens, {name} must have shape {rows_label} (2 dims), "
+            f"got {_shape(target_logits)}"
+        )
+    v = target_logits.shape[1]
+    if v < 1 or (v > 1 and target_logits.stride(1) != 1):
+        raise ValueError(
+            f"{name} must have V >= 1 and stride 1 in its last dim, got shape "
+            f"{_shape(target_logits)}, strides {tuple(target_logits.stride())}"
+        )
+    device = target_logits.device
+    require_tensor("draft_tokens", draft_tokens)
+    require_dtype("draft_tokens", draft_tokens, INT_DTYPES)
+    if draft_tokens.dim() != 1:
+        raise ValueError(
+            f"with cu_num_draft_tokens, draft_tokens must have shape [num_tokens], got "
+            f"{_shape(draft_tokens)}"
+        )
+    if draft_tokens.device != device:
+        raise ValueError(f"draft_tokens is on {draft_tokens.device} but {name} is on {device}")
+    require_tensor("cu_num_draft_tokens", cu_num_draft_tokens)
+    require_dtype("cu_num_draft_tokens", cu_num_draft_tokens, INT_DTYPES)
+    if cu_num_draft_tokens.dim() != 1:
+        raise ValueError(
+            f"cu_num_draft_tokens must have shape [B], got {_shape(cu_num_draft_tokens)}"
+        )
+    if cu_num_draft_tokens.device != device:
+        raise ValueError(
+            f"cu_num_draft_tokens is on {cu_num_draft_tokens.device} but {name} is on {device}"
+        )
+    b = cu_num_draft_tokens.shape[0]
+    t = draft_tokens.shape[0]
+    rows = t + b if bonus_rows else t
+    if target_logits.shape[0] != rows:
+        raise ValueError(
+            f"{name} must have shape {rows_label} = [{rows}, {v}] (num_tokens = "
+            f"{t} from draft_tokens, B = {b} from cu_num_draft_tokens), got "
+            f"{_shape(target_logits)}"
+        )
+    if max_spec_len is not None and (
+        isinstance(max_spec_len, bool)
+        or not isinstance(max_spec_len, numbers.Integral)
+        or max_spec_len < 0
+    ):
+        raise ValueError(f"max_spec_len must be None or an int >= 0, got {max_spec_len!r}")
+    return b, t, v
+
+
+def check_flat_draft_probs(draft_probs, t: int, v: int, device: torch.device) -> None:
+    require_tensor("draft_probs", draft_probs)
+    require_dtype("draft_probs", draft_probs, FLOAT_DTYPES)
+    require_shape("draft_probs", draft_probs, (t, v), "[num_tokens, V]")
+    require_device("draft_probs", draft_probs, device)
+    if v > 1 and draft_probs.stride(1) != 1:
+        raise ValueError(
+            f"draft_probs must have stride 1 in its last dim, got strides "
+            f"{tuple(draft_probs.stride())}"
+        )
+
+
+def check_flat_counts(cu_num_draft_tokens, num_tokens: int, max_spec_len: int) -> None:
+    """``cu_num_draft_tokens`` is the inclusive cumulative sum of counts in ``[0, max_spec_len]``
+    ending at ``num_tokens`` (reads the tensor; synchronises)."""
+    b = cu_num_draft_tokens.shape[0]
+    if b == 0:
+        if num_tokens != 0:
+            raise ValueError(f"cu_num_draft_tokens is empty but draft_tokens has {num_tokens}")
+        return
+    cu = cu_num_draft_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    bad = (counts < 0) | (counts > max_spec_len)
+    if bool(bad.any()):
+        (row,) = _first(bad)
+        raise ValueError(
+            f"cu_num_draft_tokens must be non-decreasing with steps in [0, max_spec_len] = "
+            f"[0, {max_spec_len}], got cu_num_draft_tokens[{row}] = {int(cu[row])} "
+            f"(request {row} has {int(counts[row])} draft tokens)"
+        )
+    if int(cu[-1]) != num_tokens:
+        raise ValueError(
+            f"cu_num_draft_tokens[-1] = {int(cu[-1])} must equal num_tokens = {num_tokens} "
+            f"(the length of draft_tokens)"
+        )
+
+
+def check_flat_values(target_logits, draft_tokens, draft_probs=None) -> None:
+    """Value checks of the flat tensors: ids in ``[0, V)``, logits rows as in
+    :func:`check_logit_values`, draft probability rows (reads them; synchronises)."""
+    v = target_logits.shape[1]
+    bad = (draft_tokens < 0) | (draft_tokens >= v)
+    if bool(bad.any()):
+        (i,) = _first(bad)
+        raise ValueError(
+            f"draft_tokens[{i}] = {int(draft_tokens[i])} is outside [0, V) with V = {v}"
+        )
+    bad = torch.isnan(target_logits) | (target_logits == float("inf"))
+    if bool(bad.any()):
+        row, tok = _first(bad)
+        raise ValueError(
+            f"target_logits must not hold NaN or +inf (-inf masks a token), got "
+            f"target_logits[{row}, {tok}] = {float(target_logits[row, tok])}"
+        )
+    empty = ~torch.isfinite(target_logits).any(dim=-1)
+    if bool(empty.any()):
+        (row,) = _first(empty)
+        raise ValueError(f"target_logits[{row}] has no finite entry: there is nothing to emit")
+    if draft_probs is not None:
+        tol = probs_tolerance(draft_probs.dtype)
+        sums = draft_probs.float().sum(dim=-1)
+        bad = (draft_probs < 0).any(dim=-1) | ((sums - 1).abs() > tol) | ~torch.isfinite(sums)
+        if bool(bad.any()):
+            (row,) = _first(bad)
+            raise ValueError(
+                f"draft_probs[{row}] must be non-negative and sum to 1 (tolerance {tol:.3g}), "
+                f"got sum = {float(sums[row]):.6g}, min = {float(draft_probs[row].min()):.6g}"
+            )
+
+
+def check_probability_values(name: str, probs: torch.Tensor) -> None:
+    """Rows of a probability input (``[..., V]``): finite, non-negative, some mass, summing to
+    1 within :func:`probs_tolerance` (reads them; synchronises)."""
+    tol = probs_tolerance(probs.dtype)
+    sums = probs.float().sum(dim=-1)
+    bad = (probs < 0).any(dim=-1) | ~torch.isfinite(sums) | ((sums - 1).abs() > tol)
+    if bool(bad.any()):
+        index = _first(bad)
+        where = ", ".join(str(i) for i in index)
+        raise ValueError(
+            f"{name}[{where}] must be non-negative and sum to 1 (tolerance {tol:.3g} for "
+            f"{probs.dtype}), got sum = {float(sums[index]):.6g}, "
+            f"min = {float(probs[index].min()):.6g}"
+        )
+
+
+def check_flat_temperature_range(
+    target_logits: torch.Tensor, rows_per_request: torch.Tensor, temperature: torch.Tensor
+) -> None:
+    """:func:`check_temperature_range` for flat ``[R, V]`` logits whose request ``b`` owns
+    ``rows_per_request[b]`` consecutive rows."""
+    finite = torch.isfinite(target_logits)
+    row_max = torch.where(finite, target_logits.float().abs(), 0.0).amax(dim=1)  # [R]
+    owner = torch.repeat_interleave(
+        torch.arange(rows_per_request.shape[0], device=target_logits.device),
+        rows_per_request.to(torch.int64),
+        output_size=target_logits.shape[0],
+    )
+    biggest = torch.zeros(rows_per_request.shape[0], device=target_logits.device)
+    biggest = biggest.scatter_reduce(0, owner, row_max, "amax")
+    check_temperature_range(biggest[:, None, None], temperature)
 
 
 # --- tree verification -------------------------------------------------------------------------

@@ -1,13 +1,19 @@
-"""Public verification ops: :func:`verify_greedy`, :func:`verify_sampling`, :func:`accept_reject`.
+"""Public verification ops: :func:`verify_greedy`, :func:`verify_sampling`, :func:`verify_typical`,
+:func:`accept_reject`.
 
 Each is a ``torch.library`` custom op (``torch.ops.specdec.*``) with a fake implementation of the
 same signature, so ``torch.compile(fullgraph=True)`` traces through it (with ``validate=False``).
 The Python functions here check arguments, turn scalars into per-row tensors, pick the backend
 (:mod:`specdec_kernels._dispatch`) and call the op.
+
+vLLM's flattened layout (``cu_num_draft_tokens=``), probability inputs (the drop-in adapters of
+:mod:`specdec_kernels.compat`) and typical acceptance go through one more op,
+``torch.ops.specdec.verify_ex``, whose kernels read the flat rows through per-row offsets.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import NamedTuple
 
@@ -15,11 +21,13 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import resolve_backend
+from specdec_kernels._dispatch import resolve_backend, warn_once
 from specdec_kernels.reference import accept_reject as ref_accept_reject
+from specdec_kernels.reference import layout as ref_layout
 from specdec_kernels.reference import rng
 from specdec_kernels.reference import verify_greedy as ref_greedy
 from specdec_kernels.reference import verify_sampling as ref_sampling
+from specdec_kernels.reference import verify_typical as ref_typical
 
 
 class Verification(NamedTuple):
@@ -140,6 +148,130 @@ def _(
     return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
 
 
+MODE_GREEDY, MODE_SAMPLING, MODE_TYPICAL = 0, 1, 2
+
+
+def _native_ex_available() -> bool:
+    return hasattr(torch.ops.specdec, "native_verify_ex")
+
+
+@torch.library.custom_op("specdec::verify_ex", mutates_args=())
+def _verify_ex_op(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    num_draft_tokens: Tensor,
+    temperature: Tensor | None,
+    top_k: Tensor | None,
+    top_p: Tensor | None,
+    seeds: Tensor | None,
+    logits_row_start: Tensor | None,
+    probs_row_start: Tensor | None,
+    mode: int,
+    log_input: bool,
+    posterior_threshold: float,
+    posterior_alpha: float,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Verification with the general input forms. ``target_logits`` is ``[B, K+1, V]``, or with
+    ``logits_row_start [B]`` a flattened ``[R, V]`` (position ``j`` of row ``b`` is row
+    ``logits_row_start[b] + j``, clamped into ``[0, R)``); ``draft_probs`` likewise with
+    ``probs_row_start``. ``log_input``: the inputs are probabilities (``x = log p``). ``mode``:
+    greedy / sampling / typical. ``draft_tokens [B, K]`` fixes ``B`` and ``K``."""
+    greedy_only = mode == MODE_GREEDY
+    if backend == "triton" and mode == MODE_TYPICAL:
+        warn_once(
+            "typical-triton",
+            "specdec_kernels: verify_typical has no Triton kernel yet; using the reference",
+        )
+        backend = "reference"
+    if backend == "native" and _native_ex_available():
+        tokens, accepted = torch.ops.specdec.native_verify_ex(
+            target_logits,
+            draft_tokens,
+            draft_probs,
+            num_draft_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seeds,
+            greedy_only,
+            logits_row_start,
+            probs_row_start,
+            log_input,
+            mode == MODE_TYPICAL,
+            posterior_threshold,
+            posterior_alpha,
+        )
+        return tokens, accepted, accepted + 1
+    if backend == "triton":
+        from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
+
+        tokens, accepted = triton_ops.verify(
+            target_logits,
+            draft_tokens,
+            draft_probs,
+            num_draft_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seeds,
+            greedy_only=greedy_only,
+            logits_row_start=logits_row_start,
+            probs_row_start=probs_row_start,
+            log_input=log_input,
+        )
+        return tokens, accepted, accepted + 1
+    k = draft_tokens.shape[1]
+    logits = target_logits
+    if logits_row_start is not None:
+        logits = ref_layout.gather_rows(logits, logits_row_start, k + 1)
+    logits = ref_layout.as_logits(logits, log_input)
+    probs = draft_probs
+    if probs is not None and probs_row_start is not None:
+        probs = ref_layout.gather_rows(probs, probs_row_start, k)
+    if greedy_only:
+        return ref_greedy.verify_greedy(logits, draft_tokens, num_draft_tokens)
+    if mode == MODE_TYPICAL:
+        return ref_typical.verify_typical(
+            logits,
+            draft_tokens,
+            num_draft_tokens,
+            temperature,
+            top_k,
+            top_p,
+            seeds,
+            posterior_threshold,
+            posterior_alpha,
+        )
+    return ref_sampling.verify_sampling(
+        logits, draft_tokens, probs, num_draft_tokens, temperature, top_k, top_p, seeds
+    )
+
+
+@_verify_ex_op.register_fake
+def _(
+    target_logits,
+    draft_tokens,
+    draft_probs,
+    num_draft_tokens,
+    temperature,
+    top_k,
+    top_p,
+    seeds,
+    logits_row_start,
+    probs_row_start,
+    mode,
+    log_input,
+    posterior_threshold,
+    posterior_alpha,
+    backend,
+):
+    b, k = draft_tokens.shape
+    tokens = target_logits.new_empty((b, k + 1), dtype=torch.int64)
+    return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
+
+
 @torch.library.custom_op("specdec::accept_reject", mutates_args=())
 def _accept_reject_op(draft_tokens: Tensor, verifier_tokens: Tensor, backend: str) -> Tensor:
     if backend == "native":
@@ -159,11 +291,67 @@ def _(draft_tokens, verifier_tokens, backend):
 # --- public functions ------------------------------------------------------------------------
 
 
+class _FlatInputs(NamedTuple):
+    drafts: Tensor  # [B, K] padded with -1 (tiny: the kernels read it, not the [.., V] rows)
+    num_draft_tokens: Tensor  # [B] int64
+    logits_row_start: Tensor  # [B] int64: row of request b's position 0 in target_logits
+    probs_row_start: Tensor  # [B] int64: row of request b's first draft in draft_probs
+
+
+def _flat_inputs(
+    target_logits,
+    draft_tokens,
+    draft_probs,
+    cu_num_draft_tokens,
+    max_spec_len,
+    num_draft_tokens,
+    validate: bool,
+    bonus_rows: bool = True,
+    name: str = "target_logits",
+) -> _FlatInputs:
+    """Check vLLM's flattened layout and derive the per-request offsets (no ``[.., V]`` copy).
+
+    ``bonus_rows``: ``target_logits`` holds ``k_b + 1`` rows per request (``[num_tokens + B,
+    V]``, the core ops); without, ``k_b`` rows (``[num_tokens, V]``, vLLM's ``rejection_sample``:
+    the bonus row of a request is then the next request's first row, clamped into the tensor).
+    """
+    if num_draft_tokens is not None:
+        raise ValueError(
+            "pass num_draft_tokens or cu_num_draft_tokens, not both (the flattened layout "
+            "takes the counts from cu_num_draft_tokens)"
+        )
+    b, t, v = check.check_flat_structure(
+        target_logits, draft_tokens, cu_num_draft_tokens, max_spec_len, bonus_rows, name
+    )
+    device = target_logits.device
+    if draft_probs is not None:
+        check.check_flat_draft_probs(draft_probs, t, v, device)
+    cu = cu_num_draft_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1)) if b > 0 else cu
+    start = cu - counts  # [B] first draft of each request
+    if max_spec_len is None:
+        max_spec_len = int(counts.max()) if b > 0 else 0  # host synchronisation
+    if validate:
+        check.check_flat_counts(cu, t, max_spec_len)
+        check.check_flat_values(target_logits, draft_tokens, draft_probs)
+    positions = torch.arange(max_spec_len, device=device)
+    live = positions[None, :] < counts[:, None]  # [B, K]
+    if t > 0:
+        index = (start[:, None] + positions[None, :]).clamp(0, t - 1)
+        drafts = torch.where(live, draft_tokens.to(torch.int64)[index], -1)
+    else:
+        drafts = torch.full((b, max_spec_len), -1, dtype=torch.int64, device=device)
+    rows = start + torch.arange(b, device=device) if bonus_rows else start
+    return _FlatInputs(drafts, counts, rows, start)
+
+
 def verify_greedy(
     target_logits: Tensor,
     draft_tokens: Tensor,
     *,
     num_draft_tokens: Tensor | None = None,
+    cu_num_draft_tokens: Tensor | None = None,
+    max_spec_len: int | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> Verification:
@@ -182,6 +370,17 @@ def verify_greedy(
         `[B, K]` int32 or int64. Entries at positions ``>= k_b`` are ignored (``-1`` padding).
     num_draft_tokens : Tensor, optional
         `[B]` integer, ``0 <= k_b <= K`` (ragged batches). Default: ``K`` for every row.
+    cu_num_draft_tokens : Tensor, optional
+        vLLM's flattened layout instead of the padded one: `[B]` int32/int64, the inclusive
+        cumulative sum of the requests' draft counts (``k_b = cu[b] - cu[b-1]``). Then
+        ``target_logits`` is `[num_tokens + B, V]` (request ``b``'s ``k_b + 1`` rows start at row
+        ``cu[b] - k_b + b``: its drafts' rows then its bonus row, as vLLM's logits are laid out),
+        ``draft_tokens`` is `[num_tokens]` and ``num_draft_tokens`` must be None. The kernels
+        index the flat rows through per-request offsets: no padded copy of the logits is made.
+        The output is `[B, max_spec_len + 1]`.
+    max_spec_len : int, optional
+        With ``cu_num_draft_tokens``: ``K`` of the output, at least every ``k_b``. ``None``
+        computes it from ``cu_num_draft_tokens`` (one host synchronisation).
     backend : {None, "triton", "native", "reference"}
         ``None``: Triton for CUDA tensors; for CPU tensors the native C++ kernels where the
         extension is built, else the reference; unless the environment variable
@@ -213,7 +412,42 @@ def verify_greedy(
     >>> out = sk.verify_greedy(logits, torch.tensor([[1, 0]]))
     >>> out.tokens.tolist(), out.num_accepted.tolist()
     ([[1, 2, -1]], [1])
+
+    The same request in vLLM's flattened layout, next to a request without drafts:
+
+    >>> flat = torch.cat([logits[0], torch.tensor([[0., 0., 7.]])])  # [num_tokens + B, V]
+    >>> out = sk.verify_greedy(flat, torch.tensor([1, 0]), cu_num_draft_tokens=torch.tensor([2, 2]))
+    >>> out.tokens.tolist()
+    [[1, 2, -1], [2, -1, -1]]
     """
+    if cu_num_draft_tokens is not None:
+        flat = _flat_inputs(
+            target_logits,
+            draft_tokens,
+            None,
+            cu_num_draft_tokens,
+            max_spec_len,
+            num_draft_tokens,
+            validate,
+        )
+        tokens, accepted, emitted = torch.ops.specdec.verify_ex(
+            target_logits,
+            flat.drafts,
+            None,
+            flat.num_draft_tokens,
+            None,
+            None,
+            None,
+            None,
+            flat.logits_row_start,
+            None,
+            MODE_GREEDY,
+            False,
+            0.0,
+            0.0,
+            resolve_backend(backend, target_logits.device),
+        )
+        return Verification(tokens, accepted, emitted)
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
@@ -238,6 +472,8 @@ def verify_sampling(
     num_draft_tokens: Tensor | None = None,
     seed: int | Tensor | None = None,
     generator: torch.Generator | None = None,
+    cu_num_draft_tokens: Tensor | None = None,
+    max_spec_len: int | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> Verification:
@@ -279,6 +515,10 @@ def verify_sampling(
         and ``seed[b]`` (batch invariance). Same inputs and seed, same output, on every call.
     generator : torch.Generator, optional
         Draws the per-row seeds when ``seed`` is None (default: torch's default generator).
+    cu_num_draft_tokens, max_spec_len
+        vLLM's flattened layout, as in :func:`verify_greedy`: ``target_logits [num_tokens + B,
+        V]``, ``draft_tokens [num_tokens]``, ``draft_probs [num_tokens, V]`` (or None), read in
+        place through per-request offsets; same tokens as the padded call with the same seeds.
     backend, validate
         As in :func:`verify_greedy`. ``validate`` also checks that ``draft_probs`` rows at live
         positions are non-negative and sum to 1 (tolerance ``max(1e-3, eps(dtype))``: bfloat16
@@ -313,6 +553,44 @@ def verify_sampling(
     >>> out.tokens.tolist()
     [[1, 2]]
     """
+    if cu_num_draft_tokens is not None:
+        flat = _flat_inputs(
+            target_logits,
+            draft_tokens,
+            draft_probs,
+            cu_num_draft_tokens,
+            max_spec_len,
+            num_draft_tokens,
+            validate,
+        )
+        b = flat.drafts.shape[0]
+        if draft_probs is not None and draft_probs.shape[0] == 0:
+            draft_probs = None  # no request has drafts: nothing to read
+        temp, topk, topp = _controls(b, target_logits.device, temperature, top_k, top_p, seed)
+        if validate:
+            check.check_control_values(temp, topk, topp)
+            check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
+        seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
+        greedy = isinstance(temperature, numbers.Real) and temperature == 0
+        tokens, accepted, emitted = torch.ops.specdec.verify_ex(
+            target_logits,
+            flat.drafts,
+            draft_probs,
+            flat.num_draft_tokens,
+            temp,
+            topk,
+            topp,
+            seeds,
+            flat.logits_row_start,
+            flat.probs_row_start if draft_probs is not None else None,
+            MODE_GREEDY if greedy else MODE_SAMPLING,
+            False,
+            0.0,
+            0.0,
+            resolve_backend(backend, target_logits.device),
+        )
+        return Verification(tokens, accepted, emitted)
+
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
@@ -322,15 +600,8 @@ def verify_sampling(
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of seed and generator, got both")
-    if isinstance(seed, torch.Tensor):
-        check.require_dtype("seed", seed, (torch.int64,))
-        check.require_shape("seed", seed, (b,), "[B]")
-        check.require_device("seed", seed, device)
-    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(
-            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
-        )
     check.check_scalar_ranges(temperature, top_k, top_p)
+    _check_seed(seed, b, device)
     resolved = resolve_backend(backend, device)
 
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
@@ -341,6 +612,31 @@ def verify_sampling(
         )
         return Verification(tokens, accepted, emitted)
 
+    temp, topk, topp = _controls(b, device, temperature, top_k, top_p, seed)
+    if validate:
+        check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
+    seeds = rng.seeds_for_batch(b, device, seed, generator)
+    tokens, accepted, emitted = torch.ops.specdec.verify_sampling(
+        target_logits, draft_tokens, draft_probs, nd, temp, topk, topp, seeds, resolved
+    )
+    return Verification(tokens, accepted, emitted)
+
+
+def _check_seed(seed, b: int, device: torch.device) -> None:
+    if isinstance(seed, torch.Tensor):
+        check.require_dtype("seed", seed, (torch.int64,))
+        check.require_shape("seed", seed, (b,), "[B]")
+        check.require_device("seed", seed, device)
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(
+            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
+        )
+
+
+def _controls(b: int, device: torch.device, temperature, top_k, top_p, seed):
+    """Check the sampling controls' types and turn them into ``[B]`` tensors (None = off)."""
+    check.check_scalar_ranges(temperature, top_k, top_p)
+    _check_seed(seed, b, device)
     temp = check.per_row(
         "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
     )
@@ -358,11 +654,118 @@ def verify_sampling(
             "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
         )
     )
+    return temp, topk, topp
+
+
+def verify_typical(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    *,
+    posterior_threshold: float = 0.09,
+    posterior_alpha: float = 0.3,
+    temperature: float | Tensor = 1.0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    num_draft_tokens: Tensor | None = None,
+    seed: int | Tensor | None = None,
+    generator: torch.Generator | None = None,
+    backend: str | None = None,
+    validate: bool = True,
+) -> Verification:
+    """Typical acceptance (lossy by design): accept drafts the target finds typical enough.
+
+    Cai et al., "Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+    Heads" (2024, https://arxiv.org/abs/2401.10774, the typical acceptance section, 3.3.1 as vLLM
+    cites it), as vLLM V0's ``TypicalAcceptanceSampler`` applies it to chains
+    (``vllm/model_executor/layers/typical_acceptance_sampler.py`` at commit ``0244fee8``). With
+    ``p_j`` the filtered target distribution (temperature, top-k, top-p exactly as
+    :func:`verify_sampling`), draft ``x_j`` is accepted when
+
+        ``p_j(x_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j)))``,
+
+    ``H(p) = -sum_x p(x) log p(x)``, in order, stopping at the first rejection; no draft
+    probabilities are needed and no random number decides acceptance. At the first rejection
+    ``j`` the extra token is sampled from ``p_j``, after ``k_b`` acceptances from ``p_{k_b}``
+    (the exponential race of :func:`verify_sampling`, same counters: with the same seed the bonus
+    token equals :func:`verify_sampling`'s). The output is not distributed as the target's.
+
+    Differences from vLLM V0 (deliberate): the entropy is the exact one (vLLM V0 and Medusa's
+    code use ``log(p + 1e-5)``, which lowers ``H`` of flat distributions by up to about
+    ``1e-5 * V``); the extra token is drawn here, from the filtered ``p_j`` with this package's
+    counters (vLLM V0 takes the token its target sampler already drew at that position, also a
+    draw from ``p_j``); ``temperature=0`` rows are exactly :func:`verify_greedy`'s; per-row seeds
+    as in :func:`verify_sampling`.
+
+    Parameters
+    ----------
+    target_logits, draft_tokens, temperature, top_k, top_p, num_draft_tokens, seed, generator
+        As in :func:`verify_sampling` (`[B, K+1, V]` logits, `[B, K]` drafts).
+    posterior_threshold : float
+        Hard acceptance threshold ``epsilon`` on ``p_j(x_j)``, finite and ``>= 0`` (Medusa's
+        default 0.09).
+    posterior_alpha : float
+        Entropy-scaled threshold factor ``delta``, finite and ``>= 0`` (Medusa's default 0.3,
+        about ``sqrt(0.09)``).
+    backend : {None, "triton", "native", "reference"}
+        As in :func:`verify_greedy`. The native C++ kernel and the reference implement it;
+        ``"triton"`` (and so CUDA tensors) runs the reference, with a one-time warning.
+    validate : bool
+        As in :func:`verify_sampling`.
+
+    Returns
+    -------
+    Verification
+        ``tokens [B, K+1]`` int64 (-1 padded), ``num_accepted [B]``, ``num_emitted [B]``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As in :func:`verify_sampling`; also for a negative or non-finite threshold or alpha.
+
+    Examples
+    --------
+    >>> import torch, specdec_kernels as sk
+    >>> logits = torch.tensor([[[0., 4., 0.], [0., 0., 9.]]])  # p_0(1) ~ 0.96: typical
+    >>> out = sk.verify_typical(logits, torch.tensor([[1]]), seed=0)
+    >>> out.tokens.tolist(), out.num_accepted.tolist()
+    ([[1, 2]], [1])
+    """
+    for name, value in (
+        ("posterior_threshold", posterior_threshold),
+        ("posterior_alpha", posterior_alpha),
+    ):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be finite and >= 0, got {value}")
+    b, k, v = check.check_logits(target_logits)
+    device = target_logits.device
+    check.check_draft_tokens(draft_tokens, b, k, device)
+    draft_tokens = draft_tokens.contiguous()
+    nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
+    if seed is not None and generator is not None:
+        raise ValueError("pass at most one of seed and generator, got both")
+    temp, topk, topp = _controls(b, device, temperature, top_k, top_p, seed)
+    resolved = resolve_backend(backend, device)
     if validate:
-        check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
+        check.check_values(target_logits, draft_tokens, nd, None, temp, topk, topp)
     seeds = rng.seeds_for_batch(b, device, seed, generator)
-    tokens, accepted, emitted = torch.ops.specdec.verify_sampling(
-        target_logits, draft_tokens, draft_probs, nd, temp, topk, topp, seeds, resolved
+    tokens, accepted, emitted = torch.ops.specdec.verify_ex(
+        target_logits,
+        draft_tokens,
+        None,
+        nd,
+        temp,
+        topk,
+        topp,
+        seeds,
+        None,
+        None,
+        MODE_TYPICAL,
+        False,
+        float(posterior_threshold),
+        float(posterior_alpha),
+        resolved,
     )
     return Verification(tokens, accepted, emitted)
 

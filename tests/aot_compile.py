@@ -56,8 +56,14 @@ POINTER_TYPES = {
     "m_ptr": "*fp32",
     "lo_ptr": "*i64",
     "hi_ptr": "*i64",
+    "lstart_ptr": "*i64",
+    "qstart_ptr": "*i64",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
+# Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
+# per kernel (flat rows and probability inputs with every other sampling flag on), not in the
+# full product (that would quadruple the compile time).
+LAYOUT_FLAGS = ("FLAT", "LOG_X")
 MODES = {}  # non-boolean mode constexprs and their values
 
 
@@ -107,8 +113,12 @@ def kernels():
         if "BLOCK_K" in fn.arg_names and fn is accept_reject._accept_reject_kernel:
             fixed["BLOCK_K"] = 64
         choices = [(False, True)] * len(flags) + [MODES[m] for m in modes]
+        layout = {k: False for k in LAYOUT_FLAGS if k in fn.arg_names}
         for values in itertools.product(*choices):
-            yield fn, {**fixed, **dict(zip(flags + modes, values))}
+            yield fn, {**fixed, **layout, **dict(zip(flags + modes, values))}
+        if layout:  # vLLM's flat rows + probability inputs: the sampling variant with everything on
+            richest = {f: f != "GREEDY_ONLY" for f in flags}
+            yield fn, {**fixed, **richest, **{k: True for k in layout}}
 
 
 def ptxas_resources(ptx: str, arch: str) -> dict:
@@ -148,7 +158,9 @@ def main(archs, report=None, fail_on_spills=False):
     for arch in archs:
         target = GPUTarget("cuda", int(arch), 32)
         for fn, constexprs in kernels():
-            flags = {k: v for k, v in constexprs.items() if k in FLAGS or k in MODES}
+            flags = {
+                k: v for k, v in constexprs.items() if k in FLAGS or k in MODES or k in LAYOUT_FLAGS
+            }
             try:
                 compiled = _compile(fn, constexprs, target)
                 ok = "cubin" in compiled.asm

@@ -33,6 +33,20 @@ struct VerifyArgs {
   int64_t* num_accepted = nullptr;            // [B] out
   int64_t batch = 0, num_draft = 0, vocab = 0;  // B, K, V
   bool greedy_only = false;
+  // Flattened (vLLM) layout: when set, position j of row b reads logits row
+  // clamp(logits_row_start[b] + j, 0, logits_rows - 1) of a [logits_rows, V] tensor (stride
+  // logits_stride_k), and likewise the draft probabilities (probs_row_start, probs_rows,
+  // probs_stride_k); the *_stride_b strides are then unused.
+  const int64_t* logits_row_start = nullptr;  // [B] or nullptr (padded [B, K+1, V] layout)
+  int64_t logits_rows = 0;
+  const int64_t* probs_row_start = nullptr;  // [B] or nullptr
+  int64_t probs_rows = 0;
+  // The inputs are probabilities, not logits: x = log(value) (temperature unused, must be 1).
+  bool log_input = false;
+  // Typical acceptance (Medusa): accept x_j when p_j(x_j) > min(posterior_threshold,
+  // posterior_alpha * exp(-H(p_j))); at a rejection sample from p_j.
+  bool typical = false;
+  float posterior_threshold = 0.09f, posterior_alpha = 0.3f;
 };
 
 // Pointers of one tree verify call (specdec_kernels/reference/verify_tree.py). Strides are in

@@ -110,6 +110,19 @@ inline Vec load_x(const T* src, int64_t i, int64_t n, float temp, float pad) {
   return temp != 1.0f ? v / Vec(temp) : v;
 }
 
+// How a logits row maps to x: x = value / temp, or x = log(value) for probability inputs.
+struct XMap {
+  float temp = 1.0f;
+  bool log = false;
+};
+
+// W values of x from a logits (or probability) row; lanes at or past n hold -inf.
+template <typename T>
+inline Vec load_logits(const T* src, int64_t i, int64_t n, const XMap& xm) {
+  if (xm.log) return load_x(src, i, n, 1.0f, 0.0f).log();  // log(0) = -inf: masked
+  return load_x(src, i, n, xm.temp, kNegInf);
+}
+
 // --- per-chunk statistics ---------------------------------------------------------------------
 struct Stats {
   float m = kNegInf;  // max of x (NaN never wins a comparison)
@@ -122,15 +135,15 @@ inline float safe_max(float m) { return m == kNegInf ? 0.0f : m; }
 // Max, first argmax and (need_sum) sum of exp(x - max) of x = src[0, n) / temp.
 template <typename T>
 inline Stats chunk_stats(const T* src,  // [n]
-                         int64_t n, float temp, int64_t base, bool need_sum) {
+                         int64_t n, const XMap& xm, int64_t base, bool need_sum) {
   const int64_t npad = padded(n);
-  Vec best = load_x(src, 0, n, temp, kNegInf);
+  Vec best = load_logits(src, 0, n, xm);
   Vec best_i = Vec::arange(0.0f, 1.0f);  // chunk-local indices, exact in float
   Vec idx = best_i;
   const Vec step(static_cast<float>(W));
   for (int64_t i = W; i < npad; i += W) {
     idx = idx + step;
-    const Vec v = load_x(src, i, n, temp, kNegInf);
+    const Vec v = load_logits(src, i, n, xm);
     const Vec take = v > best;
     best = Vec::blendv(best, v, take);
     best_i = Vec::blendv(best_i, idx, take);
@@ -156,7 +169,7 @@ inline Stats chunk_stats(const T* src,  // [n]
     const Vec shift(safe_max(st.m));
     Vec acc(0.0f);
     for (int64_t i = 0; i < npad; i += W) {
-      acc = acc + (load_x(src, i, n, temp, kNegInf) - shift).exp_u20();
+      acc = acc + (load_logits(src, i, n, xm) - shift).exp_u20();
     }
     alignas(64) float lane_s[W];
     acc.store(lane_s);
@@ -207,11 +220,11 @@ struct Candidates {
 
   // x = src[0, n) / temp of one chunk whose max is chunk_max.
   template <typename T>
-  void add(const T* src, int64_t n, float temp, float chunk_max) {
+  void add(const T* src, int64_t n, const XMap& xm, float chunk_max) {
     if (!(chunk_max >= cutoff)) return;
     alignas(64) float lanes[W];
     for (int64_t i = 0; i < n; i += W) {
-      const Vec v = load_x(src, i, n, temp, kNegInf);
+      const Vec v = load_logits(src, i, n, xm);
       if ((v >= Vec(cutoff)).zero_mask() == (1 << W) - 1) continue;  // no lane passes
       v.store(lanes);
       for (int64_t l = 0; l < W && i + l < n; ++l) {
@@ -362,7 +375,7 @@ struct RaceState {
 template <RaceKind KIND, typename T, typename Q>
 inline void chunk_race(RaceState& rs, const T* src,  // [n]
                        const Q* q_src,                // [n] or nullptr
-                       int64_t draft_local, int64_t n, float temp, int64_t base, float m,
+                       int64_t draft_local, int64_t n, const XMap& xm, int64_t base, float m,
                        const Filter& f, uint32_t stream) {
   const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), one(1.0f), ln2(LN2);
   const Vec floor(EXP_FLOOR), draft(static_cast<float>(draft_local));
@@ -371,7 +384,7 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
   alignas(64) float lg[W];
   alignas(64) float lanes[W];
   for (int64_t i = 0; i < n; i += W) {
-    const Vec xv = load_x(src, i, n, temp, kNegInf);
+    const Vec xv = load_logits(src, i, n, xm);
     const Vec keep = xv >= kappa;
     const Vec d = xv - shift;
     if ((keep & (d >= Vec(rs.log_sz - 24.0f * LN2))).zero_mask() == full) continue;
@@ -408,7 +421,7 @@ inline void for_chunks(int64_t nchunks, bool split, const F& fn) {
 // Stats (and top-k/top-p candidates when keep > 0) of one logits row [V].
 template <typename T>
 inline Stats position_stats(const T* row,  // [V]
-                            int64_t V, float temp, bool need_sum, int64_t keep, bool split,
+                            int64_t V, const XMap& xm, bool need_sum, int64_t keep, bool split,
                             std::vector<float>& cand) {
   const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
   std::vector<Stats> parts(nchunks);
@@ -418,8 +431,8 @@ inline Stats position_stats(const T* row,  // [V]
     if (mine) mine->reset(keep, V);
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n = std::min(CHUNK, V - c * CHUNK);
-      parts[c] = chunk_stats(row + c * CHUNK, n, temp, c * CHUNK, need_sum);
-      if (mine) mine->add(row + c * CHUNK, n, temp, parts[c].m);
+      parts[c] = chunk_stats(row + c * CHUNK, n, xm, c * CHUNK, need_sum);
+      if (mine) mine->add(row + c * CHUNK, n, xm, parts[c].m);
     }
   });
   Stats st;
@@ -433,8 +446,8 @@ inline Stats position_stats(const T* row,  // [V]
 template <RaceKind KIND, typename T, typename Q>
 inline RaceState position_race(const T* row,    // [V]
                                const Q* q_row,  // [V] draft probabilities, or nullptr
-                               int64_t draft, int64_t V, float temp, float m, const Filter& f,
-                               uint32_t stream, bool split) {
+                               int64_t draft, int64_t V, const XMap& xm, float m,
+                               const Filter& f, uint32_t stream, bool split) {
   const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
   std::vector<RaceState> parts(nchunks, RaceState(KIND, f.z));  // one per range, at its start
   std::vector<char> used(nchunks, 0);
@@ -446,7 +459,7 @@ inline RaceState position_race(const T* row,    // [V]
       const int64_t n = std::min(CHUNK, V - base);
       const Q* qp = q_row != nullptr ? q_row + base : nullptr;
       const int64_t draft_local = draft >= base && draft < base + n ? draft - base : -1;
-      chunk_race<KIND>(rs, row + base, qp, draft_local, n, temp, base, m, f, stream);
+      chunk_race<KIND>(rs, row + base, qp, draft_local, n, xm, base, m, f, stream);
     }
   });
   RaceState best(KIND, f.z);
@@ -460,14 +473,39 @@ inline RaceState position_race(const T* row,    // [V]
 // else (or at the bonus position) the plain race over p.
 template <typename T, typename Q>
 inline int64_t extra_token(const T* row, const Q* q_row, int64_t draft, bool rejected, int64_t V,
-                           float temp, float m, const Filter& f, uint32_t stream, bool split) {
+                           const XMap& xm, float m, const Filter& f, uint32_t stream, bool split) {
   if (rejected) {
-    const RaceState r = position_race<RaceKind::kResidual>(row, q_row, draft, V, temp, m, f,
+    const RaceState r = position_race<RaceKind::kResidual>(row, q_row, draft, V, xm, m, f,
                                                            stream, split);
     if (r.s > 0.0f) return r.index;
   }
-  return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, temp, m, f, stream, split)
+  return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, xm, m, f, stream, split)
       .index;
+}
+
+// Entropy of the filtered distribution of one position: with d = x - m and e = exp(d) over the
+// kept tokens, p = e / z and H = -sum p log p = log z - sum(e d) / z (tokens with e = 0 add 0).
+template <typename T>
+inline float position_entropy(const T* row,  // [V]
+                              int64_t V, const XMap& xm, float m, const Filter& f) {
+  const Vec shift(safe_max(m)), kappa(f.kappa), zero(0.0f);
+  Vec acc(0.0f);
+  for (int64_t i = 0; i < V; i += W) {
+    const Vec xv = load_logits(row, i, V, xm);
+    const Vec d = xv - shift;
+    const Vec e = d.exp();
+    acc = acc + Vec::blendv(zero, e * d, (xv >= kappa) & (e > zero));
+  }
+  alignas(64) float lanes[W];
+  acc.store(lanes);
+  double s = 0.0;
+  for (int64_t l = 0; l < W; ++l) s += lanes[l];
+  return std::log(f.z) - static_cast<float>(s) / f.z;
+}
+
+// Row r of a flattened [rows, V] tensor, clamped into it (bad offsets never read out of bounds).
+inline int64_t clamp_row(int64_t r, int64_t rows) {
+  return std::min(std::max<int64_t>(r, 0), std::max<int64_t>(rows - 1, 0));
 }
 
 // --- one row ----------------------------------------------------------------------------------
@@ -480,19 +518,32 @@ void verify_row(const VerifyArgs& a, int64_t b, bool split) {
   const int64_t kb = std::min(std::max<int64_t>(a.num_draft_tokens[b], 0), K);
   float temp = a.greedy_only ? 1.0f : a.temperature[b];
   const bool greedy = a.greedy_only || temp == 0.0f;
-  if (temp == 0.0f) temp = 1.0f;
+  if (temp == 0.0f || a.log_input) temp = 1.0f;
+  const XMap xm{temp, a.log_input};
   const uint32_t key = greedy ? 0u : row_key(a.seeds[b]);
   const int64_t top_k = (!greedy && a.top_k != nullptr) ? a.top_k[b] : 0;
   const float top_p = (!greedy && a.top_p != nullptr) ? a.top_p[b] : 1.0f;
   const bool topk_on = top_k > 0 && top_k < V;
   const bool topp_on = top_p < 1.0f;
   const int64_t keep = topk_on ? top_k : (topp_on ? V : 0);
+  auto logits_row = [&](int64_t j) -> const T* {
+    if (a.logits_row_start != nullptr) {
+      return logits + clamp_row(a.logits_row_start[b] + j, a.logits_rows) * a.logits_stride_k;
+    }
+    return logits + b * a.logits_stride_b + j * a.logits_stride_k;
+  };
+  auto probs_row = [&](int64_t j) -> const Q* {
+    if (a.probs_row_start != nullptr) {
+      return probs + clamp_row(a.probs_row_start[b] + j, a.probs_rows) * a.probs_stride_k;
+    }
+    return probs + b * a.probs_stride_b + j * a.probs_stride_k;
+  };
 
   std::vector<float> cand;
   int64_t j = 0, extra = 0;
   for (;;) {
-    const T* row = logits + b * a.logits_stride_b + j * a.logits_stride_k;
-    const Stats st = position_stats(row, V, temp, !greedy, keep, split, cand);
+    const T* row = logits_row(j);
+    const Stats st = position_stats(row, V, xm, !greedy, keep, split, cand);
     const int64_t draft = j < kb ? drafts[j] : -1;
     bool accepted = j < kb && draft == st.a;
     if (greedy) {
@@ -504,27 +555,35 @@ void verify_row(const VerifyArgs& a, int64_t b, bool split) {
       break;
     }
     const Filter f = thresholds(cand, st, topk_on, top_k, topp_on, top_p);
-    const Q* q_row = probs != nullptr && j < kb
-                         ? probs + b * a.probs_stride_b + j * a.probs_stride_k
-                         : nullptr;
-    if (j < kb) {  // the accept test u * q(x) < p(x)
+    const Q* q_row = probs != nullptr && j < kb && !a.typical ? probs_row(j) : nullptr;
+    if (j < kb) {  // the accept test
       const bool in_vocab = draft >= 0 && draft < V;
       const int64_t d = std::min(std::max<int64_t>(draft, 0), V - 1);
-      const float x = static_cast<float>(row[d]) / temp;
       alignas(64) float e[W];
-      (Vec(x) - Vec(safe_max(st.m))).exp().store(e);
+      const Vec xv = a.log_input ? Vec(static_cast<float>(row[d])).log()
+                                 : Vec(static_cast<float>(row[d]) / temp);
+      xv.store(e);
+      const float x = e[0];
+      (xv - Vec(safe_max(st.m))).exp().store(e);
       const float p = x >= f.kappa ? e[0] / f.z : 0.0f;
-      const float q = q_row != nullptr ? static_cast<float>(q_row[d]) : 1.0f;
-      const float u = uniform(stream_key(key, j, PURPOSE_ACCEPT), 0);
-      accepted = (u * q < p) && q > 0.0f && in_vocab;
+      if (a.typical) {  // p(x) > min(threshold, alpha * exp(-H))
+        const float h = position_entropy(row, V, xm, st.m, f);
+        const float bound = std::min(a.posterior_threshold, a.posterior_alpha * std::exp(-h));
+        accepted = p > bound && in_vocab;
+      } else {  // u * q(x) < p(x)
+        const float q = q_row != nullptr ? static_cast<float>(q_row[d]) : 1.0f;
+        const float u = uniform(stream_key(key, j, PURPOSE_ACCEPT), 0);
+        accepted = (u * q < p) && q > 0.0f && in_vocab;
+      }
     }
     if (accepted) {
       ++j;
       continue;
     }
-    const bool rejected = j < kb;
+    // Typical acceptance samples the extra token from p itself (the plain race).
+    const bool rejected = j < kb && !a.typical;
     const int64_t one_hot = rejected && draft >= 0 && draft < V ? draft : -1;
-    extra = extra_token(row, q_row, one_hot, rejected, V, temp, st.m, f,
+    extra = extra_token(row, q_row, one_hot, rejected, V, xm, st.m, f,
                         stream_key(key, j, PURPOSE_SAMPLE), split);
     break;
   }

@@ -96,6 +96,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     o.add_argument("--plot", default=None, help="draw the run's PNG here")
     o.set_defaults(bench_func=_ops)
 
+    c = sub.add_parser(
+        "compat",
+        help="adapter overhead of the drop-in entry points (specdec_kernels.compat) against "
+        "the core ops they wrap",
+    )
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--batch", type=_csv(int), default=(1, 8, 64), help="comma-separated B")
+    c.add_argument("--k", type=int, default=4, help="draft tokens per request")
+    c.add_argument("--vocab", type=int, default=32000)
+    c.add_argument("--budget", type=float, default=0.3, help="timing budget per call (s)")
+    c.add_argument("--entry-points", type=_csv(str), default=None, help="comma-separated subset")
+    c.add_argument("--json", default="", help="append rows here ('' for none)")
+    c.set_defaults(bench_func=_compat)
+
     e = sub.add_parser(
         "e2e",
         help="end-to-end generation with the bundled pair: specdec vs "
@@ -320,10 +334,38 @@ def _e2e_trees(args) -> int:
     return 0
 
 
+def _compat(args) -> int:
+    import torch
+
+    from specdec_kernels.benchmarks import compat, results
+
+    device = torch.device(args.device)
+    header = results.run_header(device, "compat")
+    print(
+        f"specdec bench compat: {header['machine'].get('gpu') or header['machine']['cpu']}, "
+        f"K={args.k}, V={args.vocab}, torch threads {torch.get_num_threads()}"
+    )
+    rows = compat.run(
+        args.batch,
+        args.k,
+        args.vocab,
+        device,
+        args.budget,
+        tuple(args.entry_points) if args.entry_points else compat.ENTRY_POINTS,
+        on_row=lambda row: print(compat.format_row(row), flush=True),
+    )
+    if args.json:
+        results.append_rows(args.json, [{**header, **row} for row in rows])
+        print(f"appended {len(rows)} rows to {args.json}")
+    return 0
+
+
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     """Add ``bench`` to a ``specdec`` parser's subparsers; the parsed namespace runs through
     :func:`run_parsed`."""
-    b = subparsers.add_parser("bench", help="benchmarks: 'ops' (kernels) or 'e2e' (generation)")
+    b = subparsers.add_parser(
+        "bench", help="benchmarks: 'ops' (kernels), 'compat' (adapters) or 'e2e' (generation)"
+    )
     build_parser(b)
     b.set_defaults(func=run_parsed)
     return b

@@ -76,6 +76,15 @@ def uniform_first(stream):
 
 
 @triton.jit
+def load_x(ptr, mask, temp, LOG_X: tl.constexpr):
+    """``x = logit / temp`` of the logits at ``ptr`` (``-inf`` where masked); with ``LOG_X`` the
+    inputs are probabilities and ``x = log(prob)`` (``log 0 = -inf``: masked; ``temp`` unused)."""
+    if LOG_X:
+        return tl.log(tl.load(ptr, mask=mask, other=0.0).to(tl.float32))
+    return tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32) / temp
+
+
+@triton.jit
 def float_key(x):
     """Order-preserving int64 key of float32 ``x`` (``-0.0`` counts as ``+0.0``)."""
     x = tl.where(x == 0.0, 0.0, x)
@@ -109,7 +118,7 @@ def merge_best(best, index, cand, cand_index):
 @triton.jit
 def chunk_stats(row_ptr,  # [V] one logits row
                 chunk_start, V, temp, NEED_SUM: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr = False):
     """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk."""
     offs = tl.arange(0, BLOCK)
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -118,7 +127,7 @@ def chunk_stats(row_ptr,  # [V] one logits row
     for t in tl.static_range(0, CHUNK, BLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        x = load_x(row_ptr + idx, mask, temp, LOG_X)
         i_vec = tl.where(x > m_vec, idx, i_vec)
         new_m = tl.maximum(m_vec, x)
         if NEED_SUM:
@@ -138,7 +147,7 @@ def chunk_stats(row_ptr,  # [V] one logits row
 @triton.jit
 def chunk_pivot_pass(row_ptr,  # [V] one logits row
                      chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
-                     CHUNK: tl.constexpr, TBLOCK: tl.constexpr):
+                     CHUNK: tl.constexpr, TBLOCK: tl.constexpr, LOG_X: tl.constexpr = False):
     """Over one chunk, for each pivot: the count and unnormalised mass ``exp(x - m)`` of the
     tokens with ``key >= floor_key`` and ``key > pivot``."""
     offs = tl.arange(0, TBLOCK)
@@ -147,7 +156,7 @@ def chunk_pivot_pass(row_ptr,  # [V] one logits row
     for t in range(0, CHUNK, TBLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        x = load_x(row_ptr + idx, mask, temp, LOG_X)
         key = float_key(x)
         live = mask & (key >= floor_key)
         e = tl.where(live, tl.exp(x - m), 0.0)
@@ -191,7 +200,7 @@ def search_step(
 def _search(row_ptr,  # [V] one logits row
             V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
             USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-            TBLOCK: tl.constexpr, NCHUNK):
+            TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False):
     """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
 
     Invariant: ``f(lo) >= target > f(hi)``. Each pass over the row tests ``NPIV`` pivots, so the
@@ -206,7 +215,7 @@ def _search(row_ptr,  # [V] one logits row
             masses = tl.zeros([NPIV], tl.float32)
             for c in range(0, NCHUNK):
                 cc, cm = chunk_pivot_pass(
-                    row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV, CHUNK, TBLOCK
+                    row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV, CHUNK, TBLOCK, LOG_X
                 )
                 counts += cc
                 masses += cm
@@ -223,7 +232,7 @@ def _search(row_ptr,  # [V] one logits row
 def thresholds(row_ptr,  # [V] one logits row
                V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
                HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-               TBLOCK: tl.constexpr, NCHUNK):
+               TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False):
     """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
 
     Tokens with ``float_key(x) >= kappa`` are kept; ``p(x) = exp(x - m) / Z`` on them. Without
@@ -252,6 +261,7 @@ def thresholds(row_ptr,  # [V] one logits row
                 CHUNK,
                 TBLOCK,
                 NCHUNK,
+                LOG_X,
             )
     if HAS_TOPP:
         if top_p < 1.0:
@@ -271,6 +281,7 @@ def thresholds(row_ptr,  # [V] one logits row
                 CHUNK,
                 TBLOCK,
                 NCHUNK,
+                LOG_X,
             )
     return kappa, z
 # fmt: on
@@ -288,7 +299,8 @@ def target_prob(x, m, z, kappa):
 def chunk_race(row_ptr,  # [V] one logits row
                q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
                draft, chunk_start, V, temp, m, z, kappa, stream, q_len,
-               HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+               HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+               LOG_X: tl.constexpr = False):
     """Exponential race over one chunk, for the residual ``max(0, p - q)`` and for ``p``.
 
     Returns ``(residual_best, residual_index, plain_best, plain_index)``; the sample is the
@@ -303,7 +315,7 @@ def chunk_race(row_ptr,  # [V] one logits row
     for t in tl.static_range(0, CHUNK, BLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        x = load_x(row_ptr + idx, mask, temp, LOG_X)
         p = tl.where(mask, target_prob(x, m, z, kappa), 0.0)
         if HAS_Q:
             q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
@@ -332,11 +344,12 @@ def chunk_race(row_ptr,  # [V] one logits row
 @triton.jit
 def accept_draft(row_ptr,  # [V] one logits row
                  q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
-                 draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr):
+                 draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr,
+                 LOG_X: tl.constexpr = False):
     """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)
-    x = tl.load(row_ptr + d).to(tl.float32) / temp
+    x = load_x(row_ptr + d, d == d, temp, LOG_X)
     p = target_prob(x, m, z, kappa)
     if HAS_Q:
         q = tl.load(q_ptr + d).to(tl.float32)

@@ -53,6 +53,18 @@ def compile_options(kernel) -> dict:
 
 
 @triton.jit
+def _row(ptr, start_ptr, b, j, stride_b, stride_k, nrows, FLAT: tl.constexpr):
+    """Pointer to the ``[V]`` row of position ``j`` of batch row ``b``: ``ptr + b * stride_b +
+    j * stride_k`` (padded ``[B, *, V]``), or with ``FLAT`` row ``clamp(start[b] + j, 0,
+    nrows - 1)`` of a flattened ``[nrows, V]`` tensor (bad offsets stay in bounds)."""
+    if FLAT:
+        r = tl.load(start_ptr + b).to(tl.int64) + j
+        r = tl.minimum(tl.maximum(r, 0), nrows - 1)
+        return ptr + r * stride_k
+    return ptr + b * stride_b + j * stride_k
+
+
+@triton.jit
 def _row_temperature(temp_ptr, b, GREEDY_ONLY: tl.constexpr):  # temp_ptr: [B]
     """(temperature used for x = logit / T, is this a greedy row)."""
     if GREEDY_ONLY:
@@ -123,10 +135,11 @@ def _verify_row_kernel(
     seed_ptr,  # [B] int64 seeds
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
-    V, K, NCHUNK,
+    lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
+    V, K, NCHUNK, NROWS, QROWS,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
-    NPIV: tl.constexpr, BLOCK_K: tl.constexpr,
+    NPIV: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
@@ -142,13 +155,15 @@ def _verify_row_kernel(
     go_on = kb >= 0
     for _ in range(0, K + 1):  # each position accepts (and moves on) or stops the row
         if go_on:
-            row = logits_ptr + b * stride_lb + j.to(tl.int64) * stride_lk
-            q_row = q_ptr + b * stride_qb + j.to(tl.int64) * stride_qk
+            row = _row(logits_ptr, lstart_ptr, b, j.to(tl.int64), stride_lb, stride_lk, NROWS, FLAT)
+            q_row = _row(q_ptr, qstart_ptr, b, j.to(tl.int64), stride_qb, stride_qk, QROWS, FLAT)
             big_m = tl.full([], float("-inf"), tl.float32)
             big_s = tl.zeros([], tl.float32)
             big_a = tl.zeros([], tl.int32)
             for c in range(0, NCHUNK):
-                m, s, a = chunk_stats(row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK)
+                m, s, a = chunk_stats(
+                    row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X
+                )
                 big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
             draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
             kappa = tl.full([], KEY_FLOOR, tl.int64)
@@ -169,12 +184,13 @@ def _verify_row_kernel(
                         CHUNK,
                         TBLOCK,
                         NCHUNK,
+                        LOG_X,
                     )
             accepted = draft == big_a
             if not GREEDY_ONLY:
                 if (greedy == 0) & (j < kb):
                     accepted = accept_draft(
-                        row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q
+                        row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q, LOG_X
                     )
             accepted = accepted & (j < kb)
             if accepted:
@@ -204,6 +220,7 @@ def _verify_row_kernel(
                                 HAS_Q,
                                 CHUNK,
                                 BLOCK,
+                                LOG_X,
                             )
                             r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
                             p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
@@ -220,8 +237,10 @@ def _split_stats_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     nd_ptr, temp_ptr,  # [B] num_draft_tokens, temperature
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
-    V, K, NCHUNK,
-    GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
+    V, K, NCHUNK, NROWS,
+    GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FLAT: tl.constexpr,
+    LOG_X: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -230,8 +249,8 @@ def _split_stats_kernel(
     kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
     if j <= kb:
         temp, greedy = _row_temperature(temp_ptr, b, GREEDY_ONLY)
-        row = logits_ptr + b * stride_lb + j * stride_lk
-        m, s, a = chunk_stats(row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK)
+        row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
+        m, s, a = chunk_stats(row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X)
         out = pid * NCHUNK + c
         tl.store(part_m_ptr + out, m)
         tl.store(part_s_ptr + out, s)
@@ -247,9 +266,10 @@ def _split_threshold_kernel(
     nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
     kappa_ptr, z_ptr,  # [B*(K+1)] out: key threshold, kept mass
-    V, K, NCHUNK,
+    lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
+    V, K, NCHUNK, NROWS,
     HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-    TBLOCK: tl.constexpr,
+    TBLOCK: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
 ):
     """The top-k / top-p threshold of one position, in one program: the same search as the row
     strategy (``_common.thresholds``, chunk partials added in chunk order) started from the
@@ -270,7 +290,7 @@ def _split_threshold_kernel(
             top_k = tl.load(topk_ptr + b)
         if HAS_TOPP:
             top_p = tl.load(topp_ptr + b).to(tl.float32)
-        row = logits_ptr + b * stride_lb + j * stride_lk
+        row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         kappa, z = thresholds(
             row,
             V,
@@ -285,6 +305,7 @@ def _split_threshold_kernel(
             CHUNK,
             TBLOCK,
             NCHUNK,
+            LOG_X,
         )
     tl.store(kappa_ptr + pid, kappa)
     tl.store(z_ptr + pid, z)
@@ -303,8 +324,10 @@ def _split_race_kernel(
     kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
     race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best score, token
     race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
-    V, K, NCHUNK,
+    lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
+    V, K, NCHUNK, NROWS, QROWS,
     HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    FLAT: tl.constexpr, LOG_X: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -323,8 +346,8 @@ def _split_race_kernel(
             z = tl.load(z_ptr + pid)
         draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
         stream = stream_key(row_key(tl.load(seed_ptr + b)), j, PURPOSE_SAMPLE)
-        row = logits_ptr + b * stride_lb + j * stride_lk
-        q_row = q_ptr + b * stride_qb + j * stride_qk
+        row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
+        q_row = _row(q_ptr, qstart_ptr, b, j, stride_qb, stride_qk, QROWS, FLAT)
         rb, ri, pb, pi = chunk_race(
             row,
             q_row,
@@ -340,6 +363,7 @@ def _split_race_kernel(
             HAS_Q,
             CHUNK,
             BLOCK,
+            LOG_X,
         )
         out = pid * NCHUNK + c
         tl.store(race_rb_ptr + out, rb)
@@ -363,9 +387,10 @@ def _split_decide_kernel(
     race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
-    V, K, NCHUNK,
+    lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
+    V, K, NCHUNK, NROWS, QROWS,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
@@ -386,9 +411,12 @@ def _split_decide_kernel(
                 if HAS_FILTER:
                     kappa = tl.load(kappa_ptr + pos)
                     z = tl.load(z_ptr + pos)
-                row = logits_ptr + b * stride_lb + j.to(tl.int64) * stride_lk
-                q_row = q_ptr + b * stride_qb + j.to(tl.int64) * stride_qk
-                accepted = accept_draft(row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q)
+                jj = j.to(tl.int64)
+                row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
+                q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
+                accepted = accept_draft(
+                    row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q, LOG_X
+                )
         accepted = accepted & (j < kb)
         if accepted:
             j += 1
@@ -452,6 +480,9 @@ def verify(
     *,
     greedy_only: bool,
     strategy: str | None = None,
+    logits_row_start=None,
+    probs_row_start=None,
+    log_input: bool = False,
 ):
     """Launch the verification kernels; see :func:`specdec_kernels.verify_sampling`.
 
@@ -459,10 +490,18 @@ def verify(
     [B, K]``, ``draft_probs [B, K, V]`` (last stride 1) or None, ``num_draft_tokens [B]``,
     ``temperature [B]`` float32, ``top_k [B]`` int64 or None, ``top_p [B]`` float32 or None,
     ``seeds [B]`` int64. ``greedy_only`` ignores the sampling arguments (they may be None).
+    Flattened layout: with ``logits_row_start [B]`` int64, ``target_logits`` is ``[R, V]`` and
+    position ``j`` of row ``b`` reads row ``logits_row_start[b] + j`` (clamped into ``[0, R)``);
+    ``probs_row_start [B]`` does the same for a ``[R', V]`` ``draft_probs``. ``log_input``: the
+    inputs are probabilities (``x = log p``; temperature must be 1 or 0).
     Returns ``(tokens [B, K+1] int64, num_accepted [B] int64)``.
     """
-    batch, k1, vocab = target_logits.shape
-    k = k1 - 1
+    flat = logits_row_start is not None
+    batch, k = draft_tokens.shape
+    k1 = k + 1
+    vocab = target_logits.shape[-1]
+    nrows = target_logits.shape[0] if flat else 0
+    qrows = draft_probs.shape[0] if flat and draft_probs is not None else 0
     device = target_logits.device
     cfg = launch_config(vocab)
     nchunk = cfg["NCHUNK"]
@@ -473,14 +512,23 @@ def verify(
     strategy = strategy or pick_strategy(batch, device)
     has_q = draft_probs is not None
     q = draft_probs if has_q else target_logits  # never read when HAS_Q is false
-    stride_qb, stride_qk = (q.stride(0), q.stride(1)) if has_q else (0, 0)
+    if flat:
+        stride_qb, stride_qk = (0, q.stride(0)) if has_q else (0, 0)
+        lstart = logits_row_start
+        qstart = probs_row_start if has_q else logits_row_start
+    else:
+        stride_qb, stride_qk = (q.stride(0), q.stride(1)) if has_q else (0, 0)
+        lstart = qstart = num_draft_tokens  # never read when FLAT is false
     # Pointers that a mode never reads still need a tensor; num_draft_tokens is always there.
     temp = num_draft_tokens if greedy_only else temperature
     seed_t = num_draft_tokens if greedy_only else seeds
     topk_t = top_k if top_k is not None else num_draft_tokens
     topp_t = top_p if top_p is not None else num_draft_tokens
     has_topk, has_topp = top_k is not None, top_p is not None
-    lb, lk = target_logits.stride(0), target_logits.stride(1)
+    if flat:
+        lb, lk = 0, target_logits.stride(0)
+    else:
+        lb, lk = target_logits.stride(0), target_logits.stride(1)
     db = draft_tokens.stride(0)
     block_k = triton.next_power_of_2(k1)
 
@@ -501,9 +549,13 @@ def verify(
             seed_t,
             tokens,
             num_accepted,
+            lstart,
+            qstart,
             vocab,
             k,
             nchunk,
+            nrows,
+            qrows,
             GREEDY_ONLY=greedy_only,
             HAS_Q=has_q,
             HAS_TOPK=has_topk,
@@ -513,6 +565,8 @@ def verify(
             TBLOCK=cfg["TBLOCK"],
             NPIV=cfg["NPIV"],
             BLOCK_K=block_k,
+            FLAT=flat,
+            LOG_X=log_input,
             **_ROW_COMPILE,
         )
         return tokens, num_accepted
@@ -532,12 +586,16 @@ def verify(
         part_m,
         part_s,
         part_a,
+        lstart,
         vocab,
         k,
         nchunk,
+        nrows,
         GREEDY_ONLY=greedy_only,
         CHUNK=cfg["CHUNK"],
         BLOCK=cfg["BLOCK"],
+        FLAT=flat,
+        LOG_X=log_input,
         **_COMPILE,
     )
     has_filter = (has_topk or has_topp) and not greedy_only
@@ -562,14 +620,18 @@ def verify(
                 part_a,
                 kappa,
                 z,
+                lstart,
                 vocab,
                 k,
                 nchunk,
+                nrows,
                 HAS_TOPK=has_topk,
                 HAS_TOPP=has_topp,
                 NPIV=cfg["NPIV"],
                 CHUNK=cfg["CHUNK"],
                 TBLOCK=cfg["TBLOCK"],
+                FLAT=flat,
+                LOG_X=log_input,
                 **_COMPILE,
             )
         _split_race_kernel[(positions, nchunk)](
@@ -590,13 +652,19 @@ def verify(
             kappa,
             z,
             *race,
+            lstart,
+            qstart,
             vocab,
             k,
             nchunk,
+            nrows,
+            qrows,
             HAS_Q=has_q,
             HAS_FILTER=has_filter,
             CHUNK=cfg["CHUNK"],
             BLOCK=cfg["BLOCK"],
+            FLAT=flat,
+            LOG_X=log_input,
             **_COMPILE,
         )
     _split_decide_kernel[(batch,)](
@@ -619,13 +687,19 @@ def verify(
         *race,
         tokens,
         num_accepted,
+        lstart,
+        qstart,
         vocab,
         k,
         nchunk,
+        nrows,
+        qrows,
         GREEDY_ONLY=greedy_only,
         HAS_Q=has_q,
         HAS_FILTER=has_filter,
         BLOCK_K=block_k,
+        FLAT=flat,
+        LOG_X=log_input,
         **_COMPILE,
     )
     return tokens, num_accepted
