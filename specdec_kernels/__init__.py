@@ -17,7 +17,7 @@ if (
 ):
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from specdec_kernels import models  # noqa: E402
+from specdec_kernels import distributed, models  # noqa: E402
 from specdec_kernels._extension import extension_available  # noqa: E402
 from specdec_kernels.generation import (  # noqa: E402
     GenerationOutput,
@@ -42,6 +42,7 @@ __all__ = [
     "SpeculativeGenerator",
     "autoregressive_generate",
     "build",
+    "distributed",
     "models",
     "output_size",
     "Verification",

@@ -257,6 +257,8 @@ class Decoder:
         rows_in = self.check_prompts(prompts)
         start = time.perf_counter()
         generator = None
+        if seed is None and hasattr(self.target, "shared_seed"):
+            seed = self.target.shared_seed()  # the ranks of a sharded target must draw alike
         if seed is not None:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
         base_seed = (
@@ -348,11 +350,12 @@ class Decoder:
             drafts = torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
         logits = self.target.extend(torch.cat([cur, drafts.clamp_min(0)], 1), k + 1)
-        logits = _verifiable(logits)  # [B, k_loop+1, V]
+        logits = _verifiable(logits)  # [B, k_loop+1, V] (a sharded target: its V_r columns)
+        greedy_op, sampling_op = getattr(self.target, "verify_ops", _SINGLE_DEVICE_OPS)
         if sampling.greedy:
-            ver = verify_greedy(logits, drafts, num_draft_tokens=k, validate=False)
+            ver = greedy_op(logits, drafts, num_draft_tokens=k, validate=False)
         else:
-            ver = verify_sampling(
+            ver = sampling_op(
                 logits,
                 drafts,
                 _verifiable(q),
@@ -426,6 +429,11 @@ class Decoder:
         stats.generated_tokens = sum(len(s) - n for s, n in zip(seqs, lens))
         stats.tokens_per_second = stats.generated_tokens / max(stats.wall_seconds, 1e-9)
         return DecodeResult(seqs, from_draft, stats)
+
+
+#: The verification ops of a target adapter without a ``verify_ops`` attribute; a sharded target
+#: (:class:`specdec_kernels.distributed.TensorParallelAdapter`) brings the vocabulary-parallel ones.
+_SINGLE_DEVICE_OPS = (verify_greedy, verify_sampling)
 
 
 def _verifiable(x: torch.Tensor | None) -> torch.Tensor | None:

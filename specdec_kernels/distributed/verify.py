@@ -1,0 +1,293 @@
+"""Vocabulary-parallel verification: each rank holds the logits of its own vocabulary columns.
+
+Vocabulary of this file: a *shard* is one rank's columns ``vocab_start .. vocab_start + V_r - 1``
+of the global ``[B, K+1, V]`` logits; a *round* is one collective call; a *key* is the
+order-preserving integer image of a float32 (:func:`float_key`), and a *packed key*
+``float_key(value) << 32 | (2**32 - 1 - global_id)`` makes one ``MAX`` all-reduce return the
+largest value and, among equal values, the smallest global id: ``torch.argmax``'s first index.
+
+The rounds of one call (``N = B * (K+1)``, ``P = NUM_PIVOTS``, ``R = SEARCH_ROUNDS``):
+
+=====================  =============================================  ==================
+round                  what                                           bytes per rank
+=====================  =============================================  ==================
+maxima                 MAX of packed keys of the raw logits: the      ``8 N``
+                       greedy argmax and ``m = max(logits) / T``
+top-k search (R)       SUM of counts of keys above ``P`` pivots       ``8 N P`` each
+top-p search (R)       SUM of masses above ``P`` pivots (the first    ``4 N P`` each
+                       round also the kept top-k mass)                (+ ``4 N`` once)
+sums                   SUM of the kept mass ``Z``, and of             ``4 (N + B K)``
+                       ``exp(x_j - m)`` / ``q(x_j)`` of each draft    (``+ 4 B K`` with q)
+                       token from the rank that owns it
+race                   MAX of packed keys of the residual and plain   ``16 B``
+                       race winners at each row's extra position
+=====================  =============================================  ==================
+
+Greedy verification is the first round alone. Nothing depends on ``V``. Every number is
+computed with the reference's formulas (:mod:`specdec_kernels.reference.verify_sampling`) and the
+same counter-based random numbers keyed by the *global* token id, so the result equals the
+single-device op on the gathered tensors, except where the order of a floating-point sum
+decides a near-tie (the threshold searches are the kernels' pivot search,
+:mod:`specdec_kernels.ops._common`, with one collective per pass).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from specdec_kernels.reference import rng
+from specdec_kernels.reference.verify_greedy import emitted_tokens, prefix_match_count
+
+KEY_FLOOR = -(2**31) - 1  # below every float key: "keep everything"
+NUM_PIVOTS = 16  # pivots tested per search round
+LOW32 = 0xFFFFFFFF
+
+
+def search_rounds(num_pivots: int = NUM_PIVOTS, key_range: int = 2**32) -> int:
+    """Rounds that always finish a pivot search over ``key_range`` keys: each round shrinks
+    the range to at most ``ceil(range / (num_pivots + 1))``.
+
+    >>> search_rounds(16)
+    8
+    """
+    rounds = 0
+    while key_range > 1:
+        key_range = -(-key_range // (num_pivots + 1))
+        rounds += 1
+    return rounds
+
+
+SEARCH_ROUNDS = search_rounds()
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def float_key(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving int64 key of float32 ``x`` (``-0.0`` counts as ``+0.0``), in int32 range."""
+    x = torch.where(x == 0, torch.zeros_like(x), x).contiguous()
+    bits = x.view(torch.int32)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+
+
+def key_value(key: torch.Tensor) -> torch.Tensor:
+    """The float32 whose :func:`float_key` is ``key`` (int64 in int32 range)."""
+    bits = key.to(torch.int32)
+    return torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).contiguous().view(torch.float32)
+
+
+def pack(value: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Packed keys: ``MAX`` over them picks the largest value, then the smallest index."""
+    return (float_key(value) << 32) + (LOW32 - index.to(torch.int64))
+
+
+def unpack(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value float32, index int64)`` of packed keys."""
+    return key_value(packed >> 32), LOW32 - (packed & LOW32)
+
+
+def _local_best(score: torch.Tensor, vocab_start: int) -> torch.Tensor:
+    """Packed key of the max of ``score [..., V_r]`` and its first global index."""
+    index = score.argmax(dim=-1, keepdim=True)  # first index on ties
+    return pack(score.gather(-1, index)[..., 0], index[..., 0] + vocab_start)
+
+
+def _max(t: torch.Tensor, group) -> torch.Tensor:
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t
+
+
+def _sum(t: torch.Tensor, group) -> torch.Tensor:
+    dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group)
+    return t
+
+
+# --- greedy ----------------------------------------------------------------------------------
+
+
+def global_argmax(logits_shard: torch.Tensor, vocab_start: int, group) -> torch.Tensor:
+    """One ``MAX`` round: packed keys ``[B, K+1]`` of the global max logit and first argmax."""
+    return _max(_local_best(logits_shard.float(), vocab_start), group)
+
+
+def greedy_from_target(target: torch.Tensor, draft_tokens: torch.Tensor, num_draft: torch.Tensor):
+    """``(tokens, num_accepted)`` of greedy verification from the argmax ``target [B, K+1]``."""
+    k = draft_tokens.shape[1]
+    positions = torch.arange(k, device=target.device)
+    valid = positions[None, :] < num_draft[:, None].to(torch.int64)
+    accepted = prefix_match_count(draft_tokens.to(torch.int64), target[:, :k], valid)
+    return emitted_tokens(target, accepted), accepted
+
+
+def verify_greedy_shard(logits_shard, draft_tokens, num_draft, vocab_start, group):
+    """Greedy verification of one shard (arguments already checked): one ``MAX`` round."""
+    _, target = unpack(global_argmax(logits_shard, vocab_start, group))
+    tokens, accepted = greedy_from_target(target, draft_tokens, num_draft)
+    return tokens, accepted, accepted + 1
+
+
+# --- threshold searches (top-k, top-p) --------------------------------------------------------
+
+
+class _SortedShard:
+    """The shard's scaled logits sorted in descending order, with the prefix masses
+    ``sum exp(x - m)`` in that order: counts and masses above any key by binary search."""
+
+    def __init__(self, x: torch.Tensor, m: torch.Tensor):
+        xs = x.sort(dim=-1, descending=True).values  # [B, K+1, V_r]
+        self.neg_keys = (-float_key(xs)).contiguous()  # ascending
+        self.cum_mass = torch.exp(xs - m[..., None]).cumsum(dim=-1)  # [B, K+1, V_r]
+
+    def count_above(self, pivots: torch.Tensor) -> torch.Tensor:
+        """``[B, K+1, P]`` int64: tokens with ``key > pivot``."""
+        return torch.searchsorted(self.neg_keys, (-pivots).contiguous(), right=False)
+
+    def mass_above(self, pivots: torch.Tensor) -> torch.Tensor:
+        """``[B, K+1, P]`` float32: ``sum exp(x - m)`` over tokens with ``key > pivot``."""
+        count = self.count_above(pivots)
+        mass = self.cum_mass.gather(-1, (count - 1).clamp(min=0))
+        return torch.where(count > 0, mass, 0.0)
+
+
+def _pivots(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    steps = torch.arange(1, NUM_PIVOTS + 1, device=lo.device)
+    return lo[..., None] + ((hi - lo)[..., None] * steps) // (NUM_PIVOTS + 1)
+
+
+def _narrow(lo, hi, pivots, values, target):
+    """Keep ``f(lo) >= target > f(hi)`` from the pivots' values ``f``."""
+    good = values < target[..., None]
+    new_lo = torch.where(good, lo[..., None], pivots).amax(dim=-1)
+    new_hi = torch.where(good, pivots, hi[..., None]).amin(dim=-1)
+    return new_lo, new_hi
+
+
+def top_k_threshold(shard: _SortedShard, top_k, max_key, group) -> torch.Tensor:
+    """Smallest key with fewer than ``k`` tokens above it (``SEARCH_ROUNDS`` SUM rounds of
+    counts): the key of the k-th largest value, so ties at it are kept."""
+    lo = torch.full_like(max_key, KEY_FLOOR)
+    hi = max_key
+    target = top_k.to(torch.int64)[:, None].expand_as(max_key)
+    for _ in range(SEARCH_ROUNDS):
+        pivots = _pivots(lo, hi)
+        counts = _sum(shard.count_above(pivots), group)
+        lo, hi = _narrow(lo, hi, pivots, counts, target)
+    return hi
+
+
+def top_p_threshold(shard: _SortedShard, top_p, floor, max_key, group) -> torch.Tensor:
+    """Smallest key whose strictly-larger mass, among the tokens kept by ``floor`` (the top-k
+    threshold), is below ``top_p`` times their mass (``SEARCH_ROUNDS`` SUM rounds of masses;
+    the first also carries the kept mass, at pivot ``floor - 1``)."""
+    lo = floor - 1
+    hi = max_key
+    target = None
+    for _ in range(SEARCH_ROUNDS):
+        pivots = _pivots(lo, hi)
+        if target is None:
+            masses = _sum(shard.mass_above(torch.cat([lo[..., None], pivots], -1)), group)
+            target = top_p.float()[:, None] * masses[..., 0]
+            masses = masses[..., 1:]
+        else:
+            masses = _sum(shard.mass_above(pivots), group)
+        lo, hi = _narrow(lo, hi, pivots, masses, target)
+    return hi
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+def verify_sampling_shard(
+    logits_shard: torch.Tensor,  # [B, K+1, V_r]
+    draft_tokens: torch.Tensor,  # [B, K] global ids
+    draft_probs_shard: torch.Tensor | None,  # [B, K, V_r]
+    num_draft: torch.Tensor,  # [B]
+    temperature: torch.Tensor,  # [B] float32
+    top_k: torch.Tensor | None,  # [B] int64
+    top_p: torch.Tensor | None,  # [B] float32
+    seeds: torch.Tensor,  # [B] int64, the same on every rank
+    vocab_start: int,
+    vocab_size: int,
+    group,
+):
+    """Rejection-sampling verification of one shard (arguments already checked); see the module
+    docstring for the rounds. Mirrors :func:`specdec_kernels.reference.verify_sampling
+    .verify_sampling` step by step."""
+    b, k1, vr = logits_shard.shape
+    k = k1 - 1
+    device = logits_shard.device
+    top, g_target = unpack(global_argmax(logits_shard, vocab_start, group))  # [B, K+1]
+    greedy_row = temperature == 0
+    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)[:, None]
+    x = logits_shard.float() / temp[..., None]  # [B, K+1, V_r]
+    m = top / temp  # [B, K+1]: division rounds monotonically, so this is max(x)
+
+    kappa = torch.full((b, k1), KEY_FLOOR, dtype=torch.int64, device=device)
+    if top_k is not None or top_p is not None:
+        shard = _SortedShard(x, m)
+        max_key = float_key(m)
+        if top_k is not None:
+            active = ((top_k > 0) & (top_k < vocab_size))[:, None]
+            kappa = torch.where(active, top_k_threshold(shard, top_k, max_key, group), kappa)
+        if top_p is not None:
+            active = (top_p < 1)[:, None]
+            kappa = torch.where(active, top_p_threshold(shard, top_p, kappa, max_key, group), kappa)
+    e = torch.exp(x - m[..., None]) * (float_key(x) >= kappa[..., None])  # kept, unnormalised
+
+    # one SUM round: the kept mass, and p / q of each draft token from the rank owning it
+    drafts = draft_tokens.to(torch.int64)
+    in_vocab = (drafts >= 0) & (drafts < vocab_size)
+    local = drafts.clamp(0, vocab_size - 1) - vocab_start  # [B, K]
+    owned = (local >= 0) & (local < vr)
+    local = local.clamp(0, vr - 1)
+    parts = [e.sum(dim=-1), e[:, :k].gather(-1, local[..., None])[..., 0] * owned]
+    if draft_probs_shard is not None:
+        parts.append(draft_probs_shard.float().gather(-1, local[..., None])[..., 0] * owned)
+    sums = _sum(torch.cat(parts, dim=-1), group)
+    z = sums[:, :k1]  # [B, K+1]
+    p_draft = sums[:, k1 : k1 + k] / z[:, :k] * in_vocab  # [B, K]
+    q_draft = sums[:, k1 + k :] if draft_probs_shard is not None else torch.ones_like(p_draft)
+
+    positions = torch.arange(k, device=device)
+    key = rng.row_key(seeds)  # [B]
+    u = rng.uniform(rng.stream_key(key[:, None], positions[None, :], rng.PURPOSE_ACCEPT), 0)
+    valid = positions[None, :] < num_draft[:, None].to(torch.int64)
+    accept = (u * q_draft < p_draft) & (q_draft > 0) & in_vocab
+    num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
+
+    # the extra token: one MAX round of the residual and plain race winners
+    rows = torch.arange(b, device=device)
+    p_extra = e[rows, num_accepted] / z[rows, num_accepted][:, None]  # [B, V_r]
+    rejected = num_accepted < num_draft.to(torch.int64)
+    if k > 0:
+        j = num_accepted.clamp(max=k - 1)
+        if draft_probs_shard is not None:
+            q_extra = draft_probs_shard[rows, j].float()
+        else:
+            q_extra = torch.zeros_like(p_extra)
+            q_extra[rows, local[rows, j]] = (in_vocab & owned)[rows, j].float()
+        residual = (p_extra - q_extra).clamp(min=0)
+    else:
+        residual = torch.zeros_like(p_extra)
+    ids = torch.arange(vocab_start, vocab_start + vr, device=device)
+    stream = rng.stream_key(key, num_accepted, rng.PURPOSE_SAMPLE)  # [B]
+    exponential = rng.exponential(rng.uniform(stream[:, None], ids[None, :]))  # [B, V_r]
+    residual_score = torch.where(residual > 0, residual / exponential, 0.0)
+    plain_score = torch.where(p_extra > 0, p_extra / exponential, -1.0)
+    best = torch.stack(
+        [_local_best(residual_score, vocab_start), _local_best(plain_score, vocab_start)], -1
+    )
+    (residual_best, plain_best), (residual_token, plain_token) = (
+        t.unbind(-1) for t in unpack(_max(best, group))
+    )
+    extra = torch.where(rejected & (residual_best > 0), residual_token, plain_token)  # [B]
+
+    padded = torch.cat([drafts.clamp(0, vocab_size - 1), extra[:, None]], dim=1)  # [B, K+1]
+    padded[rows, num_accepted] = extra
+    tokens = emitted_tokens(padded, num_accepted)
+
+    g_tokens, g_accepted = greedy_from_target(g_target, draft_tokens, num_draft)
+    tokens = torch.where(greedy_row[:, None], g_tokens, tokens)
+    num_accepted = torch.where(greedy_row, g_accepted, num_accepted)
+    return tokens, num_accepted, num_accepted + 1
