@@ -294,5 +294,6 @@ def verify_sampling(
         vocab_start,
         vocab_size,
         group,
+        top_k if isinstance(top_k, numbers.Integral) and topk is not None else None,
     )
     return Verification(tokens, accepted, emitted)

@@ -131,16 +131,21 @@ def verify_greedy_shard(logits_shard, draft_tokens, num_draft, vocab_start, grou
 
 
 class _SortedShard:
-    """The shard's scaled logits sorted in descending order, with the prefix masses
-    ``sum exp(x - m)`` in that order: counts and masses above any key by binary search."""
+    """The shard's largest scaled logits in descending order (all of them, or the ``n``
+    largest), with the prefix masses ``sum exp(x - m)`` in that order: counts and masses above
+    any key by binary search. With ``n`` values only, counts are capped at ``n`` and masses are
+    exact above the ``n``-th value: what a top-``k`` search with ``k <= n`` needs."""
 
-    def __init__(self, x: torch.Tensor, m: torch.Tensor):
-        xs = x.sort(dim=-1, descending=True).values  # [B, K+1, V_r]
+    def __init__(self, x: torch.Tensor, m: torch.Tensor, n: int | None = None):
+        if n is None or n >= x.shape[-1]:
+            xs = x.sort(dim=-1, descending=True).values  # [B, K+1, V_r]
+        else:
+            xs = x.topk(n, dim=-1, sorted=True).values  # [B, K+1, n]
         self.neg_keys = (-float_key(xs)).contiguous()  # ascending
-        self.cum_mass = torch.exp(xs - m[..., None]).cumsum(dim=-1)  # [B, K+1, V_r]
+        self.cum_mass = torch.exp(xs - m[..., None]).cumsum(dim=-1)
 
     def count_above(self, pivots: torch.Tensor) -> torch.Tensor:
-        """``[B, K+1, P]`` int64: tokens with ``key > pivot``."""
+        """``[B, K+1, P]`` int64: tokens with ``key > pivot`` (at most the values held)."""
         return torch.searchsorted(self.neg_keys, (-pivots).contiguous(), right=False)
 
     def mass_above(self, pivots: torch.Tensor) -> torch.Tensor:
@@ -148,6 +153,14 @@ class _SortedShard:
         count = self.count_above(pivots)
         mass = self.cum_mass.gather(-1, (count - 1).clamp(min=0))
         return torch.where(count > 0, mass, 0.0)
+
+
+def threshold_value(kappa: torch.Tensor) -> torch.Tensor:
+    """The float32 ``t`` with ``x >= t`` exactly when ``float_key(x) >= kappa`` (``-inf``
+    for ``KEY_FLOOR``); ``kappa`` is a key of a value or ``KEY_FLOOR``."""
+    floor = kappa <= KEY_FLOOR
+    value = key_value(torch.where(floor, 0, kappa))
+    return torch.where(floor, float("-inf"), value)
 
 
 def _pivots(lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
@@ -176,23 +189,43 @@ def top_k_threshold(shard: _SortedShard, top_k, max_key, group) -> torch.Tensor:
     return hi
 
 
-def top_p_threshold(shard: _SortedShard, top_p, floor, max_key, group) -> torch.Tensor:
+def top_p_threshold(shard: _SortedShard, top_p, floor, kept_mass, max_key, group):
     """Smallest key whose strictly-larger mass, among the tokens kept by ``floor`` (the top-k
-    threshold), is below ``top_p`` times their mass (``SEARCH_ROUNDS`` SUM rounds of masses;
-    the first also carries the kept mass, at pivot ``floor - 1``)."""
+    threshold; ``kept_mass`` is this shard's mass at or above it), is below ``top_p`` times
+    their mass (``SEARCH_ROUNDS`` SUM rounds of masses; the first also sums the kept mass)."""
     lo = floor - 1
     hi = max_key
     target = None
     for _ in range(SEARCH_ROUNDS):
         pivots = _pivots(lo, hi)
+        # a pivot below the floor is lo = floor - 1 itself: the kept mass (ties included)
+        masses = torch.where(pivots < floor[..., None], kept_mass[..., None],
+                             shard.mass_above(pivots))  # fmt: skip
         if target is None:
-            masses = _sum(shard.mass_above(torch.cat([lo[..., None], pivots], -1)), group)
+            masses = _sum(torch.cat([kept_mass[..., None], masses], -1), group)
             target = top_p.float()[:, None] * masses[..., 0]
             masses = masses[..., 1:]
         else:
-            masses = _sum(shard.mass_above(pivots), group)
+            masses = _sum(masses, group)
         lo, hi = _narrow(lo, hi, pivots, masses, target)
     return hi
+
+
+def filter_threshold(x, ex, m, top_k, top_p, top_k_bound, vocab_size, group):
+    """Per position, the float32 threshold of the top-k/top-p filter (``x >= t`` is kept)."""
+    b, k1, _ = x.shape
+    kappa = torch.full((b, k1), KEY_FLOOR, dtype=torch.int64, device=x.device)
+    shard = _SortedShard(x, m, top_k_bound if top_k is not None else None)
+    max_key = float_key(m)
+    if top_k is not None:
+        active = ((top_k > 0) & (top_k < vocab_size))[:, None]
+        kappa = torch.where(active, top_k_threshold(shard, top_k, max_key, group), kappa)
+    if top_p is not None:
+        kept_mass = (ex * (x >= threshold_value(kappa)[..., None])).sum(dim=-1)
+        active = (top_p < 1)[:, None]
+        found = top_p_threshold(shard, top_p, kappa, kept_mass, max_key, group)
+        kappa = torch.where(active, found, kappa)
+    return threshold_value(kappa)
 
 
 # --- sampling --------------------------------------------------------------------------------
@@ -210,10 +243,13 @@ def verify_sampling_shard(
     vocab_start: int,
     vocab_size: int,
     group,
+    top_k_bound: int | None = None,
 ):
     """Rejection-sampling verification of one shard (arguments already checked); see the module
     docstring for the rounds. Mirrors :func:`specdec_kernels.reference.verify_sampling
-    .verify_sampling` step by step."""
+    .verify_sampling` step by step. ``top_k_bound``: a host int ``>= top_k`` of every row whose
+    top-k is active (a scalar ``top_k``), so the search reads this shard's ``top_k_bound``
+    largest values (``torch.topk``) instead of sorting it."""
     b, k1, vr = logits_shard.shape
     k = k1 - 1
     device = logits_shard.device
@@ -223,17 +259,10 @@ def verify_sampling_shard(
     x = logits_shard.float() / temp[..., None]  # [B, K+1, V_r]
     m = top / temp  # [B, K+1]: division rounds monotonically, so this is max(x)
 
-    kappa = torch.full((b, k1), KEY_FLOOR, dtype=torch.int64, device=device)
+    e = torch.exp(x - m[..., None])  # unnormalised probabilities
     if top_k is not None or top_p is not None:
-        shard = _SortedShard(x, m)
-        max_key = float_key(m)
-        if top_k is not None:
-            active = ((top_k > 0) & (top_k < vocab_size))[:, None]
-            kappa = torch.where(active, top_k_threshold(shard, top_k, max_key, group), kappa)
-        if top_p is not None:
-            active = (top_p < 1)[:, None]
-            kappa = torch.where(active, top_p_threshold(shard, top_p, kappa, max_key, group), kappa)
-    e = torch.exp(x - m[..., None]) * (float_key(x) >= kappa[..., None])  # kept, unnormalised
+        t = filter_threshold(x, e, m, top_k, top_p, top_k_bound, vocab_size, group)
+        e = e * (x >= t[..., None])  # kept, unnormalised
 
     # one SUM round: the kept mass, and p / q of each draft token from the rank owning it
     drafts = draft_tokens.to(torch.int64)
