@@ -95,6 +95,7 @@ def _cases(full):
                     (5, None),
                     (None, 0.8),
                     (20, 0.9),
+                    (300, 0.95),  # above MAX_CANDIDATES: the searches (or off for V = 37)
                     (
                         torch.tensor([0, 3, 50, 1, 7, 40]),
                         torch.tensor([1.0, 0.5, 0.9, 0.3, 0.99, 1.0]),
@@ -122,7 +123,7 @@ def _cases(full):
     ties = _tie_logits(4, 3, 200, 11)
     tie_drafts = torch.tensor([[11, 0, 5], [18, 11, 2], [0, 0, 0], [11, 11, 11]])
     out.append(("greedy ties across shards", "greedy", ties, tie_drafts, None, True, {}))
-    for top_k, top_p in ((None, None), (4, None), (30, 0.7)):
+    for top_k, top_p in ((None, None), (4, None), (30, 0.7), (260, None)):
         out.append(
             (
                 f"sampling ties top_k={top_k} top_p={top_p}",
@@ -202,6 +203,7 @@ def verify_cases(rank, world, full=True):
                 with_q=q is not None,
                 greedy=kind == "greedy" or (isinstance(t, float) and t == 0),
                 top_k=kwargs.get("top_k") is not None,
+                scalar_top_k=kwargs["top_k"] if isinstance(kwargs.get("top_k"), int) else None,
                 top_p=kwargs.get("top_p") is not None,
                 log=log,
             )

@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_greedy import emitted_tokens, prefix_match_count
 
 KEY_FLOOR = -(2**31) - 1  # below every float key: "keep everything"
 NUM_PIVOTS = 16  # pivots tested per search round
+MAX_CANDIDATES = 256  # a scalar top_k up to this gathers each rank's top-k values instead
 LOW32 = 0xFFFFFFFF
 
 
@@ -211,9 +213,48 @@ def top_p_threshold(shard: _SortedShard, top_p, floor, kept_mass, max_key, group
     return hi
 
 
+def gathered_top_k(x: torch.Tensor, k: int, group) -> torch.Tensor:
+    """``[B, K+1, W k]``: every rank's ``k`` largest values (``-inf`` padded), sorted in
+    descending order; one all-gather of ``k`` float32 per position. They hold the global top-k
+    values, so entry ``k - 1`` is the k-th largest value, and every value above it."""
+    local = x.topk(min(k, x.shape[-1]), dim=-1, sorted=False).values
+    local = F.pad(local, (0, k - local.shape[-1]), value=float("-inf")).contiguous()
+    parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, local, group=group)
+    return torch.cat(parts, dim=-1).sort(dim=-1, descending=True).values
+
+
+def top_p_on_candidates(values, kth, ex, x, m, top_p, group) -> torch.Tensor:
+    """Top-p over the top-k survivors, from the gathered candidates ``values`` (sorted, every
+    survivor above ``kth`` among them) and one SUM round of the kept mass (ties at ``kth``
+    included): the reference's sorted exclusive cumulative mass, computed on every rank."""
+    kept_mass = _sum((ex * (x >= kth[..., None])).sum(dim=-1), group)  # [B, K+1]
+    kept = values >= kth[..., None]
+    es = torch.exp(values - m[..., None]) * kept
+    mass_above = es.cumsum(dim=-1) - es  # exclusive: mass of strictly earlier tokens
+    inside = (mass_above < top_p.float()[:, None, None] * kept_mass[..., None]) & kept
+    last = inside.sum(dim=-1, keepdim=True) - 1  # kept tokens form a prefix
+    threshold = values.gather(-1, last.clamp(min=0))[..., 0]
+    return torch.where((top_p < 1)[:, None], threshold, kth)
+
+
 def filter_threshold(x, ex, m, top_k, top_p, top_k_bound, vocab_size, group):
-    """Per position, the float32 threshold of the top-k/top-p filter (``x >= t`` is kept)."""
+    """Per position, the float32 threshold of the top-k/top-p filter (``x >= t`` is kept).
+
+    A scalar ``top_k`` (``top_k_bound``) up to ``MAX_CANDIDATES`` gathers candidates (one
+    all-gather, and one SUM round for top-p); otherwise pivot searches (``SEARCH_ROUNDS`` each).
+    """
+    if top_k_bound is not None and top_k_bound >= vocab_size:  # keeps everything
+        top_k = top_k_bound = None
+    if top_k_bound is not None and top_k_bound <= MAX_CANDIDATES:
+        values = gathered_top_k(x, top_k_bound, group)
+        kth = values[..., top_k_bound - 1]  # [B, K+1]
+        if top_p is None:
+            return kth
+        return top_p_on_candidates(values, kth, ex, x, m, top_p, group)
     b, k1, _ = x.shape
+    if top_k is None and top_p is None:
+        return torch.full((b, k1), float("-inf"), device=x.device)
     kappa = torch.full((b, k1), KEY_FLOOR, dtype=torch.int64, device=x.device)
     shard = _SortedShard(x, m, top_k_bound if top_k is not None else None)
     max_key = float_key(m)
