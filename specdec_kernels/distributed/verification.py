@@ -186,9 +186,11 @@ def verify_sampling(
 
     Communication, with ``N = B * (K+1)``: ``8 N`` bytes (max, greedy argmax) + ``4 (N + B K)``
     (kept mass, ``p`` of each draft token; ``+ 4 B K`` for ``q`` with ``draft_probs_shard``) +
-    ``16 B`` (the race winners) in 3 all-reduce rounds; top-k adds ``8`` rounds of ``8 * 16 N``
-    bytes (a 16-pivot count search over float keys), top-p ``8`` rounds of ``4 * 16 N`` (+ ``4 N``
-    once). Independent of ``V``. ``seed=None`` adds a broadcast of ``B`` int64 seeds.
+    ``16 B`` (the race winners) in 3 all-reduce rounds. A scalar ``top_k <= 256`` adds one
+    all-gather of ``4 N k`` bytes (each rank's ``k`` largest values) and, with ``top_p``, one
+    ``4 N`` round; otherwise top-k adds 8 rounds of ``8 * 16 N`` bytes and top-p 8 rounds of
+    ``4 * 16 N`` (+ ``4 N`` once): 16-pivot searches over float keys, as the kernels do.
+    Independent of ``V``. ``seed=None`` adds a broadcast of ``B`` int64 seeds.
 
     Parameters
     ----------

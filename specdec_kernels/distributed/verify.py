@@ -6,16 +6,21 @@ order-preserving integer image of a float32 (:func:`float_key`), and a *packed k
 ``float_key(value) << 32 | (2**32 - 1 - global_id)`` makes one ``MAX`` all-reduce return the
 largest value and, among equal values, the smallest global id: ``torch.argmax``'s first index.
 
-The rounds of one call (``N = B * (K+1)``, ``P = NUM_PIVOTS``, ``R = SEARCH_ROUNDS``):
+The rounds of one call (``N = B * (K+1)``, ``P = NUM_PIVOTS = 16``, ``R = SEARCH_ROUNDS = 8``):
 
 =====================  =============================================  ==================
 round                  what                                           bytes per rank
 =====================  =============================================  ==================
 maxima                 MAX of packed keys of the raw logits: the      ``8 N``
                        greedy argmax and ``m = max(logits) / T``
-top-k search (R)       SUM of counts of keys above ``P`` pivots       ``8 N P`` each
-top-p search (R)       SUM of masses above ``P`` pivots (the first    ``4 N P`` each
-                       round also the kept top-k mass)                (+ ``4 N`` once)
+top-k, scalar          all-gather of each rank's ``k`` largest        ``4 N k``
+``k <= 256``           values (then, with top-p, a SUM of the kept    (``+ 4 N``)
+                       top-k mass; top-p runs on the gathered values)
+top-k search (R)       otherwise: SUM of counts of keys above ``P``   ``8 N P`` each
+                       pivots
+top-p search (R)       without a scalar top-k: SUM of masses above    ``4 N P`` each
+                       ``P`` pivots (the first round also the kept    (+ ``4 N`` once)
+                       top-k mass)
 sums                   SUM of the kept mass ``Z``, and of             ``4 (N + B K)``
                        ``exp(x_j - m)`` / ``q(x_j)`` of each draft    (``+ 4 B K`` with q)
                        token from the rank that owns it
