@@ -24,6 +24,7 @@ import torch
 
 OPS = ("greedy", "sampling", "sampling_top_k_top_p")
 PROVIDERS = ("vocab_parallel", "all_gather")
+SHORT = {"sampling": "sample", "sampling_top_k_top_p": "top-k+p"}  # plot labels
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,9 @@ def format_table(rows: list[dict]) -> str:
 
 
 def plot(rows: list[dict], path: str) -> None:
-    """Bytes per rank and milliseconds per call, both providers, every case (log scales)."""
+    """Bytes per rank and milliseconds per call, both providers, every case (log scales).
+
+    Redraw from the JSON: ``python -m specdec_kernels.benchmarks.distributed JSON PNG``."""
     from specdec_kernels.benchmarks.plot import _machine_label, _plt
 
     plt = _plt()
@@ -201,7 +204,9 @@ def plot(rows: list[dict], path: str) -> None:
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend()
     axes[1].set_xticks(range(len(cases)))
-    axes[1].set_xticklabels([f"{op}\nV={v}\nB={b}" for op, v, b in cases], fontsize=7, rotation=0)
+    axes[1].set_xticklabels(
+        [f"{SHORT.get(op, op)}\nV={v}\nB={b}" for op, v, b in cases], fontsize=7, rotation=0
+    )
     w = rows[0]["world_size"]
     fig.suptitle(
         f"Verification of vocabulary-sharded logits, {w} ranks ({rows[0]['backend']}), "
@@ -211,3 +216,11 @@ def plot(rows: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+if __name__ == "__main__":  # redraw a plot from the JSON rows
+    import sys
+
+    from specdec_kernels.benchmarks.results import load_rows
+
+    plot(load_rows(sys.argv[1]), sys.argv[2])
