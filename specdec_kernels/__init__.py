@@ -17,9 +17,10 @@ if (
 ):
     _os.environ["TRITON_INTERPRET"] = "1"
 
-from specdec_kernels import (
-    compat,  # noqa: E402
-    models,  # noqa: E402
+from specdec_kernels import (  # noqa: E402
+    compat,
+    distributed,
+    models,
 )
 from specdec_kernels._extension import extension_available  # noqa: E402
 from specdec_kernels.generation import (  # noqa: E402
@@ -53,6 +54,7 @@ __all__ = [
     "SpeculativeGenerator",
     "autoregressive_generate",
     "build",
+    "distributed",
     "models",
     "output_size",
     "Verification",

@@ -1,5 +1,6 @@
-"""``specdec``: the command line. ``specdec demo`` runs the bundled draft/target pair;
-``specdec bench ops|e2e`` runs the benchmarks."""
+"""``specdec``: the command line. ``specdec demo`` runs the bundled draft/target pair (``--tp N``
+or ``torchrun --nproc-per-node N -m specdec_kernels.cli demo``: with the target tensor parallel);
+``specdec bench ops|e2e|distributed`` runs the benchmarks."""
 
 from __future__ import annotations
 
@@ -53,6 +54,55 @@ def render(ids, accepted, prompt_len: int, color: bool) -> str:
 
 
 def demo(args) -> int:
+    """``specdec demo``: in this process, or tensor parallel (``--tp N`` spawns a gloo group
+    on this machine; under ``torchrun`` the group is the launcher's)."""
+    if _torchrun_world() > 1:
+        return _demo_in_group(args)
+    if args.tp > 1:
+        from specdec_kernels.distributed import run_parallel
+
+        codes = run_parallel(_demo_rank, args.tp, args, timeout=args.tp_timeout, threads=1)
+        return max(codes)
+    return _demo(args)
+
+
+def _torchrun_world() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+
+
+def _demo_rank(rank: int, world_size: int, args) -> int:
+    """One rank of ``specdec demo --tp N`` (the group is already set up)."""
+    return _demo(args, rank=rank, world_size=world_size)
+
+
+def _demo_in_group(args) -> int:
+    """One rank under ``torchrun``: NCCL with a GPU per rank, gloo on CPUs."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        return _demo(
+            args,
+            rank=dist.get_rank(),
+            world_size=dist.get_world_size(),
+            device="cuda" if cuda else "cpu",
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
+    import contextlib
+    import io
+
     import torch
 
     import specdec_kernels as sk
@@ -62,7 +112,11 @@ def demo(args) -> int:
         torch.set_num_threads(args.threads)
     k = args.num_speculative_tokens
     k = k if k == "auto" else int(k)
-    target, draft = load_bundled()
+    single, draft = load_bundled(device=device)
+    target = single
+    if world_size > 1:
+        target = sk.distributed.TensorParallelCausalLM.from_single(single)
+    quiet = rank != 0  # every rank runs the same loop; the first one prints
     prompts = args.prompt or list(DEFAULT_PROMPTS)
     ids = [encode(p) for p in prompts]
     gen = sk.SpeculativeGenerator(target, "ngram" if args.draft == "ngram" else draft, k)
@@ -78,41 +132,53 @@ def demo(args) -> int:
         if args.draft == "ngram"
         else (f"{draft.config.n_layer} layer d={draft.config.n_embd}")
     )
-    print(
-        f"specdec demo: target {target.config.n_layer} layers d={target.config.n_embd}, draft "
-        f"{drafter}, K={k}, {len(ids)} prompts, {args.max_new_tokens} new tokens each, "
-        f"temperature {args.temperature}",
-        flush=True,
-    )
-    gen.generate([ids[0][:4]], max_new_tokens=2, temperature=args.temperature, seed=0)  # warm-up
-    sk.autoregressive_generate(target, [ids[0][:4]], max_new_tokens=2)
-    # interleaved repeats, best wall time of each: short runs on a shared CPU are noisy
-    spec = base = None
-    for r in range(args.repeats):
-        s = gen.generate(ids, progress=_Progress(f"speculative, run {r + 1}", total), **kw)
-        t = sk.autoregressive_generate(
-            target, ids, progress=_Progress(f"target alone, run {r + 1}", total), **kw
+    out = io.StringIO() if quiet else None
+    with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
+        parallel = f", tensor parallel over {world_size} ranks" if world_size > 1 else ""
+        print(
+            f"specdec demo: target {single.config.n_layer} layers d={single.config.n_embd}"
+            f"{parallel}, draft {drafter}, K={k}, {len(ids)} prompts, {args.max_new_tokens} new "
+            f"tokens each, temperature {args.temperature}",
+            flush=True,
         )
-        spec = s if spec is None or s.stats.wall_seconds < spec.stats.wall_seconds else spec
-        base = t if base is None or t.stats.wall_seconds < base.stats.wall_seconds else base
-    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
-    legend = "\x1b[32mgreen\x1b[0m" if color else "«…»"
-    print(f"(accepted draft tokens in {legend})\n")
-    for b, (seq, acc) in enumerate(zip(spec.sequences, spec.draft_accepted)):
-        print(f"--- prompt {b} " + "-" * 40)
-        print(render(seq, acc, spec.prompt_lengths[b], color))
-    s, t = spec.stats, base.stats
-    speedup = t.wall_seconds / max(s.wall_seconds, 1e-9)
-    same = "identical to" if spec.sequences == base.sequences else "differs from"
-    print("-" * 54)
-    print(
-        f"acceptance rate {s.acceptance_rate:.2f} | mean accepted per target pass "
-        f"{s.mean_accepted:.2f} ({s.mean_emitted:.2f} tokens/pass, {s.target_forwards} passes) | "
-        f"{s.tokens_per_second:.0f} tokens/s | target alone {t.tokens_per_second:.0f} tokens/s "
-        f"({t.target_forwards} passes) | speedup {speedup:.2f}x"
-    )
-    if args.temperature == 0:
-        print(f"greedy output {same} the target's own greedy decoding")
+
+        def progress(label):
+            return None if quiet else _Progress(label, total)
+
+        gen.generate([ids[0][:4]], max_new_tokens=2, temperature=args.temperature, seed=0)
+        sk.autoregressive_generate(target, [ids[0][:4]], max_new_tokens=2)  # warm-up
+        # interleaved repeats, best wall time of each: short runs on a shared CPU are noisy
+        spec = base = None
+        for r in range(args.repeats):
+            s = gen.generate(ids, progress=progress(f"speculative, run {r + 1}"), **kw)
+            t = sk.autoregressive_generate(
+                target, ids, progress=progress(f"target alone, run {r + 1}"), **kw
+            )
+            spec = s if spec is None or s.stats.wall_seconds < spec.stats.wall_seconds else spec
+            base = t if base is None or t.stats.wall_seconds < base.stats.wall_seconds else base
+        color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+        legend = "\x1b[32mgreen\x1b[0m" if color else "«…»"
+        print(f"(accepted draft tokens in {legend})\n")
+        for b, (seq, acc) in enumerate(zip(spec.sequences, spec.draft_accepted)):
+            print(f"--- prompt {b} " + "-" * 40)
+            print(render(seq, acc, spec.prompt_lengths[b], color))
+        s, t = spec.stats, base.stats
+        speedup = t.wall_seconds / max(s.wall_seconds, 1e-9)
+        same = "identical to" if spec.sequences == base.sequences else "differs from"
+        print("-" * 54)
+        print(
+            f"acceptance rate {s.acceptance_rate:.2f} | mean accepted per target pass "
+            f"{s.mean_accepted:.2f} ({s.mean_emitted:.2f} tokens/pass, {s.target_forwards} "
+            f"passes) | {s.tokens_per_second:.0f} tokens/s | target alone "
+            f"{t.tokens_per_second:.0f} tokens/s ({t.target_forwards} passes) | speedup "
+            f"{speedup:.2f}x"
+        )
+        if args.temperature == 0:
+            print(f"greedy output {same} the target's own greedy decoding")
+            if world_size > 1 and not quiet:  # the unsplit model, in this process alone
+                alone = sk.autoregressive_generate(single, ids, **kw)
+                same = "identical to" if spec.sequences == alone.sequences else "differs from"
+                print(f"tensor-parallel output {same} the single-process target's")
     return 0
 
 
@@ -137,6 +203,19 @@ def main(argv=None) -> int:
         help="torch threads (default 1: the bundled models are too small to gain "
         "from more; 0 keeps torch's default)",
     )
+    d.add_argument(
+        "--tp",
+        type=int,
+        default=1,
+        help="tensor-parallel ranks: spawn a gloo group of this size on this machine "
+        "(under torchrun the launcher's group is used instead)",
+    )
+    d.add_argument(
+        "--tp-timeout",
+        type=float,
+        default=600.0,
+        help="seconds before a --tp run is stopped (default 600)",
+    )
     d.set_defaults(func=demo)
     from specdec_kernels.benchmarks.cli import add_bench_parser
 
@@ -150,6 +229,8 @@ def main(argv=None) -> int:
             parser.error("--max-new-tokens must be positive")
         if args.repeats <= 0:
             parser.error("--repeats must be positive")
+        if args.tp < 1:
+            parser.error("--tp must be >= 1")
     return args.func(args)
 
 

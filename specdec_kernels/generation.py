@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specdec_kernels.decoding import (
-    CausalLMAdapter,
     Decoder,
     DecodeResult,
     GenerationStats,
@@ -21,6 +20,7 @@ from specdec_kernels.decoding import (
     NgramDrafter,
     Sampling,
 )
+from specdec_kernels.decoding.adapters import CausalLMAdapter, adapter_for
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
 
 __all__ = [
@@ -60,8 +60,10 @@ class SpeculativeGenerator:
 
     Parameters
     ----------
-    target : sk.models.CausalLM
-        The model whose distribution is produced.
+    target : sk.models.CausalLM or sk.distributed.TensorParallelCausalLM
+        The model whose distribution is produced. A tensor-parallel target runs on every rank
+        of its group with the same arguments (and a draft replicated on every rank); its
+        logit shards are verified by the vocabulary-parallel ops.
     draft : sk.models.CausalLM or "ngram"
         A cheaper model with the same vocabulary, dtype and device, or ``"ngram"`` for
         prompt-lookup drafting (no model).
@@ -161,7 +163,7 @@ class SpeculativeGenerator:
 
         self.tree = tree
         self._decoder = lambda: Decoder(
-            CausalLMAdapter(target),
+            adapter_for(target),
             drafter(),
             num_speculative_tokens,
             max_speculative_tokens=max_speculative_tokens,
@@ -229,7 +231,7 @@ def autoregressive_generate(
     cache. The baseline that speculative generation must equal (greedy) and beat (speed).
     Same arguments and output as :meth:`SpeculativeGenerator.generate`; the tokens are drawn by
     the same verification ops with no draft (``K = 0``)."""
-    result = Decoder(CausalLMAdapter(model)).run(
+    result = Decoder(adapter_for(model)).run(
         prompts,
         max_new_tokens,
         Sampling(temperature, top_k, top_p),

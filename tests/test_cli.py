@@ -83,3 +83,14 @@ def test_python_m_entry_point():
     )
     assert res.returncode == 0, res.stderr
     assert "acceptance rate" in res.stdout
+
+
+def test_demo_tensor_parallel(capfd):
+    """``specdec demo --tp 2``: two gloo ranks, the target split over them; the output (printed
+    by rank 0 from its own process) equals the single-process target's greedy decoding."""
+    argv = ["demo", "--tp", "2", "-n", "8", "--repeats", "1", "--color", "never", "x = 1\n"]
+    assert main([*argv, "--tp-timeout", "240"]) == 0
+    out = capfd.readouterr().out
+    assert "tensor parallel over 2 ranks" in out
+    assert out.count("acceptance rate") == 1  # only the first rank prints
+    assert "tensor-parallel output identical to the single-process target's" in out

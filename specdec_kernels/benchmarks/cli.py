@@ -1,4 +1,4 @@
-"""``specdec bench ops|e2e``: the command-line front end of the benchmarks.
+"""``specdec bench ops|e2e|distributed``: the command-line front end of the benchmarks.
 
 ``main_bench(argv)`` parses ``argv`` (the words after ``specdec bench``) and runs one benchmark;
 ``add_bench_parser(subparsers)`` adds the same ``bench`` subcommand to an existing ``specdec``
@@ -15,6 +15,7 @@ import time
 DEFAULT_OPS_JSON = os.path.join("bench", "results", "ops.json")
 DEFAULT_E2E_JSON = os.path.join("bench", "results", "e2e.json")
 DEFAULT_TREES_JSON = os.path.join("bench", "results", "e2e_trees.json")
+DEFAULT_DIST_JSON = os.path.join("bench", "results", "distributed.json")
 
 
 def _csv(cast):
@@ -149,6 +150,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--temperatures: its first value, default greedy)",
     )
     e.set_defaults(bench_func=_e2e)
+
+    d = sub.add_parser(
+        "distributed",
+        help="vocabulary-parallel verification vs all-gathering the logits, on a local "
+        "process group (bytes moved and time per call)",
+    )
+    d.add_argument("--vocab", type=_csv(int), default=None, help="V values (32000,128256)")
+    d.add_argument("--batch", type=_csv(int), default=None, help="B values (1,64)")
+    d.add_argument("--k", type=int, default=4)
+    d.add_argument("--world-size", type=int, default=2)
+    d.add_argument("--ops", type=_csv(str), default=None, help="greedy,sampling,...")
+    d.add_argument("--calls", type=int, default=5, help="timed calls per case and provider")
+    d.add_argument("--backend", default="gloo", help="gloo (CPU) or nccl")
+    d.add_argument("--json", default=DEFAULT_DIST_JSON, help="append rows here ('' for none)")
+    d.add_argument("--plot", default=None, help="draw the run's PNG here")
+    d.set_defaults(bench_func=_distributed)
     return p
 
 
@@ -230,6 +247,44 @@ def _ops(args) -> int:
         from specdec_kernels.benchmarks import plot
 
         plot.plot_ops(rows, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _distributed(args) -> int:
+    import dataclasses
+
+    import torch
+
+    from specdec_kernels.benchmarks import distributed, results
+
+    cfg = distributed.DistributedConfig()
+    over = dict(
+        vocab_sizes=args.vocab,
+        batch_sizes=args.batch,
+        k=args.k,
+        world_size=args.world_size,
+        ops=args.ops,
+        calls=args.calls,
+        backend=args.backend,
+    )
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None})
+    header = results.run_header(torch.device("cpu"), "distributed")
+    print(
+        f"specdec bench distributed: {header['machine']['cpu']}, {cfg.world_size} ranks "
+        f"({cfg.backend}, 1 thread each), commit {header['commit']}, V={cfg.vocab_sizes}, "
+        f"B={cfg.batch_sizes}, K={cfg.k}, {cfg.calls} timed calls per case",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    rows = [{**header, **r} for r in distributed.run(cfg)]
+    print(distributed.format_table(rows))
+    print(f"distributed done in {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        results.append_rows(args.json, rows)
+        print(f"appended {len(rows)} rows to {args.json}")
+    if args.plot:
+        distributed.plot(rows, args.plot)
         print(f"wrote {args.plot}")
     return 0
 

@@ -18,6 +18,12 @@ only ever asks four things of it:
 ``sync_value()`` / ``on_sync(values)`` let an adapter piggyback on the loop's one host
 synchronisation per step (the contiguous cache learns its longest row, the ``transformers``
 cache how many trailing hole columns it may crop). Nothing else synchronises.
+
+Two optional attributes serve targets sharded over a process group: ``verify_ops``, a pair
+``(verify_greedy, verify_sampling)`` with :func:`sk.verify_greedy`'s and
+:func:`sk.verify_sampling`'s signatures that the loop verifies with instead, and
+``shared_seed()``, the seed every rank uses when the caller gives none.
+:func:`adapter_for` picks a model's adapter.
 """
 
 from __future__ import annotations
@@ -68,6 +74,13 @@ def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tens
             ids[b, width - len(r) :] = torch.tensor(r, dtype=torch.int64)
             mask[b, width - len(r) :] = 1
     return ids.to(device), mask.to(device)
+
+
+def adapter_for(model):
+    """The adapter of ``model``: its own ``decoding_adapter()`` if it has one (a tensor-parallel
+    target), else :class:`CausalLMAdapter`."""
+    make = getattr(model, "decoding_adapter", None)
+    return make() if make is not None else CausalLMAdapter(model)
 
 
 class CausalLMAdapter:

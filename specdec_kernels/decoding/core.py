@@ -278,6 +278,8 @@ class Decoder:
         rows_in = self.check_prompts(prompts)
         start = time.perf_counter()
         generator = None
+        if seed is None and hasattr(self.target, "shared_seed"):
+            seed = self.target.shared_seed()  # the ranks of a sharded target must draw alike
         if seed is not None:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
         base_seed = (
@@ -369,9 +371,10 @@ class Decoder:
         if prop.draft_probs is not None:
             prop.draft_probs = _verifiable(prop.draft_probs)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
-        logits = _verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V]
+        logits = _verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V(_r)]
         seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
-        ver = prop.verify(logits, sampling, seeds)
+        # a target sharded over the vocabulary verifies its V_r columns with its own ops
+        ver = prop.verify(logits, sampling, seeds, getattr(self.target, "verify_ops", None))
         prop.keep(self.target, self.drafter, ver)
         self._commit(st, ver, eos)
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]

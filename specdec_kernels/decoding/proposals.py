@@ -53,12 +53,13 @@ class ChainProposal:
         followed by the drafts."""
         return target.extend(torch.cat([cur, self.drafts.clamp_min(0)], 1), self.num_draft + 1)
 
-    def verify(self, logits, sampling, seeds):
+    def verify(self, logits, sampling, seeds, ops=None):
+        """``sk.verify_greedy`` / ``sk.verify_sampling`` (or ``ops``, the target adapter's
+        ``verify_ops`` pair: a sharded target's vocabulary-parallel ops)."""
+        greedy_op, sampling_op = ops or (verify_greedy, verify_sampling)
         if sampling.greedy:
-            return verify_greedy(
-                logits, self.drafts, num_draft_tokens=self.num_draft, validate=False
-            )
-        return verify_sampling(
+            return greedy_op(logits, self.drafts, num_draft_tokens=self.num_draft, validate=False)
+        return sampling_op(
             logits,
             self.drafts,
             self.draft_probs,
@@ -129,9 +130,12 @@ class TreeProposal:
         tree = TreeAttention(base[:, None] + self.depths, self.mask, base)
         return target.extend(tokens, self.num_nodes, tree=tree)
 
-    def verify(self, logits, sampling, seeds):
+    def verify(self, logits, sampling, seeds, ops=None):
         """``sk.verify_tree_*``'s result, its ``[B, N]`` columns cut to ``depth + 1`` (with
-        ``validate=False`` the ops keep all ``N``; the rest are ``-1``)."""
+        ``validate=False`` the ops keep all ``N``; the rest are ``-1``). ``ops`` must be
+        ``None``: no vocabulary-parallel tree ops yet."""
+        if ops is not None:
+            raise ValueError("token trees with a vocabulary-sharded target are not supported")
         ver = self._verify(logits, sampling, seeds)
         w = self.depth + 1
         return ver._replace(tokens=ver.tokens[:, :w], accepted_nodes=ver.accepted_nodes[:, :w])
