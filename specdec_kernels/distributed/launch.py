@@ -12,6 +12,7 @@ import datetime
 import os
 import queue as queue_module
 import socket
+import sys
 import time
 import traceback
 
@@ -41,6 +42,9 @@ def _worker(fn, rank, world_size, port, backend, timeout, threads, results, args
         import torch
 
         torch.set_num_threads(threads)
+        if backend == "gloo" and sys.platform.startswith("linux"):
+            # a local group: loopback, whatever the host name resolves to
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         init_group(rank, world_size, port, backend, timeout)
         value = fn(rank, world_size, *args)
         results.put((rank, True, value))
