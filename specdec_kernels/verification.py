@@ -553,6 +553,8 @@ def verify_sampling(
     >>> out.tokens.tolist()
     [[1, 2]]
     """
+    if seed is not None and generator is not None:
+        raise ValueError("pass at most one of seed and generator, got both")
     if cu_num_draft_tokens is not None:
         flat = _flat_inputs(
             target_logits,
@@ -598,8 +600,6 @@ def verify_sampling(
     if draft_probs is not None:
         check.check_draft_probs(draft_probs, b, k, v, device)
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
-    if seed is not None and generator is not None:
-        raise ValueError("pass at most one of seed and generator, got both")
     check.check_scalar_ranges(temperature, top_k, top_p)
     _check_seed(seed, b, device)
     resolved = resolve_backend(backend, device)

@@ -150,6 +150,11 @@ def test_flat_layout_errors():
         sk.verify_greedy(flat, torch.tensor([1, 9]), cu_num_draft_tokens=torch.tensor([2, 2]))
     with pytest.raises(ValueError, match="max_spec_len"):
         sk.verify_greedy(flat, drafts, cu_num_draft_tokens=torch.tensor([2, 2]), max_spec_len=1)
+    with pytest.raises(ValueError, match="seed and generator"):
+        sk.verify_sampling(
+            flat, drafts, cu_num_draft_tokens=torch.tensor([2, 2]), seed=1,
+            generator=torch.Generator(),
+        )  # fmt: skip
     with pytest.raises(ValueError, match="draft_probs must have shape"):
         sk.verify_sampling(flat, drafts, torch.rand(3, 7), cu_num_draft_tokens=torch.tensor([2, 2]))
 
@@ -590,3 +595,13 @@ def test_sglang_bad_inputs():
         verify_tree_greedy(buffers[0].long(), *buffers[1:], cand, *lists, cand)
     with pytest.raises(ValueError, match="target_predict"):
         verify_tree_greedy(*_sglang_buffers(b), cand, *lists, cand[:, :3])
+
+
+def test_bench_compat_smoke():
+    from specdec_kernels.benchmarks import compat as bench
+
+    rows = bench.run(batches=(2,), k=2, v=64, budget_s=0.001)
+    assert [r["entry_point"] for r in rows] == list(bench.ENTRY_POINTS)
+    for r in rows:
+        assert r["core_ms"] > 0 and r["compat_ms"] > 0 and r["pairs"] >= 5
+        assert bench.format_row(r).startswith(r["entry_point"])
