@@ -91,7 +91,7 @@ struct TreeWalk {
 
   void enter(int64_t node) {
     row = static_cast<const T*>(a.logits) + b * a.logits_stride_b + node * a.logits_stride_n;
-    st = position_stats(row, a.vocab, temp, !greedy, keep, split, cand);
+    st = position_stats(row, a.vocab, XMap{temp, false}, !greedy, keep, split, cand);
     if (!greedy) f = thresholds(cand, st, topk_on, top_k, topp_on, top_p);
     rej.clear();
   }
@@ -178,7 +178,7 @@ struct TreeWalk {
       }
       if (best.s > 0.0f) return best.index;
     }
-    return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, temp, st.m, f, stream,
+    return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, XMap{temp, false}, st.m, f, stream,
                                                  split)
         .index;
   }
