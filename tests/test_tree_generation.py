@@ -16,6 +16,8 @@ from specdec_kernels.decoding import (
 )
 from specdec_kernels.models import TreeAttention
 
+from conftest import ALL_BACKENDS, available
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TREES = {
@@ -310,3 +312,23 @@ def test_bad_tree_arguments(pair):
 
     with pytest.raises(ValueError, match="tree support"):
         Decoder(HFAdapter.__new__(HFAdapter), TreeDrafter(CausalLMAdapter(draft), StaticTree([2])))
+
+
+# ------------------------------------------------------------------ backends
+@pytest.mark.parametrize("backend", available(ALL_BACKENDS))
+def test_tree_generation_through_every_backend(pair, monkeypatch, backend):
+    """The tree ops' backends (chosen by SPECDEC_BACKEND) under generation: greedy equals the
+    target's greedy decoding, and seeded sampling with a sampled static tree (draft
+    probabilities, "without_replacement") gives the reference backend's tokens."""
+    target, draft = pair
+    prompts = ragged_prompts(2, seed=4)  # few tokens: Triton runs in its interpreter on a CPU
+    want = reference(target, prompts, 4)
+    kwargs = dict(max_new_tokens=3, temperature=0.9, top_k=20, seed=3)
+    sampled = StaticTree([3, 2], sampled=True)
+    monkeypatch.setenv("SPECDEC_BACKEND", "reference")
+    want_sampled = sk.SpeculativeGenerator(target, draft, tree=sampled).generate(prompts, **kwargs)
+    monkeypatch.setenv("SPECDEC_BACKEND", backend)
+    got = sk.SpeculativeGenerator(target, draft, tree=DynamicTree(6, 2, 3)).generate(prompts, 4)
+    assert_rows_equal(got.sequences, want)
+    got = sk.SpeculativeGenerator(target, draft, tree=sampled).generate(prompts, **kwargs)
+    assert_rows_equal(got.sequences, want_sampled.sequences)

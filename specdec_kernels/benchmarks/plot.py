@@ -157,7 +157,7 @@ def plot_trees(rows: list[dict], path: str) -> None:
     plt = _plt()
     shapes = list(dict.fromkeys(r["shape"] for r in rows))
     groups = list(dict.fromkeys(r["batch_size"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(13.5, 3.8))
     width = 0.8 / max(len(shapes), 1)
     cmap = plt.get_cmap("tab20")
     for ax, key, title in (
@@ -184,10 +184,10 @@ def plot_trees(rows: list[dict], path: str) -> None:
         ax.set_xticks(range(len(ticks)), [f"B={g}" if g != "all" else "all prompts" for g in ticks])
         ax.set_title(title)
         ax.grid(alpha=0.3, axis="y")
-    axes[0].legend(fontsize=7, ncol=2)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="center right", fontsize=7)
     t = rows[0].get("temperature", 0.0)
     how = "greedy" if t == 0 else f"temperature {t:g}"
     fig.suptitle(f"Trees vs chains, bundled pair, {how}: " + _machine_label(rows), fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 0.87, 1))  # the legend to the right of the panels
     fig.savefig(path, dpi=110)
     plt.close(fig)
