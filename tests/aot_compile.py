@@ -29,7 +29,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from specdec_kernels.ops import accept_reject, verify_sampling  # noqa: E402
+from specdec_kernels.ops import accept_reject, verify_sampling, verify_tree  # noqa: E402
 
 POINTER_TYPES = {
     "logits_ptr": "*bf16",
@@ -58,13 +58,18 @@ POINTER_TYPES = {
     "hi_ptr": "*i64",
     "lstart_ptr": "*i64",
     "qstart_ptr": "*i64",
+    "tok_ptr": "*i64",
+    "par_ptr": "*i64",
+    "nn_ptr": "*i64",
+    "ws_ptr": "*fp32",
+    "nodes_ptr": "*i64",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
 # per kernel (flat rows and probability inputs with every other sampling flag on), not in the
 # full product (that would quadruple the compile time).
 LAYOUT_FLAGS = ("FLAT", "LOG_X")
-MODES = {}  # non-boolean mode constexprs and their values
+MODES = {"MODE": (0, 1, 2)}  # non-boolean mode constexprs and their values
 
 
 def _signature(fn, constexprs):
@@ -87,7 +92,8 @@ def _compile(fn, constexprs, target):
         _signature(fn, constexprs),
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
     )
-    return triton.compile(src, target=target, options=verify_sampling.compile_options(fn))
+    module = verify_tree if fn is verify_tree._verify_tree_kernel else verify_sampling
+    return triton.compile(src, target=target, options=module.compile_options(fn))
 
 
 def kernels():
@@ -98,6 +104,7 @@ def kernels():
         "TBLOCK": cfg["TBLOCK"],
         "NPIV": cfg["NPIV"],
         "BLOCK_K": 16,
+        "BLOCK_N": 16,
     }
     for fn in (
         verify_sampling._verify_row_kernel,
@@ -106,6 +113,7 @@ def kernels():
         verify_sampling._split_race_kernel,
         verify_sampling._split_decide_kernel,
         accept_reject._accept_reject_kernel,
+        verify_tree._verify_tree_kernel,
     ):
         flags = [f for f in FLAGS if f in fn.arg_names]
         modes = [m for m in MODES if m in fn.arg_names]
@@ -115,7 +123,19 @@ def kernels():
         choices = [(False, True)] * len(flags) + [MODES[m] for m in modes]
         layout = {k: False for k in LAYOUT_FLAGS if k in fn.arg_names}
         for values in itertools.product(*choices):
-            yield fn, {**fixed, **layout, **dict(zip(flags + modes, values))}
+            constexprs = dict(zip(flags + modes, values))
+            if constexprs.get("GREEDY_ONLY") and (
+                constexprs.get("MODE", 0)
+                or constexprs.get("HAS_TOPK")
+                or constexprs.get("HAS_TOPP")
+            ):
+                continue  # the launchers never combine greedy_only with sampling flags
+            if fn is verify_tree._verify_tree_kernel and (
+                constexprs["HAS_TOPK"] != constexprs["HAS_TOPP"]
+                or (constexprs["HAS_TOPK"] and constexprs["MODE"] != 1)
+            ):
+                continue  # the filters' code is the chain kernels' (compiled above): one mode
+            yield fn, {**fixed, **layout, **constexprs}
         if layout:  # vLLM's flat rows + probability inputs: the sampling variant with everything on
             richest = {f: f != "GREEDY_ONLY" for f in flags}
             yield fn, {**fixed, **richest, **{k: True for k in layout}}

@@ -719,3 +719,101 @@ def test_tree_accepts_more_than_its_first_branch():
     )
     assert float(full.num_accepted.float().mean()) > float(pruned.num_accepted.float().mean())
     assert math.isfinite(float(full.num_accepted.float().mean()))
+
+
+# --- the native kernels: thread count, CPU capability, adapter checks --------------------------
+
+NATIVE_ONLY = pytest.mark.skipif(
+    not hasattr(torch.ops.specdec, "native_verify_tree"),
+    reason="the C++ extension with the native tree kernel is not built",
+)
+
+
+def _native_case(b=6, n=9, v=2003):
+    logits, tokens, parents, nn = random_trees(b, n, v, seed=12, scale=1.5, dtype=torch.bfloat16)
+    q = random_draft_probs(b, n, v, seed=4)
+    kw = dict(
+        num_nodes=nn,
+        seed=torch.arange(b) * 13 + 1,
+        temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.9])[:b],
+        top_k=torch.tensor([0, 7, 50, 0, 3, 100])[:b],
+        top_p=torch.tensor([0.9, 1.0, 0.7, 0.5, 1.0, 0.95])[:b],
+    )
+    return logits, tokens, parents, q, kw
+
+
+@NATIVE_ONLY
+def test_native_result_does_not_depend_on_the_thread_count():
+    """One thread walks rows; more threads than rows split each node's vocabulary chunks."""
+    logits, tokens, parents, q, kw = _native_case()
+    threads = torch.get_num_threads()
+    try:
+        for mode in MODES:
+            want = sk.verify_tree_sampling(
+                logits, tokens, parents, q, draft_mode=mode, backend="reference", **kw
+            )
+            for n in (1, 16):  # 16 > B = 6: split strategy
+                torch.set_num_threads(n)
+                got = sk.verify_tree_sampling(
+                    logits, tokens, parents, q, draft_mode=mode, backend="native", **kw
+                )
+                for a, e in zip(got, want):
+                    assert_same(a, e, f"{mode}, {n} threads")
+    finally:
+        torch.set_num_threads(threads)
+
+
+_CAPABILITY_SCRIPT = """
+import sys, torch
+sys.path.insert(0, {tests!r})
+import specdec_kernels as sk
+from test_verify_tree import _native_case, MODES
+print(torch.backends.cpu.get_cpu_capability())
+logits, tokens, parents, q, kw = _native_case(v=1001)
+for mode in MODES:
+    a = sk.verify_tree_sampling(logits, tokens, parents, q, draft_mode=mode, backend="native", **kw)
+    b = sk.verify_tree_sampling(logits, tokens, parents, q, draft_mode=mode, backend="reference",
+                                **kw)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.accepted_nodes, b.accepted_nodes)
+print("ok")
+"""
+
+
+@NATIVE_ONLY
+@pytest.mark.parametrize(
+    "capability", ["default", pytest.param("avx2", marks=pytest.mark.slow)]
+)  # a subprocess each (~10 s of imports on the shared CI machine); AVX-512 runs in-process
+def test_native_every_cpu_capability_build_matches_the_reference(capability):
+    import os
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests)],
+        env=dict(os.environ, ATEN_CPU_CAPABILITY=capability),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(tests),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    used, verdict = proc.stdout.split()[-2:]
+    if capability == "avx2" and used != "AVX2":
+        pytest.skip(f"this CPU cannot run AVX2 (torch chose {used})")
+    assert used == capability.upper() and verdict == "ok"
+
+
+@NATIVE_ONLY
+def test_native_adapter_checks_name_the_argument():
+    logits, tokens, parents, q, kw = _native_case(b=2, n=4, v=11)
+    nn, temp, seeds = kw["num_nodes"], kw["temperature"], kw["seed"]
+    op = torch.ops.specdec.native_verify_tree
+    with pytest.raises(ValueError, match=r"parents must have shape \[B, N\] = \[2, 4\]"):
+        op(logits, tokens, parents[:, :3], None, nn, 0, temp, None, None, seeds, False)
+    with pytest.raises(ValueError, match=r"mode must be 0"):
+        op(logits, tokens, parents, q, nn, 5, temp, None, None, seeds, False)
+    with pytest.raises(ValueError, match=r"needs draft_probs"):
+        op(logits, tokens, parents, None, nn, 1, temp, None, None, seeds, False)
+    with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, N, V\]"):
+        op(logits, tokens, parents, q[:, :3], nn, 2, temp, None, None, seeds, False)

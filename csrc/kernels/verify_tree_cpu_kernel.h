@@ -9,7 +9,9 @@
 // At each node the walk reaches: the statistics of its logits row (and the filter thresholds);
 // per child the accept test (u * q_c(x)) * Z < r(x); a rejected child removes its token from the
 // residual ("deterministic": a list of removed tokens, Z -= r(x)) or shrinks it over the
-// vocabulary (r = max(0, r - Z q_c) in a per-row buffer, Z = sum r). The walk ends with one race
+// vocabulary (r = max(0, r - Z q_c) in a per-row buffer, Z = sum r; applied only when a next
+// sibling needs it, else folded into the race, so a chain costs what the chain kernel costs).
+// The walk ends with one race
 // over the stop node's row: the residual when a child was rejected (and it has mass), else p.
 #pragma once
 
@@ -96,34 +98,56 @@ struct TreeWalk {
     rej.clear();
   }
 
-  bool removed(int64_t token) const {
-    return std::find(rej.begin(), rej.end(), token) != rej.end();
+  bool removed(int64_t token, size_t count) const {
+    return std::find(rej.begin(), rej.begin() + count, token) != rej.begin() + count;
+  }
+  bool removed(int64_t token) const { return removed(token, rej.size()); }
+
+  // A rejection whose residual update r = max(0, r - z q_c) is not applied yet: applied (shrink)
+  // when the next sibling needs r and Z, or folded into the final race when no sibling follows
+  // (a chain's case: then the tree does the chain's work).
+  struct Pending {
+    bool active = false;
+    const Q* q_row = nullptr;
+    float z = 0.0f, denom = 1.0f;
+    bool first = false;
+    size_t rej_count = 0;  // the rejected tokens q_c excludes (without replacement)
+  } pending;
+
+  // W lanes at offset i of q_c (the pending child's proposal) over a span of n tokens that
+  // starts at vocabulary index base (q points at the span).
+  Vec proposal(int64_t base, int64_t i, int64_t n, const Q* q, float denom,
+               size_t rej_count) const {
+    Vec qv = load_x(q, i, n, 1.0f, 0.0f);
+    if (a.mode == kModeWithoutReplacement) {
+      alignas(64) float qt[W];
+      qv.store(qt);
+      for (int64_t l = 0; l < W; ++l) {
+        if (removed(base + i + l, rej_count)) qt[l] = 0.0f;
+        qt[l] = denom > 0.0f ? qt[l] / denom : 0.0f;
+      }
+      qv = Vec::loadu(qt);
+    }
+    return qv;
   }
 
-  // r = max(0, r - z q_c) over the vocabulary (r = p before the first rejection); returns sum r.
-  float shrink(const Q* q_row, float z, bool first, float denom) {
+  // Apply the pending update over the vocabulary: r = max(0, r - z q_c) (r = p before the
+  // first rejection); returns the new mass sum r.
+  float shrink() {
+    const Pending pd = pending;
+    pending.active = false;
     const int64_t V = a.vocab;
-    const Vec shift(safe_max(st.m)), kappa(f.kappa), zf(f.z), zero(0.0f), zv(z);
-    const bool wor = a.mode == kModeWithoutReplacement;
+    const Vec shift(safe_max(st.m)), kappa(f.kappa), zf(f.z), zero(0.0f), zv(pd.z);
     Vec acc(0.0f);
-    alignas(64) float qt[W];
     for (int64_t i = 0; i < V; i += W) {
       Vec rv;
-      if (first) {
+      if (pd.first) {
         const Vec xv = load_x(row, i, V, temp, kNegInf);
         rv = Vec::blendv(zero, (xv - shift).exp() / zf, xv >= kappa);
       } else {
         rv = Vec::loadu(r.data() + i);
       }
-      Vec qv = load_x(q_row, i, V, 1.0f, 0.0f);
-      if (wor) {
-        qv.store(qt);
-        for (int64_t l = 0; l < W; ++l) {
-          if (removed(i + l)) qt[l] = 0.0f;
-          qt[l] = denom > 0.0f ? qt[l] / denom : 0.0f;
-        }
-        qv = Vec::loadu(qt);
-      }
+      const Vec qv = proposal(0, i, V, pd.q_row, pd.denom, pd.rej_count);
       Vec out = at::vec::maximum(rv - zv * qv, zero);
       if (i + W > V) {  // lanes past V hold 0
         alignas(64) float tail[W];
@@ -162,7 +186,15 @@ struct TreeWalk {
           const int64_t n = std::min(CHUNK, V - base);
           chunk_race_weights(rs, row + base, n, temp, base, st.m, f, stream,
                              [&](int64_t i, const Vec& p) {
-                               if (!det) return Vec::loadu(r.data() + base + i);
+                               if (!det) {
+                                 const Pending& pd = pending;
+                                 if (!pd.active) return Vec::loadu(r.data() + base + i);
+                                 // the pending update, lane for lane as shrink() computes it
+                                 const Vec rv = pd.first ? p : Vec::loadu(r.data() + base + i);
+                                 const Vec qv = proposal(base, i, n, pd.q_row + base,
+                                                         pd.denom, pd.rej_count);
+                                 return at::vec::maximum(rv - Vec(pd.z) * qv, Vec(0.0f));
+                               }
                                alignas(64) float lanes[W];
                                p.store(lanes);
                                for (int64_t t : rej) {
@@ -212,6 +244,7 @@ void verify_tree_row(const TreeArgs& a, int64_t b, bool split) {
     const float denom = 1.0f - removed_mass;
     const Q* q_row = probs != nullptr ? probs + b * a.probs_stride_b + cur * a.probs_stride_n
                                       : nullptr;
+    if (w.pending.active) z = w.shrink();  // this sibling needs r and Z
     if (!w.greedy) {
       const float p_x = prob_at(w.row, xs, w.temp, w.st.m, w.f);
       float q_x = 1.0f;
@@ -244,7 +277,7 @@ void verify_tree_row(const TreeArgs& a, int64_t b, bool split) {
       if (a.mode == kModeDeterministic) {
         z = std::max(z - r_x, 0.0f);
       } else {
-        z = w.shrink(q_row, z, sib == 0, denom);
+        w.pending = {true, q_row, z, denom, sib == 0, w.rej.size()};
         if (a.mode == kModeWithoutReplacement && in_vocab && !x_removed) {
           removed_mass += static_cast<float>(q_row[xs]);
         }

@@ -43,6 +43,11 @@ MODE_WITHOUT_REPLACEMENT = tl.constexpr(2)
 _COMPILE = {"enable_fp_fusion": False, "maxnreg": 192}
 
 
+def compile_options(kernel) -> dict:
+    """The compile options the tree kernel is launched with (for the AOT checks)."""
+    return _COMPILE
+
+
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
@@ -70,9 +75,15 @@ def _node_stats(row_ptr,  # [V] the node's logits row
 
 
 @triton.jit
-def _removed(idx, rej):
-    """``[BLOCK]`` bool: ``idx`` is one of the rejected siblings' tokens ``rej [BLOCK_N]``."""
-    return tl.sum((idx[:, None] == rej[None, :]).to(tl.int32), axis=1) > 0
+def _removed(idx, rej, count, BLOCK_N: tl.constexpr):
+    """``[BLOCK]`` bool: ``idx`` is one of the first ``count`` rejected siblings' tokens
+    ``rej [BLOCK_N]`` (one ``[BLOCK]`` comparison per token: no ``[BLOCK, BLOCK_N]`` tile)."""
+    offs_n = tl.arange(0, BLOCK_N)
+    hit = idx < 0
+    for j in range(0, count):
+        token = tl.sum(tl.where(offs_n == j, rej, 0), axis=0)
+        hit = hit | (idx == token)
+    return hit
 
 
 # argument groups keep their shape comments: no reformatting
@@ -82,7 +93,8 @@ def _shrink_residual(row_ptr,  # [V] logits row of the current node
                      q_row,  # [V] its draft probabilities
                      ws_row,  # [V] float32 residual workspace of the row
                      V, temp, m, zp, kappa, z, sib, rej, denom,
-                     MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK):
+                     MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK,
+                     BLOCK_N: tl.constexpr):
     """``r = max(0, r - Z * q_c)`` over the vocabulary (``r = p`` before the first rejection);
     returns the new mass ``sum(r)``."""
     offs = tl.arange(0, BLOCK)
@@ -98,7 +110,7 @@ def _shrink_residual(row_ptr,  # [V] logits row of the current node
                 r = tl.load(ws_row + idx, mask=mask, other=0.0)
             q = tl.load(q_row + idx, mask=mask, other=0.0).to(tl.float32)
             if MODE == MODE_WITHOUT_REPLACEMENT:
-                q = tl.where(_removed(idx, rej), 0.0, q) / denom
+                q = tl.where(_removed(idx, rej, sib, BLOCK_N), 0.0, q) / denom
                 q = tl.where(denom > 0.0, q, 0.0)
             r = tl.maximum(r - z * q, 0.0)
             r = tl.where(mask, r, 0.0)
@@ -114,7 +126,8 @@ def _shrink_residual(row_ptr,  # [V] logits row of the current node
 def _race(row_ptr,  # [V] logits row of the stop node
           ws_row,  # [V] float32 residual workspace (used when MODE is not deterministic)
           V, temp, m, zp, kappa, stream, sib, rej,
-          MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK):
+          MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK,
+          BLOCK_N: tl.constexpr):
     """The exponential race of the stop node: the recovered token over the residual (when a
     child was rejected) and the bonus token over ``p``; the chain's scores
     (``_common.chunk_race``)."""
@@ -134,7 +147,7 @@ def _race(row_ptr,  # [V] logits row of the stop node
             x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
             p = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
             if MODE == MODE_DETERMINISTIC:
-                r = tl.where(_removed(idx, rej), 0.0, p)
+                r = tl.where(_removed(idx, rej, sib, BLOCK_N), 0.0, p)
             else:
                 r = tl.load(ws_row + idx, mask=mask, other=0.0)
             r = tl.where(sib > 0, r, 0.0)
@@ -259,7 +272,7 @@ def _verify_tree_kernel(
                         else:
                             z = _shrink_residual(
                                 row, q_row, ws_row, V, temp, m, zp, kappa, z, sib, rej, denom,
-                                MODE, CHUNK, BLOCK, NCHUNK,
+                                MODE, CHUNK, BLOCK, NCHUNK, BLOCK_N,
                             )
                             if MODE == MODE_WITHOUT_REPLACEMENT:
                                 fresh = in_vocab & (x_removed == 0)
@@ -274,7 +287,8 @@ def _verify_tree_kernel(
             row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
             stream = stream_key(key, depth, PURPOSE_SAMPLE)
             extra = _race(
-                row, ws_row, V, temp, m, zp, kappa, stream, sib, rej, MODE, CHUNK, BLOCK, NCHUNK
+                row, ws_row, V, temp, m, zp, kappa, stream, sib, rej, MODE, CHUNK, BLOCK, NCHUNK,
+                BLOCK_N,
             )
     extra = tl.minimum(tl.maximum(extra, 0), V - 1).to(tl.int64)
     out_tok = tl.where(offs_n == depth, extra, out_tok)
