@@ -72,7 +72,7 @@ struct TreeWalk {
   float top_p;
   bool topk_on, topp_on;
   std::vector<float> cand;
-  std::vector<float> r;        // [V padded] residual buffer (modes other than deterministic)
+  std::vector<float> r;        // [V padded] residual buffer, allocated by the first shrink()
   std::vector<int64_t> rej;    // the current node's rejected children's in-vocabulary tokens
   const T* row = nullptr;      // [V] logits row of the current node
   Stats st;
@@ -88,7 +88,6 @@ struct TreeWalk {
     topk_on = top_k > 0 && top_k < a.vocab;
     topp_on = top_p < 1.0f;
     keep = topk_on ? top_k : (topp_on ? a.vocab : 0);
-    if (!greedy && a.mode != kModeDeterministic) r.assign(padded(a.vocab), 0.0f);
   }
 
   void enter(int64_t node) {
@@ -137,6 +136,7 @@ struct TreeWalk {
     const Pending pd = pending;
     pending.active = false;
     const int64_t V = a.vocab;
+    if (r.empty()) r.resize(padded(V));  // first use in this row: every lane is written below
     const Vec shift(safe_max(st.m)), kappa(f.kappa), zf(f.z), zero(0.0f), zv(pd.z);
     Vec acc(0.0f);
     for (int64_t i = 0; i < V; i += W) {
