@@ -1,21 +1,34 @@
-"""Train the bundled draft/target pair on the Python standard library's own source.
+"""Train a bundled draft/target pair on the Python standard library's own source, resumably.
 
 Byte-level tokens (256 byte values + ``<eos>`` = 256 between files). The split is by file name:
-a file is held out when ``crc32(name) % 10 == 0``. The target (4 layers, d=192) learns from the
-bytes; the draft (1 layer, d=128, ~8x cheaper per token) learns from the bytes and from the
-target's distribution (distillation), which is what raises the acceptance rate.
+a file is held out when ``crc32(name) % 10 == 0``. Two phases, one step counter:
 
-A second phase (``--draft-steps``) trains the draft alone against the frozen target
-(distillation, 0.8 KL + 0.2 cross-entropy); it is cheap, as the target only runs forward.
-``--resume`` starts from the weights already in ``--out`` (phase 1 is then usually skipped with
-``--steps 0``).
+1. ``--steps`` joint steps: the target learns from the bytes (cross-entropy); the draft learns
+   from the bytes and from the target's distribution (0.5 CE + 0.5 KL, the target detached).
+2. ``--draft-steps`` distillation steps: the draft alone against the frozen target
+   (0.8 KL + 0.2 CE); cheap, as the target only runs forward.
 
-Usage (about 15 minutes on one CPU thread)::
+Resumable: every ``--ckpt-every`` steps (and on SIGINT / SIGTERM) the whole training state is
+written atomically to ``--ckpt``: both models, the optimiser and schedule, the step, the data
+order's generator state, torch's global RNG state, the log so far and the wall time spent. Run the
+same command again and it continues from there, drawing exactly the batches it would have drawn;
+the log and the final weights are those of one uninterrupted run (up to float non-determinism of
+multithreaded kernels; with ``--threads 1`` the losses repeat to the bit).
 
-    PYTHONPATH=. python scripts/train_bundled.py --steps 800 --draft-steps 1200
+Every step's losses go to the log; a held-out evaluation (loss, teacher-forced greedy agreement)
+runs every ``--eval-every`` steps, and the greedy acceptance table (K = 1, 2, 4, 8) at the end.
 
-Writes ``specdec_kernels/assets/{target,draft}.safetensors`` (float16), ``heldout.txt`` (a fixed
-held-out text for the tests) and ``train_log.json``.
+Usage::
+
+    # the default pair (6 layers d=384 target, 1 layer d=128 draft); about 2 hours, one thread
+    PYTHONPATH=. python scripts/train_bundled.py --pair default
+    # the tiny pair (4 layers d=192 target) used by the fast tests
+    PYTHONPATH=. python scripts/train_bundled.py --pair tiny --steps 800 --draft-steps 1200 \
+        --lr 2e-3
+
+Writes ``specdec_kernels/assets/<pair>/{target,draft}.safetensors`` (float16), ``heldout.txt`` (a
+fixed held-out text for the tests) and ``train_log.json``. ``--export-only`` writes those from the
+latest checkpoint without training further.
 """
 
 from __future__ import annotations
@@ -25,6 +38,7 @@ import glob
 import json
 import math
 import os
+import signal
 import sys
 import sysconfig
 import time
@@ -33,7 +47,7 @@ import zlib
 import torch
 import torch.nn.functional as F
 
-from specdec_kernels.models.bundled import ASSETS, DRAFT_CONFIG, EOS_ID, TARGET_CONFIG, encode
+from specdec_kernels.models.bundled import EOS_ID, PAIRS, encode, pair_dir
 from specdec_kernels.models.causal_lm import CausalLM
 
 
@@ -52,19 +66,17 @@ def token_stream(files: list[str]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64)
 
 
-def batches(stream: torch.Tensor, batch: int, seq: int, gen: torch.Generator):
-    while True:
-        start = torch.randint(0, len(stream) - seq - 1, (batch,), generator=gen)
-        idx = start[:, None] + torch.arange(seq + 1)  # [batch, seq+1]
-        yield stream[idx]
+def draw_batch(stream: torch.Tensor, batch: int, seq: int, gen: torch.Generator) -> torch.Tensor:
+    """``[batch, seq + 1]`` windows at random offsets of ``stream`` (``gen`` is the data order)."""
+    start = torch.randint(0, len(stream) - seq - 1, (batch,), generator=gen)
+    return stream[start[:, None] + torch.arange(seq + 1)]
 
 
 @torch.no_grad()
 def evaluate(target, draft, stream, seq, n=32) -> dict:
     """Held-out loss (nats/byte) of both models and their greedy agreement (teacher forced)."""
     target.eval(), draft.eval()
-    gen = torch.Generator().manual_seed(1234)
-    x = next(batches(stream, n, seq, gen))
+    x = draw_batch(stream, n, seq, torch.Generator().manual_seed(1234))
     lt, ld = target(x[:, :-1]), draft(x[:, :-1])  # [n, seq, V]
     out = dict(
         target_loss=F.cross_entropy(lt.flatten(0, 1), x[:, 1:].flatten()).item(),
@@ -75,65 +87,171 @@ def evaluate(target, draft, stream, seq, n=32) -> dict:
     return out
 
 
-def distill_draft(target, draft, train, held, args, t0) -> list[dict]:
-    """Phase 2: the draft alone learns the frozen target's distribution."""
-    if args.draft_steps <= 0:
-        return []
-    target.requires_grad_(False)
-    opt = torch.optim.AdamW(
-        draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1
+def cosine(step: int, total: int, warmup: int) -> float:
+    """Learning-rate factor: linear warm-up, then cosine from 1 down to 0.1."""
+    return min(1.0, (step + 1) / max(warmup, 1)) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, step / max(total, 1))))
     )
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.draft_steps)))
-    )
-    data = batches(train, args.batch, args.seq, torch.Generator().manual_seed(args.seed + 1))
-    log = []
-    for step in range(1, args.draft_steps + 1):
-        x = next(data)
-        with torch.no_grad():
-            lt = target.eval()(x[:, :-1]).flatten(0, 1)  # [batch*seq, V]
-        ld = draft(x[:, :-1]).flatten(0, 1)
-        ce = F.cross_entropy(ld, x[:, 1:].flatten())
-        kl = F.kl_div(
-            F.log_softmax(ld, -1), F.log_softmax(lt, -1), log_target=True, reduction="batchmean"
+
+
+class Trainer:
+    """The whole training state; :meth:`state` / :meth:`load` are what a checkpoint holds."""
+
+    def __init__(self, args):
+        self.args = args
+        target_cfg, draft_cfg = PAIRS[args.pair]
+        torch.manual_seed(args.seed)
+        self.target, self.draft = CausalLM(target_cfg).train(), CausalLM(draft_cfg).train()
+        params = list(self.target.parameters()) + list(self.draft.parameters())
+        self.opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+        self.draft_opt = torch.optim.AdamW(
+            self.draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1
         )
-        loss = 0.8 * kl + 0.2 * ce
+        self.data = torch.Generator().manual_seed(args.seed)
+        self.step = 0  # steps done, phase 1 then phase 2
+        self.log: list[dict] = []
+        self.sessions: list[dict] = []  # one entry per invocation: steps and wall seconds
+
+    def state(self) -> dict:
+        return dict(
+            target=self.target.state_dict(),
+            draft=self.draft.state_dict(),
+            opt=self.opt.state_dict(),
+            draft_opt=self.draft_opt.state_dict(),
+            data=self.data.get_state(),
+            torch_rng=torch.get_rng_state(),
+            step=self.step,
+            log=self.log,
+            sessions=self.sessions,
+            args=vars(self.args),
+        )
+
+    def load(self, ckpt: dict) -> None:
+        self.target.load_state_dict(ckpt["target"])
+        self.draft.load_state_dict(ckpt["draft"])
+        self.opt.load_state_dict(ckpt["opt"])
+        self.draft_opt.load_state_dict(ckpt["draft_opt"])
+        self.data.set_state(ckpt["data"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        self.step, self.log, self.sessions = ckpt["step"], ckpt["log"], ckpt["sessions"]
+
+    def save(self, path: str) -> None:
+        tmp = path + ".tmp"
+        torch.save(self.state(), tmp)
+        os.replace(tmp, path)  # atomic: a kill mid-write leaves the previous checkpoint
+
+    def train_step(self, x: torch.Tensor) -> dict:
+        a = self.args
+        inp, tgt = x[:, :-1], x[:, 1:].flatten()
+        if self.step < a.steps:  # phase 1: target and draft together
+            for g in self.opt.param_groups:
+                g["lr"] = a.lr * cosine(self.step, a.steps, max(1, a.steps // 20))
+            lt = self.target(inp).flatten(0, 1)  # [batch*seq, V]
+            ld = self.draft(inp).flatten(0, 1)
+            loss_t = F.cross_entropy(lt, tgt)
+            ce = F.cross_entropy(ld, tgt)
+            kl = F.kl_div(
+                F.log_softmax(ld, -1),
+                F.log_softmax(lt.detach(), -1),
+                log_target=True,
+                reduction="batchmean",
+            )
+            loss, opt = loss_t + 0.5 * ce + 0.5 * kl, self.opt
+            params = list(self.target.parameters()) + list(self.draft.parameters())
+            row = dict(step=self.step + 1, phase=1, target_loss=loss_t.item())
+        else:  # phase 2: the draft alone against the frozen target
+            s = self.step - a.steps
+            for g in self.draft_opt.param_groups:
+                g["lr"] = a.draft_lr * cosine(s, a.draft_steps, 1)
+            with torch.no_grad():
+                lt = self.target.eval()(inp).flatten(0, 1)
+            ld = self.draft(inp).flatten(0, 1)
+            ce = F.cross_entropy(ld, tgt)
+            kl = F.kl_div(
+                F.log_softmax(ld, -1), F.log_softmax(lt, -1), log_target=True, reduction="batchmean"
+            )
+            loss, opt, params = 0.8 * kl + 0.2 * ce, self.draft_opt, list(self.draft.parameters())
+            row = dict(step=self.step + 1, phase=2)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        sched.step()
-        if step % 100 == 0 or step == args.draft_steps:
-            row = dict(
-                draft_step=step,
-                seconds=round(time.time() - t0, 1),
-                draft_loss=ce.item(),
-                kl=kl.item(),
-            )
-            if step % 400 == 0 or step == args.draft_steps:
-                row.update(
-                    {f"heldout_{k}": v for k, v in evaluate(target, draft, held, args.seq).items()}
-                )
-            log.append(row)
-            print(json.dumps(row), flush=True)
-    return log
+        self.step += 1
+        row.update(draft_loss=ce.item(), kl=kl.item())
+        return row
+
+
+def acceptance_table(target, draft, text: str) -> dict:
+    """Held-out greedy acceptance rate and mean accepted per pass at K = 1, 2, 4, 8."""
+    from specdec_kernels.models.bundled import evaluate_acceptance
+
+    table = {}
+    for k in (1, 2, 4, 8):
+        st = evaluate_acceptance(
+            target.eval(), draft.eval(), text, num_prompts=16, num_speculative_tokens=k
+        )
+        table[str(k)] = dict(acceptance_rate=st.acceptance_rate, mean_accepted=st.mean_accepted)
+    return table
+
+
+def export(trainer: Trainer, held_files: list[str], train_files, train_len, out: str) -> dict:
+    """Float16 weights, the held-out text and ``train_log.json`` into ``out``."""
+    os.makedirs(out, exist_ok=True)
+    trainer.target.save(os.path.join(out, "target.safetensors"), dtype=torch.float16)
+    trainer.draft.save(os.path.join(out, "draft.safetensors"), dtype=torch.float16)
+    with open(held_files[0], encoding="utf-8", errors="replace") as fh:
+        heldout_text = fh.read()[:6000]
+    with open(os.path.join(out, "heldout.txt"), "w", encoding="utf-8") as fh:
+        fh.write(heldout_text)
+    # the acceptance table is measured on the float16 weights that ship
+    target = CausalLM.load(os.path.join(out, "target.safetensors"))
+    draft = CausalLM.load(os.path.join(out, "draft.safetensors"))
+    wall = sum(s["wall_seconds"] for s in trainer.sessions)
+    summary = dict(
+        command="PYTHONPATH=. python scripts/train_bundled.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in trainer.args_for_log.items()),
+        args=trainer.args_for_log,
+        python=sys.version.split()[0],
+        torch=torch.__version__,
+        threads=torch.get_num_threads(),
+        target_params=sum(p.numel() for p in target.parameters()),
+        draft_params=sum(p.numel() for p in draft.parameters()),
+        train_files=len(train_files),
+        train_bytes=train_len,
+        heldout_files=[os.path.basename(f) for f in held_files],
+        heldout_text=os.path.basename(held_files[0]),
+        steps_done=trainer.step,
+        wall_seconds=round(wall, 1),
+        wall_hours=round(wall / 3600, 2),
+        sessions=trainer.sessions,
+        acceptance_heldout_greedy=acceptance_table(target, draft, heldout_text),
+        log=trainer.log,
+    )
+    with open(os.path.join(out, "train_log.json"), "w") as fh:
+        json.dump(summary, fh, indent=None, separators=(",", ":"))
+    return summary
 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=800, help="joint steps (target and draft)")
-    p.add_argument("--draft-steps", type=int, default=1200, help="draft-only distillation steps")
+    p.add_argument("--pair", default="default", choices=sorted(PAIRS))
+    p.add_argument("--steps", type=int, default=1800, help="joint steps (target and draft)")
+    p.add_argument("--draft-steps", type=int, default=400, help="draft-only distillation steps")
+    p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--draft-lr", type=float, default=1e-3)
-    p.add_argument("--resume", action="store_true", help="start from the weights in --out")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default=ASSETS)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--ckpt", default=None, help="checkpoint file (default runs/<pair>.pt)")
+    p.add_argument("--out", default=None, help="output folder (default the pair's asset folder)")
+    p.add_argument("--export-only", action="store_true", help="export the latest checkpoint")
     args = p.parse_args(argv)
+    ckpt = args.ckpt or os.path.join("runs", f"{args.pair}.pt")
+    out = args.out or pair_dir(args.pair)
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     train_files, held_files = corpus_files()
     train, held = token_stream(train_files), token_stream(held_files)
     print(
@@ -141,80 +259,51 @@ def main(argv=None) -> None:
         f"{len(held)} bytes",
         flush=True,
     )
-    if args.resume:
-        target = CausalLM.load(os.path.join(args.out, "target.safetensors")).train()
-        draft = CausalLM.load(os.path.join(args.out, "draft.safetensors")).train()
-    else:
-        target, draft = CausalLM(TARGET_CONFIG), CausalLM(DRAFT_CONFIG)
-    params = list(target.parameters()) + list(draft.parameters())
-    opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    warmup = max(1, args.steps // 20)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt,
-        lambda s: (
-            min(1, (s + 1) / warmup)
-            * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / max(args.steps, 1)))))
-        ),
-    )
-    data = batches(train, args.batch, args.seq, torch.Generator().manual_seed(args.seed))
-    t0, log = time.time(), []
-    for step in range(1, args.steps + 1):  # phase 1: target and draft together
-        x = next(data)
-        inp, tgt = x[:, :-1], x[:, 1:].flatten()
-        lt = target(inp).flatten(0, 1)  # [batch*seq, V]
-        ld = draft(inp).flatten(0, 1)
-        loss_t = F.cross_entropy(lt, tgt)
-        ce_d = F.cross_entropy(ld, tgt)
-        kl_d = F.kl_div(
-            F.log_softmax(ld, -1),
-            F.log_softmax(lt.detach(), -1),
-            log_target=True,
-            reduction="batchmean",
-        )
-        loss = loss_t + 0.5 * ce_d + 0.5 * kl_d
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if step % 50 == 0 or step == args.steps:
-            row = dict(
-                step=step,
-                seconds=round(time.time() - t0, 1),
-                target_loss=loss_t.item(),
-                draft_loss=ce_d.item(),
-                kl=kl_d.item(),
-            )
-            if step % 200 == 0 or step == args.steps:
+    trainer = Trainer(args)
+    keys = ("pair", "steps", "draft_steps", "lr", "draft_lr", "batch", "seq", "seed", "threads")
+    trainer.args_for_log = {k: getattr(args, k) for k in keys}
+    if os.path.exists(ckpt):
+        state = torch.load(ckpt, weights_only=False)
+        if {k: state["args"][k] for k in keys if k != "threads"} != {
+            k: v for k, v in trainer.args_for_log.items() if k != "threads"
+        }:
+            raise SystemExit(f"{ckpt} was written with other arguments: {state['args']}")
+        trainer.load(state)
+        print(f"resumed from {ckpt} at step {trainer.step}", flush=True)
+    total = args.steps + args.draft_steps
+    if not args.export_only:
+        os.makedirs(os.path.dirname(os.path.abspath(ckpt)), exist_ok=True)
+        stop = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.append(1))
+        session = dict(start_step=trainer.step, wall_seconds=0.0)
+        trainer.sessions.append(session)
+        t0 = time.time()
+        while trainer.step < total and not stop:
+            row = trainer.train_step(draw_batch(train, args.batch, args.seq, trainer.data))
+            session["wall_seconds"] = round(time.time() - t0, 1)
+            row["seconds"] = round(sum(s["wall_seconds"] for s in trainer.sessions), 1)
+            if trainer.step % args.eval_every == 0 or trainer.step in (args.steps, total):
                 row.update(
-                    {f"heldout_{k}": v for k, v in evaluate(target, draft, held, args.seq).items()}
+                    {
+                        f"heldout_{k}": v
+                        for k, v in evaluate(trainer.target, trainer.draft, held, args.seq).items()
+                    }
                 )
-            log.append(row)
-            print(json.dumps(row), flush=True)
-    log += distill_draft(target, draft, train, held, args, t0)
-    os.makedirs(args.out, exist_ok=True)
-    target.save(os.path.join(args.out, "target.safetensors"), dtype=torch.float16)
-    draft.save(os.path.join(args.out, "draft.safetensors"), dtype=torch.float16)
-    with open(held_files[0], encoding="utf-8", errors="replace") as fh:
-        heldout_text = fh.read()[:6000]
-    with open(os.path.join(args.out, "heldout.txt"), "w", encoding="utf-8") as fh:
-        fh.write(heldout_text)
-    summary = dict(
-        command="PYTHONPATH=. python scripts/train_bundled.py "
-        + " ".join(sys.argv[1:] if argv is None else argv),
-        args=vars(args),
-        python=sys.version.split()[0],
-        torch=torch.__version__,
-        train_files=len(train_files),
-        train_bytes=len(train),
-        heldout_files=[os.path.basename(f) for f in held_files],
-        heldout_text=os.path.basename(held_files[0]),
-        wall_seconds=round(time.time() - t0, 1),
-        log=log,
+                print(json.dumps(row), flush=True)
+            trainer.log.append(row)
+            session["end_step"] = trainer.step
+            if trainer.step % args.ckpt_every == 0 or trainer.step == total or stop:
+                trainer.save(ckpt)
+        if stop:
+            print(f"stopped at step {trainer.step}; checkpoint in {ckpt}", flush=True)
+            return
+    summary = export(trainer, held_files, train_files, len(train), out)
+    print(
+        f"wrote {out}: {trainer.step}/{total} steps, {summary['wall_hours']} h, acceptance "
+        f"{json.dumps(summary['acceptance_heldout_greedy'])}",
+        flush=True,
     )
-    with open(os.path.join(args.out, "train_log.json"), "w") as fh:
-        json.dump(summary, fh, indent=1)
-    print(f"done in {summary['wall_seconds']} s", flush=True)
 
 
 if __name__ == "__main__":

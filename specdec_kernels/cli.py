@@ -112,7 +112,7 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
         torch.set_num_threads(args.threads)
     k = args.num_speculative_tokens
     k = k if k == "auto" else int(k)
-    single, draft = load_bundled(device=device)
+    single, draft = load_bundled(args.pair, device=device)
     target = single
     if world_size > 1:
         target = sk.distributed.TensorParallelCausalLM.from_single(single)
@@ -132,13 +132,19 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
         if args.draft == "ngram"
         else (f"{draft.config.n_layer} layer d={draft.config.n_embd}")
     )
+    from specdec_kernels.benchmarks.results import machine
+
+    info = machine(torch.device("cpu"))
+    n_params = sum(p.numel() for p in single.parameters()) / 1e6
     out = io.StringIO() if quiet else None
     with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
         parallel = f", tensor parallel over {world_size} ranks" if world_size > 1 else ""
         print(
-            f"specdec demo: target {single.config.n_layer} layers d={single.config.n_embd}"
-            f"{parallel}, draft {drafter}, K={k}, {len(ids)} prompts, {args.max_new_tokens} new "
-            f"tokens each, temperature {args.temperature}",
+            f"specdec demo: {args.pair} pair, target {single.config.n_layer} layers "
+            f"d={single.config.n_embd} ({n_params:.1f}M parameters){parallel}, draft {drafter}, "
+            f"K={k}, {len(ids)} prompts, {args.max_new_tokens} new tokens each, temperature "
+            f"{args.temperature}\nmachine: {info['cpu']}, {info['cpu_count']} cores, torch "
+            f"{torch.__version__} with {torch.get_num_threads()} thread(s) per process",
             flush=True,
         )
 
@@ -195,6 +201,12 @@ def main(argv=None) -> int:
         "--repeats", type=int, default=3, help="timed runs of each decoder; the fastest is reported"
     )
     d.add_argument("--draft", choices=("bundled", "ngram"), default="bundled")
+    d.add_argument(
+        "--pair",
+        choices=("default", "tiny"),
+        default="default",
+        help="the bundled pair (default: 10.8M-parameter target; tiny: the 1.9M one)",
+    )
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument(
         "--threads",

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from specdec_kernels.cli import main, render
 from specdec_kernels.models.bundled import (
@@ -17,30 +18,49 @@ from specdec_kernels.models.bundled import (
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Stated in README.md (the bundled pair): greedy acceptance of the bundled pair on the shipped
-# held-out text
-# (8 prompts x 64 new tokens, K = 4). CPU float32 is deterministic, so the margin only absorbs
-# BLAS differences between machines (a near-tie may flip a greedy token).
-STATED_ACCEPTANCE = 0.65  # measured 0.697 (README.md); the issue asks for >= 0.6
+# Stated in README.md (the bundled pairs): greedy acceptance of each pair on its shipped
+# held-out text (8 prompts x 64 new tokens, K = 4). CPU float32 is deterministic, so the margin
+# only absorbs BLAS differences between machines (a near-tie may flip a greedy token).
+STATED_ACCEPTANCE = {"default": 0.45, "tiny": 0.65}  # measured 0.499 and 0.697: README.md
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_bundled_pair_loads_offline():
-    target, draft = load_bundled()
+@pytest.mark.parametrize("pair", ["default", "tiny"])
+def test_bundled_pair_loads_offline(pair):
+    target, draft = load_bundled(pair)
     assert target.config.n_layer >= 4 and target.config.vocab_size == draft.config.vocab_size
     from specdec_kernels.generation import cost_per_token
 
     assert cost_per_token(target) >= 5 * cost_per_token(draft)
     assert decode(encode("def f():\n")) == "def f():\n"
     assert EOS_ID == target.config.eos_token_id
+    assert next(target.parameters()).dtype == torch.float32  # float16 on disk, float32 loaded
 
 
-def test_bundled_pair_reaches_stated_acceptance():
-    stats = evaluate_acceptance(num_speculative_tokens=4)
-    assert stats.acceptance_rate >= STATED_ACCEPTANCE
-    assert len(heldout_text()) > 1000
+def test_default_pair_is_the_large_one():
+    """Issue 11's shape: a target of at least 10M parameters, a draft at most 1/20 of its
+    multiply-adds, float16 weights of at most 30 MB in the package."""
+    from specdec_kernels.generation import cost_per_token
+    from specdec_kernels.models.bundled import pair_dir
+
+    target, draft = load_bundled()
+    assert sum(p.numel() for p in target.parameters()) >= 10_000_000
+    assert cost_per_token(draft) * 20 <= cost_per_token(target)
+    folder = pair_dir("default")
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    assert size <= 30 * 2**20
+    with pytest.raises(ValueError, match="name must be one of"):
+        load_bundled("huge")
+
+
+@pytest.mark.parametrize("pair", ["default", "tiny"])
+def test_bundled_pair_reaches_stated_acceptance(pair):
+    target, draft = load_bundled(pair)
+    stats = evaluate_acceptance(target, draft, heldout_text(pair), num_speculative_tokens=4)
+    assert stats.acceptance_rate >= STATED_ACCEPTANCE[pair]
+    assert len(heldout_text(pair)) > 1000
 
 
 def test_render_marks_accepted_tokens():
@@ -55,11 +75,14 @@ def test_demo_runs(capsys):
     assert "def add(a, b):" in out
     assert "acceptance rate" in out and "tokens/s" in out and "speedup" in out
     assert "identical to the target's own greedy decoding" in out
+    assert "machine:" in out and "thread(s)" in out and "default pair" in out
 
 
-@pytest.mark.parametrize("args", [["-k", "auto", "--draft", "ngram"], ["-t", "0.8", "-k", "3"]])
+@pytest.mark.parametrize(
+    "args", [["-k", "auto", "--draft", "ngram"], ["-t", "0.8", "-k", "3", "--pair", "tiny"]]
+)
 def test_demo_options(capsys, args):
-    assert main(["demo", "-n", "8", "--color", "never", *args]) == 0
+    assert main(["demo", "-n", "8", "--color", "never", "--repeats", "1", *args]) == 0
     assert "acceptance rate" in capsys.readouterr().out
 
 

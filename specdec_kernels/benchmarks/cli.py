@@ -136,9 +136,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "which a shared machine can give; 0: torch's default)",
     )
     e.add_argument(
+        "--pair",
+        default="default",
+        choices=("default", "tiny"),
+        help="the bundled pair (default: the 10.8M-parameter target and its draft)",
+    )
+    e.add_argument(
         "--assets",
         default=None,
-        help="a folder with target/draft .safetensors and heldout.txt (default: the bundled pair)",
+        help="a folder with target/draft .safetensors and heldout.txt (instead of --pair)",
     )
     e.add_argument("--json", default=DEFAULT_E2E_JSON, help="append rows here ('' for none)")
     e.add_argument("--plot", default=None, help="draw speedup against K to this PNG")
@@ -310,6 +316,7 @@ def _e2e(args) -> int:
             max_new_tokens=args.max_new_tokens,
             repeats=args.repeats,
             systems=args.systems,
+            pair=args.pair,
         ).items()
         if v is not None
     }

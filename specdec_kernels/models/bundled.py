@@ -15,12 +15,34 @@ from specdec_kernels.models.causal_lm import CausalLM, CausalLMConfig
 ASSETS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets")
 EOS_ID = 256
 VOCAB_SIZE = 257
-TARGET_CONFIG = CausalLMConfig(
-    vocab_size=VOCAB_SIZE, n_positions=256, n_embd=192, n_layer=4, n_head=3, eos_token_id=EOS_ID
-)
-DRAFT_CONFIG = CausalLMConfig(
-    vocab_size=VOCAB_SIZE, n_positions=256, n_embd=128, n_layer=1, n_head=2, eos_token_id=EOS_ID
-)
+
+
+def _config(n_embd: int, n_layer: int, n_head: int) -> CausalLMConfig:
+    return CausalLMConfig(
+        vocab_size=VOCAB_SIZE,
+        n_positions=256,
+        n_embd=n_embd,
+        n_layer=n_layer,
+        n_head=n_head,
+        eos_token_id=EOS_ID,
+    )
+
+
+#: The bundled pairs by name: ``(target config, draft config)``. ``"default"`` is the pair where
+#: speculation pays on a CPU (a 10.8M-parameter target, its draft ~1/47 of its multiply-adds);
+#: ``"tiny"`` is the first pair (1.9M-parameter target), kept because it makes tests fast.
+PAIRS: dict[str, tuple[CausalLMConfig, CausalLMConfig]] = {
+    "default": (_config(384, 6, 6), _config(128, 1, 2)),
+    "tiny": (_config(192, 4, 3), _config(128, 1, 2)),
+}
+TARGET_CONFIG, DRAFT_CONFIG = PAIRS["default"]
+
+
+def pair_dir(name: str = "default") -> str:
+    """The folder that holds pair ``name``'s weights, ``heldout.txt`` and ``train_log.json``."""
+    if name not in PAIRS:
+        raise ValueError(f"name must be one of {sorted(PAIRS)}, got {name!r}")
+    return os.path.join(ASSETS, name)
 
 
 def encode(text: str) -> list[int]:
@@ -34,25 +56,28 @@ def decode(ids) -> str:
 
 
 def load_bundled(
-    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    name: str = "default", dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> tuple[CausalLM, CausalLM]:
-    """``(target, draft)``: the bundled pair, in eval mode.
+    """``(target, draft)``: bundled pair ``name`` (``"default"`` or ``"tiny"``), in eval mode.
 
     Examples
     --------
     >>> target, draft = load_bundled()
-    >>> target.config.n_layer, draft.config.n_layer
-    (4, 1)
+    >>> target.config.n_layer, target.config.n_embd, draft.config.n_layer
+    (6, 384, 1)
+    >>> load_bundled("tiny")[0].config.n_layer
+    4
     """
+    folder = pair_dir(name)
     return (
-        CausalLM.load(os.path.join(ASSETS, "target.safetensors"), dtype, device),
-        CausalLM.load(os.path.join(ASSETS, "draft.safetensors"), dtype, device),
+        CausalLM.load(os.path.join(folder, "target.safetensors"), dtype, device),
+        CausalLM.load(os.path.join(folder, "draft.safetensors"), dtype, device),
     )
 
 
-def heldout_text() -> str:
+def heldout_text(name: str = "default") -> str:
     """The fixed held-out text (a stdlib file the pair was not trained on) shipped with it."""
-    with open(os.path.join(ASSETS, "heldout.txt"), encoding="utf-8") as fh:
+    with open(os.path.join(pair_dir(name), "heldout.txt"), encoding="utf-8") as fh:
         return fh.read()
 
 
