@@ -7,7 +7,10 @@ Backends (:data:`BACKENDS`):
                  first imported, from ``TRITON_INTERPRET``: ``import specdec_kernels`` sets
                  ``TRITON_INTERPRET=1`` on a machine without CUDA (unless triton was already
                  imported or the variable is set). Where the interpreter is off, ``"triton"`` on
-                 CPU tensors falls back to the reference with a one-time warning.
+                 CPU tensors falls back to the reference with a one-time warning. The
+                 interpreter keeps the running launch in globals, so interpreted launches are
+                 serialised by one process-wide lock (:func:`specdec_kernels.ops._common.launch`):
+                 thread-safe, one kernel at a time; compiled launches take no lock.
 ``"native"``     the C++ CPU kernels of the extension ``specdec_kernels._C`` (CPU tensors only).
                  Where the extension is not built it falls back to the reference, and on other
                  devices to that device's automatic choice, each with a one-time warning.

@@ -306,3 +306,50 @@ def test_int32_inputs_low_precision_row_params_and_no_drafts(k):
     assert ref.tokens.shape == (b, k + 1)
     assert bool((ref.num_accepted <= nd.long()).all())
     assert bool((ref.tokens[:, 0] >= 0).all())
+
+
+def test_triton_backend_is_thread_safe_on_cpu():
+    """Triton's interpreter keeps the running launch in globals: concurrent ``backend="triton"``
+    calls on CPU tensors from several threads used to raise ``InterpreterError ... x >=
+    grid_dim[0]``. Each thread (its own batch size, so its own grid) must get exactly the
+    single-threaded results, chains and trees alike."""
+    import threading
+
+    cases = []
+    for b in (1, 2, 3, 5):
+        logits, drafts, kwargs = _sampling_case(b, 3, 50, torch.float32, "cpu", True, None, None)
+        parents = torch.tensor([[-1, 0, 0, 1]] * b)
+        cases.append((logits, drafts, kwargs, parents))
+
+    def calls(logits, drafts, kwargs, parents):
+        chain = sk.verify_sampling(logits, drafts, backend="triton", **kwargs)
+        tree = sk.verify_tree_sampling(
+            logits.contiguous(),
+            torch.cat([drafts[:, :1].clamp_min(0), drafts.clamp_min(0)], 1),
+            parents,
+            temperature=kwargs["temperature"],
+            seed=kwargs["seed"],
+            backend="triton",
+        )
+        prefix = sk.accept_reject(drafts, logits.argmax(-1)[:, :3], backend="triton")
+        return [*chain[:3], *tree[:3], prefix]
+
+    want = [calls(*c) for c in cases]
+    got, errors = [None] * len(cases), []
+
+    def work(i):
+        try:
+            for _ in range(2):
+                got[i] = calls(*cases[i])
+        except Exception as e:  # noqa: BLE001  (reported below, with the thread)
+            errors.append(f"thread {i}: {e!r}")
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:2]
+    for i, (g, w) in enumerate(zip(got, want)):
+        for j, (a, e) in enumerate(zip(g, w)):
+            assert_same(a, e, f"thread {i}, output {j}")

@@ -3,11 +3,22 @@
 The random numbers here are the uint32 twins of :mod:`specdec_kernels.reference.rng` (same keys,
 same mixer, bit-identical draws). The chunk helpers compute the per-chunk statistics that both
 launch strategies of :mod:`specdec_kernels.ops.verify_sampling` combine in the same order, which is
-what makes the two strategies give identical results.
+what makes the two strategies give identical results. :func:`launch` is how every op launches
+its kernels (one interpreted launch at a time, see below).
 """
+
+import contextlib
+import threading
 
 import triton
 import triton.language as tl
+
+from specdec_kernels._dispatch import interpreter_active
+
+try:  # Triton's interpreter (TRITON_INTERPRET=1: every @triton.jit function is one of these)
+    from triton.runtime.interpreter import InterpretedFunction
+except ImportError:  # older triton: no separate class; the environment variable decides
+    InterpretedFunction = ()
 
 # Keep in sync with specdec_kernels.reference.rng (a test checks the draws are identical).
 GOLDEN = tl.constexpr(0x9E3779B9)
@@ -23,6 +34,24 @@ SEARCH_ROUNDS = tl.constexpr(9)
 UNIFORM_SHIFT = tl.constexpr(9)  # u = ((r >> 9) + 0.5) * 2**-23: exact, in [2**-24, 1 - 2**-24]
 UNIFORM_SCALE = tl.constexpr(2.0**-23)
 EXP_FLOOR = tl.constexpr(2.0**-25)
+
+# Triton's interpreter keeps the launch it is running in module globals (the grid, the patched
+# `triton.language`), so two interpreted launches from different threads corrupt each other
+# ("InterpreterError ... x >= grid_dim[0]"). Interpreted launches take this lock; compiled GPU
+# launches never do.
+_INTERPRETER_LOCK = threading.Lock()
+
+
+def launch(kernel, grid, *args, **kwargs):
+    """``kernel[grid](*args, **kwargs)``, one interpreted launch at a time in this process."""
+    with _interpreter_lock(kernel):
+        return kernel[grid](*args, **kwargs)
+
+
+def _interpreter_lock(kernel):
+    if isinstance(kernel, InterpretedFunction) or interpreter_active():
+        return _INTERPRETER_LOCK
+    return contextlib.nullcontext()
 
 
 @triton.jit

@@ -4,6 +4,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_kernels.ops._common import launch
+
 
 # argument groups keep their shape comments: no reformatting
 # fmt: off
@@ -35,7 +37,9 @@ def accept_reject(draft_tokens: torch.Tensor, verifier_tokens: torch.Tensor) -> 
     if batch == 0:
         return out
     block_k = min(1024, triton.next_power_of_2(max(k, 1)))
-    _accept_reject_kernel[(batch,)](
+    launch(
+        _accept_reject_kernel,
+        (batch,),
         draft_tokens,
         draft_tokens.stride(0),
         verifier_tokens,

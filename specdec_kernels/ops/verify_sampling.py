@@ -29,6 +29,7 @@ from specdec_kernels.ops._common import (
     accept_draft,
     chunk_race,
     chunk_stats,
+    launch,
     merge_best,
     merge_stats,
     row_key,
@@ -533,7 +534,9 @@ def verify(
     block_k = triton.next_power_of_2(k1)
 
     if strategy == "row":
-        _verify_row_kernel[(batch,)](
+        launch(
+            _verify_row_kernel,
+            (batch,),
             target_logits,
             lb,
             lk,
@@ -577,7 +580,9 @@ def verify(
     part_m = torch.empty((positions, nchunk), dtype=torch.float32, device=device)
     part_s = torch.empty_like(part_m)
     part_a = torch.empty((positions, nchunk), dtype=torch.int32, device=device)
-    _split_stats_kernel[(positions, nchunk)](
+    launch(
+        _split_stats_kernel,
+        (positions, nchunk),
         target_logits,
         lb,
         lk,
@@ -607,7 +612,9 @@ def verify(
     ]
     if not greedy_only:
         if has_filter:
-            _split_threshold_kernel[(positions,)](
+            launch(
+                _split_threshold_kernel,
+                (positions,),
                 target_logits,
                 lb,
                 lk,
@@ -634,7 +641,9 @@ def verify(
                 LOG_X=log_input,
                 **_COMPILE,
             )
-        _split_race_kernel[(positions, nchunk)](
+        launch(
+            _split_race_kernel,
+            (positions, nchunk),
             target_logits,
             lb,
             lk,
@@ -667,7 +676,9 @@ def verify(
             LOG_X=log_input,
             **_COMPILE,
         )
-    _split_decide_kernel[(batch,)](
+    launch(
+        _split_decide_kernel,
+        (batch,),
         target_logits,
         lb,
         lk,

@@ -26,6 +26,7 @@ from specdec_kernels.ops._common import (
     PURPOSE_ACCEPT,
     PURPOSE_SAMPLE,
     chunk_stats,
+    launch,
     merge_best,
     merge_stats,
     row_key,
@@ -341,7 +342,9 @@ def verify_tree(
     seed_t = num_nodes if greedy_only else seeds
     topk_t = top_k if top_k is not None else num_nodes
     topp_t = top_p if top_p is not None else num_nodes
-    _verify_tree_kernel[(batch,)](
+    launch(
+        _verify_tree_kernel,
+        (batch,),
         target_logits,
         target_logits.stride(0),
         target_logits.stride(1),
