@@ -9,6 +9,7 @@ import specdec_kernels as sk
 from specdec_kernels.adaptive import best_num_draft_tokens, expected_tokens
 from specdec_kernels.generation import autoregressive_generate
 from specdec_kernels.models import CausalLM, CausalLMConfig
+from specdec_kernels.models.bundled import heldout_text
 from specdec_kernels.ngram import ngram_draft
 
 VOCAB = 37
@@ -141,6 +142,21 @@ def test_context_limit_stops_cleanly():
     out = sk.SpeculativeGenerator(target, draft, 8).generate(prompts, 50)
     assert [len(s) for s in out.sequences] == [24, 24, 24]
     assert_rows_equal(out.sequences, reference(target, prompts, 50))
+
+
+def test_huge_max_new_tokens_is_sized_by_the_context():
+    """max_new_tokens far past the context: the loop sizes its buffers by the context (it used
+    to allocate max_new_tokens columns per row: 10**11 failed to allocate, 10**8 took 3.6 GB)
+    and gives the output of a budget equal to the context (greedy and seeded sampling)."""
+    target, draft = sk.models.load_bundled("tiny")
+    ctx = target.max_seq_len
+    text = sk.models.encode(heldout_text("tiny"))
+    prompts = [text[: ctx - 6], text[7 : ctx - 3]]  # a few tokens of room: a fast test
+    gen = sk.SpeculativeGenerator(target, draft, 4)
+    for kwargs in ({}, dict(temperature=1.0, seed=5)):
+        want = gen.generate(prompts, ctx, **kwargs).sequences
+        assert [len(s) for s in want] == [ctx, ctx]
+        assert gen.generate(prompts, 10**11, **kwargs).sequences == want
 
 
 def test_finished_rows_cost_no_work(pair):

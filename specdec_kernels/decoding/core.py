@@ -329,11 +329,13 @@ class Decoder:
         dev, b, k = self.target.device, len(rows_in), self.max_k
         ctx = self.target.max_seq_len
         lens = [len(r) for r in rows_in]
-        cap = max(lens) + max_new_tokens + k + 2
+        limits = [n + max_new_tokens if ctx is None else min(n + max_new_tokens, ctx) for n in lens]
+        # sized by what rows can hold (a row stops at the context), not by the request: a step
+        # writes up to k + 1 tokens past seq_len <= limit
+        cap = max(limits) + k + 2
         tokens = torch.zeros(b, cap, dtype=torch.int64)
         for i, r in enumerate(rows_in):
             tokens[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
-        limits = [n + max_new_tokens if ctx is None else min(n + max_new_tokens, ctx) for n in lens]
         st = _Rows(
             ids=torch.arange(b, device=dev),
             tokens=tokens.to(dev),
