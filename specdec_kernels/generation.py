@@ -197,7 +197,9 @@ class SpeculativeGenerator:
         eos_token_id : int, optional
             A row stops after emitting it.
         seed : int, optional
-            Seeds the draft's sampling and the verification draws (sampling only).
+            Seeds the draft's sampling and the verification draws (sampling only). Every draw
+            is keyed by (seed, row index, position, purpose), so a row's tokens depend on its
+            prompt, its index in ``prompts`` and the seed, never on the other rows.
         progress : callable, optional
             Called as ``progress(generated_tokens_so_far, live_rows)`` after each target pass.
 

@@ -89,6 +89,24 @@ def test_step_seeds_depend_only_on_seed_row_and_position():
     assert int(rng.step_seeds(2**70 + 3, rows, pos)[0]) == int(s[0])  # 63-bit seeds: mod 2**63
 
 
+def test_draft_draws_are_keyed_by_seed_position_and_their_own_purpose():
+    """The drafter's exponentials: a pure function of (seed, position, purpose = draft, index),
+    batch invariant, and not the verifier's race exponentials at the same (seed, position)."""
+    seeds = rng.step_seeds(3, torch.tensor([0, 1, 2]), torch.tensor([5, 5, 9]))
+    e = rng.draft_exponentials(seeds, 2, (4, 7))  # [B, E, V]
+    stream = rng.stream_key(rng.row_key(seeds), 2, rng.PURPOSE_DRAFT)
+    want = rng.exponential(rng.uniform(stream[:, None], torch.arange(28)[None]))
+    assert torch.equal(e, want.view(3, 4, 7))
+    assert torch.equal(rng.draft_exponentials(seeds[[2, 0]], 2, (4, 7)), e[[2, 0]])
+    race = rng.stream_key(rng.row_key(seeds), 2, rng.PURPOSE_SAMPLE)
+    verifier = rng.exponential(rng.uniform(race[:, None], torch.arange(7)[None]))
+    assert not bool((verifier == e[:, 0]).any())
+    assert not torch.equal(rng.draft_exponentials(seeds, 3, (4, 7)), e)
+    logits = torch.randn(3, 7)
+    tok, p = Sampling(1.0).draw(logits, seeds, position=2)
+    assert torch.equal(tok, (p / e[:, 0]).argmax(-1))
+
+
 def test_autoregressive_sampling_follows_the_target():
     """Decoder without a drafter samples through verify_sampling with K = 0: the first token of
     8000 identical rows follows softmax(logits / T) (chi-square, false-failure rate 1e-6)."""

@@ -221,6 +221,82 @@ def test_sampling_seeded_reproducible(pair):
     assert a.sequences != gen.generate(prompts, 12).sequences
 
 
+def assert_row_is_batch_invariant(gen, prompts, **kwargs):
+    """Row ``a = prompts[0]`` gives the same tokens alone and with other rows (its index in the
+    caller's batch, which keys its seeds, fixed at 0), and row ``a`` at caller index 3 the same
+    tokens whatever its companions: rows that never retire early, or rows that retire after
+    the first pass (at the context) so that ``a`` moves to another slot of the live batch, and
+    a longer batch."""
+    a, *others = prompts
+    alone = gen.generate([a], **kwargs).sequences[0]
+    assert_rows_equal([gen.generate([a] + others[:3], **kwargs).sequences[0]], [alone])
+    at3 = gen.generate(others[:3] + [a], **kwargs).sequences[3]
+    full = [
+        [t % VOCAB for t in range(94 + b)] for b in range(3)
+    ]  # context 96: done by the first pass
+    moved = gen.generate(full + [a] + others[3:5], **kwargs).sequences[3]
+    assert_rows_equal([moved], [at3])
+    longer = gen.generate(others[2:5] + [a] + others, **kwargs).sequences[3]
+    assert_rows_equal([longer], [at3])
+    return alone
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_are_batch_invariant_with_a_sampling_draft(pair, temperature):
+    """A row's tokens do not depend on which rows share its batch, its slot in the live batch
+    or when the others retire (rng.step_seeds' promise): the draft's draws are keyed by (seed,
+    row, position, purpose = draft) like the verifier's. It used to sample the drafts of all
+    rows with one torch.Generator over [B, V]."""
+    target, draft = pair
+    prompts = ragged_prompts(7, seed=5)
+    gen = sk.SpeculativeGenerator(target, draft, 4)
+    alone = assert_row_is_batch_invariant(
+        gen, prompts, max_new_tokens=16, temperature=temperature, seed=123
+    )
+    if temperature:  # it samples: another seed, other tokens
+        other = gen.generate([prompts[0]], 16, temperature=temperature, seed=124).sequences[0]
+        assert other != alone
+
+
+@pytest.mark.parametrize("shape", ["chain", "sampled-tree"])
+def test_a_draft_opposed_to_the_target_stays_lossless(shape):
+    """The draft's draws are a stream of their own: a draft that shared the verifier's noise
+    (the resampling race at the same position) would bias the output, most visibly with a
+    draft far from the target. Draft = the target with its head negated (q = softmax(-logits),
+    V = 16, acceptance ~0.43): the first and second generated tokens of 30000 rows follow the
+    target's p(x1) and sum_x1 p(x1) p(x2 | x1) (test_statistics.chi_square_check: level 1e-7
+    each, so a false failure has probability < 2e-7 per case; it also asserts power >= 0.99
+    against a 2% bias). With the draft drawing the verifier's exponentials instead, position 0
+    gives chi-square 115 (chain) and 302 (tree) against a critical value of 62."""
+    import copy
+
+    from test_statistics import chi_square_check
+
+    target, _ = tiny_pair(vocab=16, n_positions=8, dtype=torch.float32, seed=3)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)  # a peaked target: p and -p far apart
+        draft = copy.deepcopy(target)
+        draft.lm_head.weight.neg_()
+        prompt = [1, 4, 2, 7]
+        p1 = target(torch.tensor([prompt]))[0, -1].double().softmax(-1)
+        nxt = torch.tensor([prompt + [x] for x in range(16)])
+        p2 = (p1[:, None] * target(nxt)[:, -1].double().softmax(-1)).sum(0)
+    if shape == "chain":
+        gen = sk.SpeculativeGenerator(target, draft, 2)
+    else:
+        gen = sk.SpeculativeGenerator(
+            target, draft, tree=sk.decoding.StaticTree([2, 1], sampled=True)
+        )
+    seqs = [
+        s
+        for seed in (0, 1)
+        for s in gen.generate([prompt] * 15000, 2, temperature=1.0, seed=seed).sequences
+    ]
+    for pos, p in ((0, p1), (1, p2)):
+        tokens = torch.tensor([s[len(prompt) + pos] for s in seqs])
+        chi_square_check(tokens, p, f"{shape}, generated token {pos}")
+
+
 def test_top_k_1_sampling_is_greedy_decoding(pair):
     """top_k = 1 leaves one token of probability 1: sampling must reproduce greedy decoding for
     every seed (seed 85331 used to differ: a zero-probability token won the resampling race)."""

@@ -172,6 +172,20 @@ def test_sampling_runs_and_is_seeded(pair):
     assert ((a >= 0) & (a < VOCAB)).all()
 
 
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_rows_are_batch_invariant(pair, do_sample):
+    """Row 0's new tokens are the same alone and in a left-padded ragged batch of 4, greedy
+    and sampled: the draft's draws are keyed by (seed, row, position, purpose = draft). They
+    used to come from one torch.Generator over the whole batch."""
+    target, draft = pair
+    ids, mask = left_padded(4, seed=7)
+    kwargs = dict(max_new_tokens=12, do_sample=do_sample, temperature=1.0, seed=5, eos_token_id=EOS)
+    batch = speculative_generate(target, draft, ids, mask, **kwargs)
+    row = ids[:1, mask[0].bool()]
+    alone = speculative_generate(target, draft, row, **kwargs)
+    assert new_tokens(batch, ids.shape[1], EOS)[0] == new_tokens(alone, row.shape[1], EOS)[0]
+
+
 def test_speculative_sampling_drop_in():
     """Same return shapes as transformers' function; the first token follows p when q = p
     (everything accepted) and follows norm(max(0, p - q)) after a forced rejection."""

@@ -4,7 +4,14 @@ trees, sampling, bad arguments."""
 
 import pytest
 import torch
-from test_generation import VOCAB, assert_rows_equal, ragged_prompts, reference, tiny_pair
+from test_generation import (
+    VOCAB,
+    assert_row_is_batch_invariant,
+    assert_rows_equal,
+    ragged_prompts,
+    reference,
+    tiny_pair,
+)
 
 import specdec_kernels as sk
 from specdec_kernels.decoding import (
@@ -239,6 +246,21 @@ def test_tree_sampling_seeded_and_samples(pair, tree):
     assert a.sequences != gen.generate(prompts, 12, temperature=0.8, top_p=0.9, seed=8).sequences
     assert all(0 <= t < VOCAB for s in a.sequences for t in s)
     assert a.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "tree", [StaticTree([3, 2, 1], sampled=True), TREES["dynamic-8"]], ids=["sampled", "dynamic"]
+)
+def test_tree_rows_are_batch_invariant(pair, tree, temperature):
+    """As for chains: a row's tokens do not depend on the other rows, its live slot or when
+    the others retire. A sampled tree's children are drawn with the draft's own counter-based
+    stream (keyed by seed, row, position, depth); they used to come from one torch.Generator
+    over the whole batch."""
+    target, draft = pair
+    gen = sk.SpeculativeGenerator(target, draft, tree=tree)
+    kwargs = dict(max_new_tokens=12, temperature=temperature, seed=77)
+    assert_row_is_batch_invariant(gen, ragged_prompts(7, seed=6), **kwargs)
 
 
 @pytest.mark.parametrize(

@@ -63,13 +63,21 @@ class Sampling:
             per_row(self.top_p, torch.float32),
         )[:, 0]
 
-    def draw(self, logits: torch.Tensor, generator: torch.Generator | None):
+    def draw(self, logits: torch.Tensor, seeds=None, position: int = 0):
         """One token per row of ``logits`` ``[B, V]`` and the distribution it was drawn from
-        (``None`` when greedy), without a host sync: ``argmax(p / E)``, ``E ~ Exp(1)``."""
+        (``None`` when greedy), without a host sync: ``argmax(p / E)``, ``E ~ Exp(1)``.
+
+        ``E`` is :func:`~specdec_kernels.reference.rng.draft_exponentials` of ``seeds`` (``[B]``
+        int64, the step's seeds) at draft ``position``: keyed by (seed, row, position,
+        purpose = draft), so a row's draft depends on nothing but its own seed. ``seeds=None``
+        (or a ``torch.Generator``) draws fresh seeds from the generator (default: torch's).
+        """
         if self.greedy:
             return logits.argmax(-1), None
         p = self.probs(logits)
-        e = torch.empty_like(p).exponential_(1, generator=generator).clamp_min(1e-30)
+        if seeds is None or isinstance(seeds, torch.Generator):
+            seeds = rng.seeds_for_batch(p.shape[0], p.device, generator=seeds)
+        e = rng.draft_exponentials(seeds, position, p.shape[1:])
         return torch.where(p > 0, p / e, -1.0).argmax(-1), p
 
 
@@ -277,11 +285,10 @@ class Decoder:
             raise ValueError(f"eos_token_id {eos_token_id} is outside [0, {v})")
         rows_in = self.check_prompts(prompts)
         start = time.perf_counter()
-        generator = None
         if seed is None and hasattr(self.target, "shared_seed"):
             seed = self.target.shared_seed()  # the ranks of a sharded target must draw alike
-        if seed is not None:
-            generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        # every draw of the call (drafts and verification) is keyed by this seed, the row and
+        # its position (rng.step_seeds): no generator state, batch invariant
         base_seed = (
             seed if seed is not None or sampling.greedy else int(torch.randint(0, 2**62, (1,)))
         )
@@ -294,7 +301,7 @@ class Decoder:
         k_loop = self.max_k
         while kept is not None:
             st, tracker, _ = kept
-            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed, generator)
+            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed)
             stats.target_forwards += 1
             if self.drafter is not None:
                 stats.draft_forwards += self.drafter.forwards_per_step(k_loop)
@@ -356,8 +363,11 @@ class Decoder:
             self.drafter.prefill(rows_in, capacity)
         return st, tracker
 
-    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed, generator):
-        """Draft, one target pass, verify, commit. Returns ``(num_accepted, k)``."""
+    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed):
+        """Draft, one target pass, verify, commit. Returns ``(num_accepted, k)``.
+
+        The step's seeds ``[B]`` key the drafter's draws (``rng.PURPOSE_DRAFT``) and the
+        verifier's (accept / sample): one stream per purpose, none shared."""
         dev = st.ids.device
         ctx = self.target.max_seq_len
         room = (
@@ -366,15 +376,15 @@ class Decoder:
             else st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))
         )
         k = room.clamp(max=k_loop)  # [B]: tokens a path may add (chain length, tree depth)
+        seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
         if self.drafter is not None and k_loop > 0:
-            prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, generator)
+            prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, seeds)
         else:
             prop = ChainProposal(torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev), k)
         if prop.draft_probs is not None:
             prop.draft_probs = _verifiable(prop.draft_probs)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
         logits = _verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V(_r)]
-        seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
         # a target sharded over the vocabulary verifies its V_r columns with its own ops
         ver = prop.verify(logits, sampling, seeds, getattr(self.target, "verify_ops", None))
         prop.keep(self.target, self.drafter, ver)

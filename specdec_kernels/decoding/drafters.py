@@ -18,12 +18,15 @@ class Drafter(Protocol):
     """What :class:`specdec_kernels.decoding.Decoder` asks of a drafter.
 
     ``prefill(prompts, capacity)``: start on the rows' committed prompts.
-    ``propose(tokens, seq_len, num_draft, k_loop, sampling, generator)`` -> a proposal
+    ``propose(tokens, seq_len, num_draft, k_loop, sampling, seeds)`` -> a proposal
     (:mod:`specdec_kernels.decoding.proposals`): a :class:`ChainProposal` of
     ``drafts [B, k_loop]``, ``num_draft [B]`` (which may shrink: a lookup that found fewer
     tokens) and ``draft_probs [B, k_loop, V]`` (the distributions the drafts were sampled from,
     ``None`` for deterministic drafts), or a tree (:class:`TreeDrafter`) whose paths are at most
-    ``num_draft[b]`` deep.
+    ``num_draft[b]`` deep. ``seeds`` (``[B]`` int64, ``None`` when greedy) are the step's
+    seeds: a drafter that samples draws from them with
+    :func:`~specdec_kernels.reference.rng.draft_exponentials` (keyed by row seed, position and
+    the draft purpose: batch invariant, independent of the verifier's draws).
     ``accept(num_accepted, k_loop)``: the target kept ``num_accepted[b]`` drafts of row ``b``
     (chains; a tree proposal carries its own bookkeeping).
     ``select(order)``, ``sync_value()``, ``on_sync(values)``: as for model adapters.
@@ -32,7 +35,7 @@ class Drafter(Protocol):
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> None: ...
 
-    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator): ...
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds): ...
 
     def accept(self, num_accepted: torch.Tensor, k_loop: int) -> None: ...
 
@@ -69,11 +72,11 @@ class ModelDrafter:
         )
         return self.model.extend(tokens.gather(1, at), behind, logits_index=behind - 1)
 
-    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds):
         logits = self.catch_up(tokens, seq_len)
         drafts, probs = [], []
         for i in range(k_loop):
-            x, p = sampling.draw(logits, generator)  # [B], [B, V] or None
+            x, p = sampling.draw(logits, seeds, position=i)  # [B], [B, V] or None
             drafts.append(x)
             probs.append(p)
             if i + 1 < k_loop:
@@ -108,7 +111,7 @@ class NgramDrafter:
     def prefill(self, prompts, capacity):
         pass
 
-    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds):
         drafts, found = ngram_draft(tokens, seq_len, k_loop, self.ngram_size)
         return ChainProposal(drafts, torch.minimum(num_draft, found))
 

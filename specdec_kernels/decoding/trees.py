@@ -32,6 +32,7 @@ import torch
 from specdec_kernels.decoding.drafters import ModelDrafter
 from specdec_kernels.decoding.proposals import TreeProposal
 from specdec_kernels.models.causal_lm import TreeAttention
+from specdec_kernels.reference import rng
 
 
 def _int(name: str, value, minimum: int) -> int:
@@ -256,7 +257,7 @@ class TreeDrafter(ModelDrafter):
     def forwards_per_step(self, k_loop):
         return len(self._plan.levels)  # the catch-up, then every level but the last
 
-    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, generator):
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds):
         """Draft a tree per row whose paths are at most ``num_draft[b]`` deep (deeper nodes are
         drafted but cut: ``num_nodes`` counts the rest, which come first)."""
         plan, model = self._plan, self.model
@@ -265,7 +266,7 @@ class TreeDrafter(ModelDrafter):
         sampled = getattr(self.tree, "sampled", False) and not sampling.greedy
         # the expanded nodes of the level above: children candidates and bookkeeping
         exp_lp, exp_tok, q = self._children(
-            self.catch_up(tokens, seq_len)[:, None], sampled, sampling, generator
+            self.catch_up(tokens, seq_len)[:, None], sampled, sampling, seeds, 0
         )  # [B, E, width] x2, [B, E, V] or None
         qs = [q]  # the expanded nodes' draft distributions: the root's, then in feeding order
         exp_score = torch.zeros(b, 1, dtype=exp_lp.dtype, device=dev)  # [B, E] cumulative
@@ -301,7 +302,7 @@ class TreeDrafter(ModelDrafter):
                     (seq_len - 1 + d)[:, None].expand(b, e), anc[:, f:], seq_len.clone()
                 ),
             )  # [B, E', V]
-            exp_lp, exp_tok, q = self._children(logits, sampled, sampling, generator)
+            exp_lp, exp_tok, q = self._children(logits, sampled, sampling, seeds, d)
             qs.append(q)
             exp_score = score.gather(1, sel)
             exp_cand = n_cand + sel
@@ -317,18 +318,20 @@ class TreeDrafter(ModelDrafter):
             prop.draft_mode = "without_replacement"
         return prop
 
-    def _children(self, logits, sampled, sampling, generator):
-        """Each row's candidate children from draft logits ``[B, E, V]``: ``(log q [B, E, w],
-        tokens [B, E, w], q [B, E, V] or None)``; the ``w`` most likely tokens, or (``sampled``)
-        ``w`` tokens drawn without replacement from the filtered ``q``, in drawing order
-        (the largest ``q / Exp(1)`` first: the exponential race, run ``w`` deep)."""
+    def _children(self, logits, sampled, sampling, seeds, depth):
+        """Each row's candidate children from draft logits ``[B, E, V]`` of ``E`` nodes at
+        ``depth``: ``(log q [B, E, w], tokens [B, E, w], q [B, E, V] or None)``; the ``w`` most
+        likely tokens, or (``sampled``) ``w`` tokens drawn without replacement from the filtered
+        ``q``, in drawing order (the largest ``q / Exp(1)`` first: the exponential race, run
+        ``w`` deep), the exponentials keyed by the step ``seeds`` ``[B]``, ``depth`` and the
+        draft purpose (:func:`~specdec_kernels.reference.rng.draft_exponentials`)."""
         w = self._plan.width
         if not sampled:
             lp, tok = logits.log_softmax(-1).topk(w, -1)
             return lp, tok, None
         b, e, v = logits.shape
         q = sampling.probs(logits.reshape(b * e, v)).view(b, e, v)
-        race = torch.empty_like(q).exponential_(1, generator=generator).clamp_min(1e-30)
+        race = rng.draft_exponentials(seeds, depth, (e, v))  # [B, E, V]
         tok = torch.where(q > 0, q / race, -1.0).topk(w, -1).indices
         return q.gather(-1, tok).log(), tok, q
 

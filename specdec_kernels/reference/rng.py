@@ -2,8 +2,9 @@
 
 Every random number of verification is a pure function of ``(seed, position, purpose, index)``:
 a 64-bit per-row seed, the draft position ``j``, what the number is for (the accept test or the
-resampling race), and the vocabulary index for the race. Nothing depends on the batch index, on the
-launch grid or on a global generator, so
+resampling race), and the vocabulary index for the race. The decoding loop's drafters draw from
+the same scheme with a purpose of their own (:func:`draft_exponentials`). Nothing depends on the
+batch index, on the launch grid or on a global generator, so
 
 * the reference (this module, in int64 PyTorch arithmetic) and the kernels
   (:mod:`specdec_kernels.ops._common`, in uint32 Triton arithmetic) draw bit-identical numbers;
@@ -40,6 +41,7 @@ EXP_FLOOR = 2.0**-25  # lower bound of the race's exponentials
 
 PURPOSE_ACCEPT = 0  # the uniform of the accept test at position j
 PURPOSE_SAMPLE = 1  # the per-token uniforms of the exponential race at position j
+PURPOSE_DRAFT = 2  # the drafter's race for the children of a depth-j node (decoding loop only)
 
 
 def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
@@ -70,8 +72,12 @@ def row_key(seeds: torch.Tensor) -> torch.Tensor:
 
 def stream_key(key: torch.Tensor, position: torch.Tensor | int, purpose: int) -> torch.Tensor:
     """The key of one (row, position, purpose) stream."""
-    position = torch.as_tensor(position, dtype=torch.int64, device=key.device)
-    mixed = key + _mul32(position & MASK32, POS_MULT) + ((purpose * PURPOSE_MULT) & MASK32)
+    if isinstance(position, int):  # mixed on the host: no scalar tensor copied to the device
+        pos = ((position & MASK32) * POS_MULT) & MASK32
+    else:
+        position = torch.as_tensor(position, dtype=torch.int64, device=key.device)
+        pos = _mul32(position & MASK32, POS_MULT)
+    mixed = key + pos + ((purpose * PURPOSE_MULT) & MASK32)
     return fmix32(mixed & MASK32)
 
 
@@ -90,6 +96,32 @@ def unit_interval(r: torch.Tensor) -> torch.Tensor:
 def exponential(u: torch.Tensor) -> torch.Tensor:
     """The race's Exp(1) draws ``max(-log(u), EXP_FLOOR)``: always finite and ``> 0``."""
     return (-torch.log(u)).clamp(min=EXP_FLOOR)
+
+
+def draft_exponentials(seeds: torch.Tensor, position: int, shape) -> torch.Tensor:
+    """The drafter's Exp(1) draws ``[B, *shape]`` (float32) for the children of depth-``position``
+    nodes: entry ``(b, i)`` (``i`` the flat index into ``shape``, e.g. ``node * V + token``) is
+    ``exponential(uniform(stream_key(row_key(seeds[b]), position, PURPOSE_DRAFT), i))``.
+
+    With the step seeds of :func:`step_seeds` these are keyed by (seed, row, position,
+    purpose = draft): batch invariant like verification's draws, and a stream of their own (a
+    draft drawing with the verifier's noise would bias the output). No state, no host sync.
+
+    Examples
+    --------
+    >>> s = torch.tensor([3, 4])
+    >>> e = draft_exponentials(s, 0, (5,))
+    >>> e.shape, bool(torch.equal(draft_exponentials(s[1:], 0, (5,)), e[1:]))
+    (torch.Size([2, 5]), True)
+    """
+    shape = tuple(shape)
+    n = 1
+    for d in shape:
+        n *= d
+    stream = stream_key(row_key(seeds.to(torch.int64)), position, PURPOSE_DRAFT)  # [B]
+    index = torch.arange(n, dtype=torch.int64, device=seeds.device)
+    u = uniform(stream[:, None], index[None, :])  # [B, n]
+    return exponential(u).view(seeds.shape[0], *shape)
 
 
 def step_seeds(seed: int, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
