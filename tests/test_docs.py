@@ -7,6 +7,7 @@ that needs what a CI machine lacks is marked ``# doctest: +SKIP`` on its line, n
 
 import doctest
 import importlib
+import importlib.util
 import inspect
 import pkgutil
 import re
@@ -73,3 +74,17 @@ def test_readme_python_blocks_run():
         exec(compile(block, "README.md", "exec"), {})
         ran += 1
     assert ran >= 4, f"only {ran} README examples ran"
+
+
+def test_results_tables_are_generated_from_the_committed_json():
+    """docs/results.md is exactly what scripts/results_tables.py writes from bench/results/*.json
+    (regenerate it with ``python scripts/results_tables.py`` after adding results)."""
+    spec = importlib.util.spec_from_file_location(
+        "results_tables", ROOT / "scripts" / "results_tables.py"
+    )
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    committed = (ROOT / "docs" / "results.md").read_text()
+    assert committed == tables.render(), (
+        "docs/results.md is stale: run python scripts/results_tables.py"
+    )
