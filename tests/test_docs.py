@@ -76,6 +76,19 @@ def test_readme_python_blocks_run():
     assert ran >= 4, f"only {ran} README examples ran"
 
 
+DOC_PAGES = sorted((ROOT / "docs").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", DOC_PAGES, ids=lambda p: p.name)
+def test_docs_python_blocks_run(page):
+    """The documentation site's examples run too (each block on its own, as in the README)."""
+    blocks = re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+    for block in blocks:
+        if "from_pretrained" in block:  # local checkpoints a test machine does not have
+            continue
+        exec(compile(block, str(page.relative_to(ROOT)), "exec"), {})
+
+
 def test_results_tables_are_generated_from_the_committed_json():
     """docs/results.md is exactly what scripts/results_tables.py writes from bench/results/*.json
     (regenerate it with ``python scripts/results_tables.py`` after adding results)."""
