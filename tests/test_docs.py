@@ -101,3 +101,55 @@ def test_results_tables_are_generated_from_the_committed_json():
     assert committed == tables.render(), (
         "docs/results.md is stale: run python scripts/results_tables.py"
     )
+
+
+API_MODULES = (
+    "specdec_kernels",
+    "specdec_kernels.compat.flashinfer",
+    "specdec_kernels.compat.vllm",
+    "specdec_kernels.compat.sglang",
+    "specdec_kernels.distributed",
+    "specdec_kernels.models",
+    "specdec_kernels.integrations.transformers",
+    "specdec_kernels.kv_cache",
+    "specdec_kernels.decoding",
+)
+
+
+def _resolve(path: str):
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(path)
+
+
+def test_api_pages_document_every_public_name():
+    """Every function and class in the ``__all__`` of the package and of its public submodules
+    has an autodoc entry in docs/api/ (a new public name cannot be left off the reference)."""
+    documented = set()
+    directive = re.compile(r"^\.\. auto(function|class|module):: (\S+)\n((?:   :.*\n)*)", re.M)
+    for page in (ROOT / "docs" / "api").glob("*.rst"):
+        for kind, path, options in directive.findall(page.read_text()):
+            obj = _resolve(path)
+            documented.add(id(obj))
+            if kind == "module" and ":members:" in options:
+                listed = re.search(r":members: (.+)", options)
+                names = listed.group(1).split(", ") if listed else dir(obj)
+                for name in names:
+                    member = getattr(obj, name)
+                    if getattr(member, "__module__", None) == path:
+                        documented.add(id(member))
+    missing = []
+    for module_name in API_MODULES:
+        module = importlib.import_module(module_name)
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if (inspect.isfunction(obj) or inspect.isclass(obj)) and id(obj) not in documented:
+                missing.append(f"{module_name}.{name}")
+    assert not missing, f"public names without an API page entry in docs/api/: {missing}"
