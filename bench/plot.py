@@ -2,7 +2,7 @@
 
 python bench/plot.py                      # bench/results/{e2e,ops}.json -> *.png, latest runs
 python bench/plot.py --e2e PATH --out-e2e PNG --ops PATH --out-ops PNG
-python bench/plot.py --markdown           # also print the README's results tables
+python bench/plot.py --markdown           # also print Markdown tables of the latest runs
 """
 
 import argparse
@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     p.add_argument(
         "--markdown",
         action="store_true",
-        help="print Markdown tables of the latest runs (for README.md)",
+        help="print Markdown tables of the latest runs (docs/results.md is written by "
+        "scripts/results_tables.py)",
     )
     args = p.parse_args(argv)
     for src, dst, kind, draw in (

@@ -100,7 +100,7 @@ def evaluate_acceptance(
     Returns
     -------
     GenerationStats
-        ``acceptance_rate`` is the number the README states.
+        ``acceptance_rate`` is the number ``tests/test_cli.py`` checks.
     """
     from specdec_kernels.generation import SpeculativeGenerator
 
