@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "kv_cache.h"
+#include "model.h"
 #include "verify.h"
 
 // Importing specdec_kernels._C runs the registrations below; the module itself is empty.
@@ -48,6 +49,8 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
         "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
         "Tensor? top_p, Tensor? seeds, bool greedy_only) -> (Tensor, Tensor, Tensor)");
+  m.def("rowinv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -59,6 +62,8 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_verify_ex", &specdec::native_verify_ex_cpu);
   m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
   m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);
+  m.impl("rowinv_linear", &specdec::rowinv_linear_cpu);
+  m.impl("rowinv_attention", &specdec::rowinv_attention_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA

@@ -16,6 +16,7 @@ tested, and counting them would understate ``alpha`` the more the larger ``K`` i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -168,3 +169,267 @@ def measure_cost_ratio(target, draft, *, context: int = 64, repeats: int = 5) ->
     return _median_pass_ms(draft, 1, context, repeats) / max(
         _median_pass_ms(target, 1, context, repeats), 1e-9
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Pricing the batch: measured pass costs, and the K that maximises tokens per second for it
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    """Measured wall time of the passes a speculative step makes, for a model pair on one
+    machine: target passes of ``[B, T]`` tokens and draft passes of ``[B, 1]``, at the batch
+    sizes ``batch`` and token counts ``tokens`` of a grid (linear interpolation between grid
+    points, the nearest edge beyond it), plus ``step_ms``, the loop's own work per step
+    (verification, bookkeeping).
+
+    A step with ``K`` drafts costs ``target(B, K + 1) + K * draft(B) + step_ms``; ``K = 0`` is
+    the target alone (``target(B, 1) + step_ms``). On a GPU a ``K+1``-token pass costs about one
+    token's; on a CPU it does not, and the more so the larger the batch: the reason ``"auto"``
+    prices the live batch instead of assuming one slope for every batch size.
+
+    Examples
+    --------
+    >>> c = PassCosts(batch=(1, 4), tokens=(1, 5), target_ms=((2.0, 3.0), (2.5, 6.5)),
+    ...               draft_ms=(0.1, 0.2), step_ms=0.2)
+    >>> c.target(1, 3), c.target(2, 1), round(c.step_cost(1, 4), 3)
+    (2.5, 2.1666666666666665, 3.6)
+    """
+
+    batch: tuple[int, ...]
+    tokens: tuple[int, ...]
+    target_ms: tuple[tuple[float, ...], ...]  # [len(batch)][len(tokens)]
+    draft_ms: tuple[float, ...]  # [len(batch)]
+    step_ms: float = 0.0
+
+    @classmethod
+    def linear(cls, cost_ratio: float, verify_cost: float, max_k: int) -> PassCosts:
+        """The batch-blind model of :func:`best_num_draft_tokens`, in one-token target passes:
+        a ``T``-token pass costs ``1 + verify_cost * (T - 1)``, a draft token ``cost_ratio``."""
+        tokens = (1, max_k + 1)
+        return cls((1,), tokens, ((1.0, 1.0 + verify_cost * max_k),), (cost_ratio,), 0.0)
+
+    @staticmethod
+    def _interp(grid, values, x) -> float:
+        if x <= grid[0]:
+            return values[0]
+        for i in range(1, len(grid)):
+            if x <= grid[i]:
+                w = (x - grid[i - 1]) / (grid[i] - grid[i - 1])
+                return values[i - 1] + w * (values[i] - values[i - 1])
+        return values[-1] * (x / grid[-1] if len(grid) > 1 else 1.0)
+
+    def target(self, batch: int, tokens: int) -> float:
+        """Milliseconds of a ``[batch, tokens]`` target pass."""
+        per_batch = [self._interp(self.tokens, row, tokens) for row in self.target_ms]
+        return self._interp(self.batch, per_batch, batch)
+
+    def draft(self, batch: int) -> float:
+        """Milliseconds of a ``[batch, 1]`` draft pass."""
+        return self._interp(self.batch, self.draft_ms, batch)
+
+    def step_cost(self, batch: int, k: int) -> float:
+        """Milliseconds of one step with ``k`` drafts per row for ``batch`` rows."""
+        return self.target(batch, k + 1) + k * self.draft(batch) + self.step_ms
+
+    def best_k(self, alpha: torch.Tensor, max_k: int) -> int:
+        """The ``K`` in ``0 .. max_k`` maximising the expected tokens of the batch per
+        millisecond, ``sum_b expected_tokens(alpha_b, K) / step_cost(B, K)``, for the rows'
+        acceptance estimates ``alpha`` ``[B]`` (host floats: the loop syncs once a step anyway).
+        ``0`` means the drafts would not pay for themselves: the target decodes alone.
+
+        >>> c = PassCosts.linear(cost_ratio=0.05, verify_cost=0.1, max_k=8)
+        >>> c.best_k(torch.tensor([0.8]), 8), c.best_k(torch.tensor([0.01]), 8)
+        (6, 0)
+        """
+        batch = int(alpha.numel())
+        a = alpha.double().cpu()
+        best, best_value = 0, -1.0
+        for k in range(max_k + 1):
+            tokens = float(expected_tokens(a, torch.tensor(float(k), dtype=a.dtype)).sum())
+            value = tokens / max(self.step_cost(batch, k), 1e-12)
+            if value > best_value * (1 + 1e-9):
+                best, best_value = k, value
+        return best
+
+    def ideal_speedup(self, alpha: float, batch: int, k: int) -> float:
+        """The speedup over the target alone this model predicts for ``batch`` rows with
+        acceptance ``alpha`` and ``k`` drafts per step."""
+        tokens = float(expected_tokens(torch.tensor(alpha), torch.tensor(float(k))))
+        alone = self.step_cost(batch, 0)
+        return tokens * alone / max(self.step_cost(batch, k), 1e-12)
+
+    def to_dict(self) -> dict:
+        return dict(
+            batch=list(self.batch),
+            tokens=list(self.tokens),
+            target_ms=[list(r) for r in self.target_ms],
+            draft_ms=list(self.draft_ms),
+            step_ms=self.step_ms,
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> PassCosts:
+        return cls(
+            tuple(d["batch"]),
+            tuple(d["tokens"]),
+            tuple(tuple(r) for r in d["target_ms"]),
+            tuple(d["draft_ms"]),
+            float(d["step_ms"]),
+        )
+
+
+def _pass_ms(model, batch: int, tokens: int, context: int, repeats: int) -> float:
+    import time
+
+    device = next(model.parameters()).device
+    cache = model.new_cache(batch, context + tokens + 1)
+    x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
+    with torch.inference_mode():
+        model.hidden_states(
+            torch.zeros(batch, context, dtype=torch.int64, device=device), cache, context
+        )
+        cache.advance(context)
+        times = []
+        for _ in range(repeats + 1):  # the first call warms up
+            t0 = time.perf_counter()
+            model(x, cache, kv_len=context + tokens, validate=False)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+    times = sorted(times[1:])
+    return times[len(times) // 4] * 1e3  # the lower quartile: other work only ever adds time
+
+
+def _step_ms(batch: int, k: int, vocab: int, device, dtype, repeats: int) -> float:
+    """The verification op's time for a ``[batch, k+1, vocab]`` greedy step (the loop's fixed
+    cost beside the two models' passes)."""
+    import time
+
+    from specdec_kernels.verification import verify_greedy
+
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        dtype = torch.float32  # the loop casts other logits (float64 test models) to float32
+    logits = torch.randn(batch, k + 1, vocab, device=device).to(dtype)
+    drafts = torch.zeros(batch, k, dtype=torch.int64, device=device)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        verify_greedy(logits, drafts, validate=False)
+        times.append(time.perf_counter() - t0)
+    times = sorted(times[1:])
+    return times[len(times) // 2] * 1e3
+
+
+def _fingerprint(target, draft) -> str:
+    import hashlib
+    import json
+
+    import specdec_kernels
+
+    def describe(m):
+        p = next(m.parameters())
+        cfg = getattr(m, "config", None)
+        cfg = getattr(cfg, "__dict__", None) or repr(cfg)
+        weights = torch.cat([q.detach().flatten()[:64].float().cpu() for q in m.parameters()])
+        return dict(
+            type=type(m).__name__,
+            config=repr(sorted(cfg.items())) if isinstance(cfg, dict) else cfg,
+            dtype=str(p.dtype),
+            device=str(p.device),
+            row_invariant=bool(getattr(m, "row_invariant", False)),
+            weights=hashlib.sha1(weights.numpy().tobytes()).hexdigest(),
+        )
+
+    from specdec_kernels.benchmarks.results import machine
+
+    info = machine(next(target.parameters()).device)
+    key = dict(
+        target=describe(target),
+        draft=describe(draft),
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        package=getattr(specdec_kernels, "__version__", "?"),
+        cpu=info.get("cpu"),
+    )
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+_MEMORY: dict[str, PassCosts] = {}
+
+
+def cache_path() -> str:
+    """Where measured :class:`PassCosts` are kept between processes:
+    ``$SPECDEC_CACHE_DIR/pass_costs.json`` (default ``~/.cache/specdec_kernels``)."""
+    import os
+
+    root = os.environ.get("SPECDEC_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "specdec_kernels"
+    )
+    return os.path.join(root, "pass_costs.json")
+
+
+def measure_pass_costs(
+    target,
+    draft,
+    *,
+    max_k: int = 8,
+    max_batch: int = 16,
+    context: int = 64,
+    repeats: int = 8,
+    cache: bool = True,
+) -> PassCosts:
+    """Time ``target`` and ``draft`` once on this machine, before any generation, for
+    :class:`PassCosts`: target passes of ``1, 2, 3, 5`` and ``max_k + 1`` tokens and draft
+    passes of one token at batch sizes ``1, 2, 4, ... <= max_batch`` after a ``context``-token
+    prefix (the lower quartile of ``repeats``, made non-decreasing in tokens and rows), and the
+    verification op's time.
+
+    The result is cached per (models, their dtype and device, thread count, torch version,
+    CPU): in this process, and in :func:`cache_path` unless ``cache=False``. The generator
+    never times anything while it generates, so a cached figure gives the same ``K`` choices,
+    and with a seed the same tokens, on every call.
+
+    Returns
+    -------
+    PassCosts
+    """
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}"
+    if key in _MEMORY:
+        return _MEMORY[key]
+    from specdec_kernels.models.bundled import _read_json, _write_json
+
+    if cache:
+        stored = _read_json(cache_path())
+        if isinstance(stored.get(key), dict):
+            try:
+                _MEMORY[key] = PassCosts.from_dict(stored[key])
+                return _MEMORY[key]
+            except (KeyError, TypeError, ValueError):
+                pass
+    batch = [1]
+    while batch[-1] * 2 <= max_batch:
+        batch.append(batch[-1] * 2)
+    tokens = sorted({1, 2, 3, 5, max_k + 1} & set(range(1, max_k + 2)))
+    # a pass never costs less with more tokens or more rows: the running maximum irons out
+    # a busy machine's dips
+    rows, prev = [], [0.0] * len(tokens)
+    for b in batch:
+        row = list(
+            itertools.accumulate((_pass_ms(target, b, t, context, repeats) for t in tokens), max)
+        )
+        prev = [max(x, y) for x, y in zip(row, prev)]
+        rows.append(tuple(prev))
+    target_ms = tuple(rows)
+    draft_ms = tuple(
+        itertools.accumulate((_pass_ms(draft, b, 1, context, repeats) for b in batch), max)
+    )
+    p = next(target.parameters())
+    step = _step_ms(1, min(max_k, 4), target.vocab_size, p.device, p.dtype, repeats)
+    costs = PassCosts(tuple(batch), tuple(tokens), target_ms, draft_ms, step)
+    _MEMORY[key] = costs
+    if cache:
+        stored = _read_json(cache_path())
+        stored[key] = costs.to_dict()
+        _write_json(cache_path(), stored)
+    return costs

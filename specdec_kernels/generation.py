@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec_kernels.adaptive import PassCosts, measure_pass_costs
 from specdec_kernels.decoding import (
     Decoder,
     DecodeResult,
@@ -65,25 +66,31 @@ class SpeculativeGenerator:
         of its group with the same arguments (and a draft replicated on every rank); its
         logit shards are verified by the vocabulary-parallel ops.
     draft : sk.models.CausalLM or "ngram"
-        A cheaper model with the same vocabulary, dtype and device, or ``"ngram"`` for
+        A cheaper model with the same vocabulary and device (its dtype may differ: a small
+        draft is often fastest in float32 beside a bfloat16 target), or ``"ngram"`` for
         prompt-lookup drafting (no model).
-    num_speculative_tokens : int or "auto"
-        Draft tokens per pass ``K >= 1``, or ``"auto"``: per row, the
-        ``K <= max_speculative_tokens`` that maximises expected tokens per unit of cost (see
-        :mod:`specdec_kernels.adaptive`), from the row's measured acceptance and the draft/target
-        cost ratio ``cost_ratio``. The choice depends only on the tokens accepted so far, never on
-        timings, so the same seed gives the same output on every call.
+    num_speculative_tokens : int, "auto" or None
+        Draft tokens per pass ``K >= 1``, or ``"auto"`` (the default, ``None``, for chains):
+        before each step, the ``K`` in ``0 .. max_speculative_tokens`` that maximises the live
+        batch's expected tokens per millisecond (:meth:`specdec_kernels.adaptive.PassCosts.best_k`)
+        from the rows' measured acceptance and the pair's pass costs; ``K = 0`` lets the target
+        decode alone while drafting would not pay. The costs are measured once per pair, dtype,
+        device and thread count, before any generation, and cached
+        (:func:`specdec_kernels.adaptive.measure_pass_costs`); the loop never times anything,
+        so the same seed gives the same output on every call. With ``tree``, ``None`` is unused.
     max_speculative_tokens : int
         Upper bound of ``K`` for ``"auto"`` (default 8).
     cost_ratio : float, optional
-        Draft cost per token over target cost per pass, for ``"auto"``, fixed for the object's
-        life. Default: the ratio of multiply-adds per token (:func:`cost_per_token`).
-        :func:`specdec_kernels.adaptive.measure_costs` times the two models once on this
-        machine, for a value to pass here.
-    verify_cost : float
-        The target's extra cost per verified draft token, in one-token passes, for ``"auto"``
-        (default 0: a ``K+1``-token pass costs one token's, as on a GPU; on a CPU it does not,
-        and ``measure_costs(target, draft).verify_cost`` gives the figure).
+        With ``verify_cost``, a batch-blind cost model for ``"auto"`` instead of measured pass
+        costs: draft cost per token over target cost per pass.
+    verify_cost : float, optional
+        The target's extra cost per verified draft token, in one-token passes (with
+        ``cost_ratio``; default 0).
+    costs : PassCosts, optional
+        The pass costs ``"auto"`` prices each step with. Default: measured by
+        :func:`specdec_kernels.adaptive.measure_pass_costs` for models with a KV cache
+        (``sk.models.CausalLM``), else the batch-blind model of ``cost_ratio`` (default: the
+        ratio of multiply-adds per token, :func:`cost_per_token`) and ``verify_cost``.
     ngram_size : int
         Longest n-gram matched by the ``"ngram"`` drafter.
     tree : StaticTree or DynamicTree, optional
@@ -99,7 +106,7 @@ class SpeculativeGenerator:
     Raises
     ------
     ValueError
-        Draft and target with different vocabulary sizes, devices or dtypes; a bad ``K``.
+        Draft and target with different vocabulary sizes or devices; a bad ``K``.
 
     Examples
     --------
@@ -120,14 +127,17 @@ class SpeculativeGenerator:
         self,
         target,
         draft,
-        num_speculative_tokens: int | str = 4,
+        num_speculative_tokens: int | str | None = None,
         *,
         max_speculative_tokens: int = 8,
         cost_ratio: float | None = None,
-        verify_cost: float = 0.0,
+        verify_cost: float | None = None,
+        costs: PassCosts | None = None,
         ngram_size: int = 3,
         tree: StaticTree | DynamicTree | None = None,
     ):
+        if num_speculative_tokens is None:
+            num_speculative_tokens = 4 if tree is not None else "auto"
         self.target, self.draft = target, draft
         ngram = isinstance(draft, str)
         if ngram and draft != "ngram":
@@ -145,14 +155,18 @@ class SpeculativeGenerator:
                     f"draft vocabulary size {draft.vocab_size} differs from the "
                     f"target's {target.vocab_size}"
                 )
-            if dp.device != tp.device or dp.dtype != tp.dtype:
+            if dp.device != tp.device:
                 raise ValueError(
-                    f"draft is on {dp.device}/{dp.dtype} but the target is on "
-                    f"{tp.device}/{tp.dtype}; move one of them"
+                    f"draft is on device {dp.device} but the target on {tp.device}; move one of them"
                 )
+        auto = num_speculative_tokens == "auto" and tree is None
+        blind = cost_ratio is not None or verify_cost is not None
         if cost_ratio is None:
             cost_ratio = 0.0 if ngram else cost_per_token(draft) / cost_per_token(target)
-        self.cost_ratio = cost_ratio
+        verify_cost = 0.0 if verify_cost is None else verify_cost
+        if auto and costs is None and not blind and not ngram and _measurable(target, draft):
+            costs = measure_pass_costs(target, draft, max_k=max_speculative_tokens)
+        self.cost_ratio, self.costs = cost_ratio, costs
 
         def drafter():
             if ngram:
@@ -169,6 +183,7 @@ class SpeculativeGenerator:
             max_speculative_tokens=max_speculative_tokens,
             cost_ratio=cost_ratio,
             verify_cost=verify_cost,
+            costs=costs,
         )
         self._decoder()  # check the arguments now
 
@@ -216,6 +231,15 @@ class SpeculativeGenerator:
             progress=progress,
         )
         return GenerationOutput.from_result(result)
+
+
+def _measurable(target, draft) -> bool:
+    """Both models have the cached forward :func:`measure_pass_costs` times (a single-process
+    ``CausalLM``; a tensor-parallel target would need its whole group to time it)."""
+    return all(
+        hasattr(m, "new_cache") and hasattr(m, "hidden_states") and not hasattr(m, "group")
+        for m in (target, draft)
+    )
 
 
 def autoregressive_generate(

@@ -93,3 +93,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cost_cache(tmp_path_factory):
+    """Measured pass costs and dtype choices go to a folder of this session, not ~/.cache."""
+    import os
+
+    old = os.environ.get("SPECDEC_CACHE_DIR")
+    os.environ["SPECDEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("specdec_cache"))
+    yield
+    if old is None:
+        os.environ.pop("SPECDEC_CACHE_DIR", None)
+    else:
+        os.environ["SPECDEC_CACHE_DIR"] = old

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec_kernels.adaptive import AcceptanceTracker, best_num_draft_tokens
+from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, expected_tokens
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
@@ -178,16 +178,20 @@ class Decoder:
         :class:`~specdec_kernels.decoding.trees.TreeDrafter` drafts a token tree per row
         (its shape's ``depth`` plays the part of ``K``, ``num_speculative_tokens`` is unused).
     num_speculative_tokens : int or "auto"
-        ``K >= 1``, or ``"auto"``: per row, the ``K <= max_speculative_tokens`` maximising
-        expected tokens per unit of cost (:mod:`specdec_kernels.adaptive`) from the row's
-        accepted counts and the fixed ``cost_ratio``; never from timings, so the same seed gives
-        the same tokens on every call.
+        ``K >= 1``, or ``"auto"``: before each step, the ``K`` in ``0 .. max_speculative_tokens``
+        that maximises the live batch's expected tokens per millisecond under ``costs``
+        (:meth:`specdec_kernels.adaptive.PassCosts.best_k`), from the rows' accepted counts;
+        ``K = 0`` decodes with the target alone while drafting would not pay. Never from timings
+        taken while generating, so the same seed gives the same tokens on every call.
     cost_ratio : float
-        Draft cost per token over target cost per pass (``"auto"`` only).
+        Draft cost per token over target cost per pass (``"auto"`` without ``costs``).
     verify_cost : float
-        The target's extra cost per verified draft token, in one-token passes (``"auto"`` only;
-        0 where a ``K+1``-token pass costs one token's, as on a GPU). Both figures come from
-        :func:`specdec_kernels.adaptive.measure_costs` or the caller, never from the loop.
+        The target's extra cost per verified draft token, in one-token passes (``"auto"``
+        without ``costs``; 0 where a ``K+1``-token pass costs one token's, as on a GPU).
+    costs : PassCosts, optional
+        Measured pass costs of the pair (:func:`specdec_kernels.adaptive.measure_pass_costs`),
+        which price each batch size; default: the batch-blind
+        ``PassCosts.linear(cost_ratio, verify_cost, max_speculative_tokens)``.
     """
 
     def __init__(
@@ -199,6 +203,7 @@ class Decoder:
         max_speculative_tokens: int = 8,
         cost_ratio: float = 0.0,
         verify_cost: float = 0.0,
+        costs: PassCosts | None = None,
     ):
         auto = num_speculative_tokens == "auto"
         if not auto and (
@@ -234,6 +239,9 @@ class Decoder:
                 )
             self.max_k, self.width = tree.depth, max(tree.num_nodes - 1, tree.num_fed)
         self.cost_ratio, self.verify_cost = cost_ratio, verify_cost
+        if costs is not None and not isinstance(costs, PassCosts):
+            raise ValueError(f"costs must be a PassCosts or None, got {type(costs).__name__}")
+        self.costs = costs or PassCosts.linear(cost_ratio, verify_cost, max(self.max_k, 1))
 
     # ------------------------------------------------------------------------------ checks
     def check_prompts(self, prompts) -> list[list[int]]:
@@ -354,9 +362,7 @@ class Decoder:
         )
         tracker = AcceptanceTracker.new(b, dev)
         if self.auto:  # the prior's choice until acceptance is measured
-            st.num_draft = best_num_draft_tokens(
-                tracker.alpha(), self.cost_ratio, k, self.verify_cost
-            )
+            st.num_draft = self._auto_k(tracker)
         capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
         if self.drafter is not None:
@@ -377,6 +383,9 @@ class Decoder:
         )
         k = room.clamp(max=k_loop)  # [B]: tokens a path may add (chain length, tree depth)
         seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
+        if self.drafter is not None and k_loop == 0 and hasattr(self.drafter, "skip"):
+            # "auto" chose the target alone: the draft falls one more token behind
+            self.drafter.skip(st.tokens, st.seq_len, self.width + 2)
         if self.drafter is not None and k_loop > 0:
             prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, seeds)
         else:
@@ -392,10 +401,21 @@ class Decoder:
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]
         tracker.update(n, k)
         if self.auto:
-            st.num_draft = best_num_draft_tokens(
-                tracker.alpha(), self.cost_ratio, self.max_k, self.verify_cost
-            )
+            st.num_draft = self._auto_k(tracker)
         return n, k
+
+    def _auto_k(self, tracker) -> torch.Tensor:
+        """``[B]``: the batch's ``K`` (:meth:`PassCosts.best_k`, on the device: the step's one
+        sync reads it with the rest)."""
+        alpha = tracker.alpha()  # [B]
+        b = alpha.numel()
+        ks = torch.arange(self.max_k + 1, device=alpha.device, dtype=torch.float32)  # [K+1]
+        tokens = expected_tokens(alpha.float()[:, None], ks[None]).sum(0)  # [K+1]
+        cost = torch.tensor(
+            [self.costs.step_cost(b, k) for k in range(self.max_k + 1)], device=alpha.device
+        )
+        best = (tokens / cost.clamp_min(1e-12)).argmax()
+        return best.expand(b).clone()
 
     @staticmethod
     def _commit(st: _Rows, ver, eos) -> None:

@@ -17,3 +17,8 @@ __all__ = [
     "load_bundled",
     "output_size",
 ]
+
+import specdec_kernels._extension  # noqa: E402,F401  (loads _C, which defines the kernels)
+from specdec_kernels.models._kernels import register_fakes as _register_fakes  # noqa: E402
+
+_register_fakes()

@@ -56,9 +56,28 @@ def decode(ids) -> str:
 
 
 def load_bundled(
-    name: str = "default", dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    name: str = "default",
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    draft_dtype: torch.dtype | str | None = None,
+    row_invariant: bool | None = None,
 ) -> tuple[CausalLM, CausalLM]:
     """``(target, draft)``: bundled pair ``name`` (``"default"`` or ``"tiny"``), in eval mode.
+
+    Parameters
+    ----------
+    dtype : torch.dtype or "auto"
+        The target's dtype. ``"auto"``: the fastest of float32 and bfloat16 for this target on
+        this machine (:func:`fastest_dtype`: measured once, cached), bfloat16 where the CPU has
+        the matrix or dot-product units for it, float32 where nothing faster exists.
+    draft_dtype : torch.dtype or "auto", optional
+        The draft's dtype; default ``dtype`` (with ``"auto"`` the draft's own fastest: a model
+        this small is often fastest in float32).
+    row_invariant : bool, optional
+        Run both models on the row-invariant native kernels (:attr:`CausalLM.row_invariant`),
+        so that the speculative loop's greedy output is bitwise the target's own greedy decoding.
+        Default: on where they exist (CPU, float32 or bfloat16, C++ extension built).
 
     Examples
     --------
@@ -69,10 +88,97 @@ def load_bundled(
     4
     """
     folder = pair_dir(name)
-    return (
-        CausalLM.load(os.path.join(folder, "target.safetensors"), dtype, device),
-        CausalLM.load(os.path.join(folder, "draft.safetensors"), dtype, device),
+    paths = (os.path.join(folder, "target.safetensors"), os.path.join(folder, "draft.safetensors"))
+    dtypes = [dtype, dtype if draft_dtype is None else draft_dtype]
+    models = []
+    for path, dt in zip(paths, dtypes):
+        if dt == "auto":
+            dt = fastest_dtype(lambda d, path=path: CausalLM.load(path, d, device), device)
+        model = CausalLM.load(path, dt, device)
+        on = row_invariant_available(model) if row_invariant is None else row_invariant
+        model.row_invariant = on
+        models.append(model)
+    return models[0], models[1]
+
+
+def row_invariant_available(model: CausalLM) -> bool:
+    """Whether :attr:`CausalLM.row_invariant` can be turned on for ``model`` here."""
+    return model.row_invariant_problem() is None
+
+
+#: Candidates of :func:`fastest_dtype`, in order of preference on a tie.
+DTYPE_CANDIDATES = (torch.float32, torch.bfloat16)
+
+
+def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -> torch.dtype:
+    """The dtype of :data:`DTYPE_CANDIDATES` in which ``load(dtype)`` (a ``CausalLM``) runs a
+    one-token plus a five-token cached pass fastest on this machine, row-invariant kernels on
+    where available (the passes of a speculative step); measured once and cached beside the pass
+    costs (:func:`specdec_kernels.adaptive.cache_path`), keyed by the model's config, the CPU,
+    the thread count and the torch version.
+    """
+    import json
+
+    from specdec_kernels.adaptive import _pass_ms, cache_path
+    from specdec_kernels.benchmarks.results import machine
+
+    probe = load(DTYPE_CANDIDATES[0])
+    key = "dtype:" + json.dumps(
+        dict(
+            config=repr(probe.config),
+            cpu=machine(torch.device(device)).get("cpu"),
+            threads=torch.get_num_threads(),
+            torch=torch.__version__,
+        ),
+        sort_keys=True,
     )
+    if key in _DTYPE_MEMORY:
+        return _DTYPE_MEMORY[key]
+    stored = _read_json(cache_path()) if cache else {}
+    if key in stored and stored[key] in _DTYPE_NAMES:
+        _DTYPE_MEMORY[key] = _DTYPE_NAMES[stored[key]]
+        return _DTYPE_MEMORY[key]
+    best, best_ms = DTYPE_CANDIDATES[0], float("inf")
+    for dt in DTYPE_CANDIDATES:
+        model = probe if dt == probe.lm_head.weight.dtype else load(dt)
+        model.row_invariant = row_invariant_available(model)
+        ms = _pass_ms(model, 1, 1, 64, repeats) + _pass_ms(model, 1, 5, 64, repeats)
+        if ms < best_ms:
+            best, best_ms = dt, ms
+    _DTYPE_MEMORY[key] = best
+    if cache:
+        stored = _read_json(cache_path())
+        stored[key] = str(best).replace("torch.", "")
+        _write_json(cache_path(), stored)
+    return best
+
+
+_DTYPE_MEMORY: dict[str, torch.dtype] = {}
+_DTYPE_NAMES = {str(d).replace("torch.", ""): d for d in DTYPE_CANDIDATES}
+
+
+def _read_json(path: str) -> dict:
+    import json
+
+    try:
+        with open(path) as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_json(path: str, data: dict) -> None:
+    import json
+
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(data, fh)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: the in-process cache still holds it
 
 
 def heldout_text(name: str = "default") -> str:

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from specdec_kernels.models.transformer import Block, activation, init_weights
+from specdec_kernels.models.transformer import Block, activation, init_weights, linear
 
 # GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -139,6 +139,48 @@ class CausalLM(nn.Module):
         init_weights(self, c.n_layer)
         if c.tie_word_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
+        self._row_invariant = False
+
+    # ------------------------------------------------------------------ kernels
+    @property
+    def row_invariant(self) -> bool:
+        """Whether the projections and attention run on the row-invariant native kernels.
+
+        A verify pass scores ``K+1`` tokens per row where plain decoding scores one, and BLAS
+        libraries reduce in an order that depends on how many rows share a matrix product, so
+        the same token's logits can differ by an ulp between the two passes and greedy output
+        can diverge from the target's own. With ``row_invariant = True`` every token's logits
+        are bitwise the same whatever else shares the pass (other tokens, other rows, the
+        cache length, the thread count): the speculative loop's greedy output is then exactly
+        the target's own greedy decoding in the same dtype. CPU, float32 or bfloat16, and the
+        C++ extension only (``ValueError`` otherwise); ``specdec_kernels.models.load_bundled``
+        turns it on for the bundled pairs there.
+        """
+        return self._row_invariant
+
+    @row_invariant.setter
+    def row_invariant(self, on: bool) -> None:
+        on = bool(on)
+        problem = self.row_invariant_problem() if on else None
+        if problem is not None:
+            raise ValueError(f"row_invariant: {problem}")
+        self._row_invariant = on
+        for m in self.modules():
+            if hasattr(m, "row_invariant") and m is not self:
+                m.row_invariant = on
+
+    def row_invariant_problem(self) -> str | None:
+        """Why :attr:`row_invariant` cannot be turned on here, or ``None`` if it can."""
+        from specdec_kernels._extension import extension_available
+
+        p = self.lm_head.weight
+        if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
+            return f"needs a float32 or bfloat16 model on the CPU, got {p.dtype} on {p.device}"
+        if not extension_available() or not hasattr(torch.ops.specdec, "rowinv_linear"):
+            return "needs the C++ extension, which is not built"
+        if self.config.head_dim % 16:
+            return f"needs a head size divisible by 16, got {self.config.head_dim}"
+        return None
 
     # ------------------------------------------------------------------ forward
     @property
@@ -221,7 +263,7 @@ class CausalLM(nn.Module):
         if logits_index is not None:
             rows = torch.arange(h.shape[0], device=h.device)
             h = h[rows, logits_index] if logits_index.dim() == 1 else h[rows[:, None], logits_index]
-        return self.lm_head(h)
+        return linear(h, self.lm_head, getattr(self, "_row_invariant", False))
 
     def new_cache(self, batch_size: int, max_seq_len: int | None = None):
         """An empty ``sk.KVCache`` shaped for this model (its dtype and device), zero-filled.

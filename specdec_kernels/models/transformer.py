@@ -22,6 +22,28 @@ ACTIVATIONS = {
 }
 
 
+def linear(x: torch.Tensor, layer: nn.Linear, row_invariant: bool) -> torch.Tensor:
+    """``layer(x)``; with ``row_invariant``, the native kernel whose result for one row of ``x``
+    does not depend on the other rows (see :func:`specdec_kernels.models.row_invariant`)."""
+    if row_invariant:
+        return torch.ops.specdec.rowinv_linear(x, layer.weight, layer.bias)
+    return layer(x)
+
+
+def attention(q, k, v, mask, row_invariant: bool) -> torch.Tensor:
+    """Scaled dot-product attention of ``q`` ``[B, H, T, D]`` over ``k``, ``v`` ``[B, H, L, D]``
+    with a bool ``mask`` ``[B, 1, T, L]`` (``None``: causal, ``L == T``)."""
+    if not row_invariant:
+        if mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if mask is None:
+        T = q.shape[2]
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
+        mask = mask.expand(q.shape[0], 1, T, T)
+    return torch.ops.specdec.rowinv_attention(q, k, v, mask)
+
+
 def activation(name: str):
     """The activation function called ``name`` (GPT-2's names). Raises ``ValueError`` if unknown."""
     try:
@@ -38,6 +60,7 @@ class Attention(nn.Module):
         if n_embd % n_head:
             raise ValueError(f"hidden size {n_embd} is not divisible by num_heads {n_head}")
         self.n_head, self.head_dim, self.layer = n_head, n_embd // n_head, layer
+        self.row_invariant = False
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
 
@@ -51,19 +74,20 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         # x: [B, T, C]; mask: [B, 1, T, L] bool (True = attend) when a cache is given
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
+        inv = self.row_invariant
+        q, k, v = linear(x, self.c_attn, inv).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in (q, k, v))
         # q, k, v: [B, H, T, D]
         if cache is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = attention(q, k, v, None, inv)
         else:
             # at lengths[b] .. lengths[b]+T-1, not committed; validate=False: no host sync
             cache.write(self.layer, k, v, validate=validate)
             keys = cache.key(self.layer)[:, :, :kv_len]  # [B, H, L, D]
             values = cache.value(self.layer)[:, :, :kv_len]
-            y = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            y = attention(q, keys, values, mask, inv)
         y = y.transpose(1, 2).reshape(B, T, C)  # [B, T, C]
-        return self.c_proj(y)
+        return linear(y, self.c_proj, inv)
 
 
 class MLP(nn.Module):
@@ -72,9 +96,11 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(n_embd, n_inner)
         self.c_proj = nn.Linear(n_inner, n_embd)
         self.act = activation(act)
+        self.row_invariant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(self.act(self.c_fc(x)))
+        inv = self.row_invariant
+        return linear(self.act(linear(x, self.c_fc, inv)), self.c_proj, inv)
 
 
 class Block(nn.Module):

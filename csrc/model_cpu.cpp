@@ -1,0 +1,380 @@
+// Row-invariant model kernels for the CPU: a linear layer and cached attention whose result for
+// one token does not depend on how many other tokens share the call.
+//
+// A speculative verify pass scores K+1 tokens per row where plain decoding scores one; BLAS and
+// oneDNN pick different blockings (and so different reduction orders) for different numbers of
+// rows, so the same token's logits can differ by an ulp between the two passes, and greedy
+// output can diverge. Here every output element is reduced in one fixed order that depends only
+// on the reduction length: 16 partial sums over the input in order, then a fixed pairwise tree.
+// Threads split the output columns (linear) or the (row, head, query) triples (attention), never
+// a reduction, so the thread count does not change a bit either.
+//
+//   rowinv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor
+//     x [..., C] float32/bfloat16 (stride 1 inside a row), weight [N, C] and bias [N] of x's dtype;
+//     returns [..., N] in x's dtype (float32 accumulation, rounded once).
+//   rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor
+//     q [B, H, T, D], k and v [B, H, L, D] (any strides, D stride 1), mask [B, 1 or H, T, L] bool
+//     (True = attend; broadcast dims may have stride 0); returns [B, H, T, D] contiguous in q's
+//     dtype. Keys are visited in slot order and masked ones skipped, so a query's result does not
+//     depend on L or T. A query with no key attended returns zeros.
+#include "model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <cmath>
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace specdec {
+namespace {
+
+constexpr int kLanes = 16;  // partial sums per dot product: the reduction order's only parameter
+constexpr int kRows = 4;    // weight rows per register tile
+constexpr int kCols = 4;    // input rows per register tile
+
+// Sixteen float lanes as a GCC vector: lowered to one AVX-512 register, two AVX2 or four SSE
+// ones; lane-wise arithmetic, so every build computes the same bits.
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+#define SPECDEC_INLINE inline __attribute__((always_inline))
+// fp-contract=fast: a clone with FMA fuses each multiply-add (one rounding); every row of every
+// call in a process runs the same clone, so the result still does not depend on the row count.
+#define SPECDEC_CLONES \
+  __attribute__((target_clones("avx512f", "avx2", "default"), optimize("fp-contract=fast")))
+
+SPECDEC_INLINE v16f load16(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+SPECDEC_INLINE v16f load16(const uint16_t* p) {  // bfloat16 bits -> float32
+  v16h h;
+  std::memcpy(&h, p, sizeof(h));
+  v16u u = __builtin_convertvector(h, v16u) << 16;
+  v16f v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+}
+
+SPECDEC_INLINE float tree_sum(v16f acc) {
+  float a[kLanes];
+  std::memcpy(a, &acc, sizeof(a));
+  for (int s = kLanes / 2; s > 0; s >>= 1)
+    for (int l = 0; l < s; ++l) a[l] += a[l + s];
+  return a[0];
+}
+
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t u = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// out[m, r] = dot(x[m, :], w[r, :]) for every m < M and r < kRows.
+// x: [M, Cp] float32, rows zero-padded to Cp (a multiple of kLanes); w: kRows rows of Cp
+// elements (float or bfloat16 bits), zero-padded likewise; out: [M, kRows].
+template <typename W>
+SPECDEC_INLINE void dot_tile(const float* x, int64_t M, int64_t Cp, const W* w, float* out) {
+  int64_t m = 0;
+  for (; m + kCols <= M; m += kCols) {
+    v16f acc[kCols][kRows] = {};
+    for (int64_t c = 0; c < Cp; c += kLanes) {
+      v16f wv[kRows];
+      for (int r = 0; r < kRows; ++r) wv[r] = load16(w + r * Cp + c);
+      for (int i = 0; i < kCols; ++i) {
+        const v16f xv = load16(x + (m + i) * Cp + c);
+        for (int r = 0; r < kRows; ++r) acc[i][r] += xv * wv[r];
+      }
+    }
+    for (int i = 0; i < kCols; ++i)
+      for (int r = 0; r < kRows; ++r) out[(m + i) * kRows + r] = tree_sum(acc[i][r]);
+  }
+  for (; m < M; ++m) {  // the same per-element arithmetic as above, one input row at a time
+    v16f acc[kRows] = {};
+    for (int64_t c = 0; c < Cp; c += kLanes) {
+      const v16f xv = load16(x + m * Cp + c);
+      for (int r = 0; r < kRows; ++r) acc[r] += xv * load16(w + r * Cp + c);
+    }
+    for (int r = 0; r < kRows; ++r) out[m * kRows + r] = tree_sum(acc[r]);
+  }
+}
+
+SPECDEC_CLONES void linear_tile_f32(const float* x, int64_t M, int64_t Cp, const float* w,
+                                    float* out) {
+  dot_tile(x, M, Cp, w, out);
+}
+
+SPECDEC_CLONES void linear_tile_bf16(const float* x, int64_t M, int64_t Cp, const uint16_t* w,
+                                     float* out) {
+  dot_tile(x, M, Cp, w, out);
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define SPECDEC_HAVE_DPBF16 1
+// bfloat16 x bfloat16 with AVX512_BF16's dot-product instruction: lane l of an accumulator adds
+// the products of elements 2l and 2l+1 of each 32-element chunk, in chunk order. x: [M, Cp]
+// bfloat16 bits, w: kRows rows of Cp (Cp a multiple of 32), out: [M, kRows].
+#define SPECDEC_DPBF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+// The four sums of acc[0..3] into out[0..3], each in one fixed order (halves, quarters, then
+// adjacent pairs), with a few vector instructions instead of sixteen scalar adds per sum.
+SPECDEC_DPBF16 inline void finish4(const __m512* acc, float* out) {
+  __m128 q[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    const __m256 lo = _mm512_castps512_ps256(acc[r]);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[r]), 1));
+    const __m256 h = _mm256_add_ps(lo, hi);
+    q[r] = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  }
+  const __m128 t = _mm_hadd_ps(_mm_hadd_ps(q[0], q[1]), _mm_hadd_ps(q[2], q[3]));
+  _mm_storeu_ps(out, t);
+}
+
+SPECDEC_DPBF16 void linear_tile_dpbf16(const uint16_t* x, int64_t M, int64_t Cp,
+                                       const uint16_t* w, float* out) {
+  int64_t m = 0;
+  for (; m + kCols <= M; m += kCols) {
+    __m512 acc[kCols][kRows];
+    for (int i = 0; i < kCols; ++i)
+      for (int r = 0; r < kRows; ++r) acc[i][r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < Cp; c += 32) {
+      __m512bh wv[kRows];
+      for (int r = 0; r < kRows; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(w + r * Cp + c);
+      for (int i = 0; i < kCols; ++i) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (m + i) * Cp + c);
+        for (int r = 0; r < kRows; ++r) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, wv[r]);
+      }
+    }
+    for (int i = 0; i < kCols; ++i) finish4(acc[i], out + (m + i) * kRows);
+  }
+  for (; m < M; ++m) {
+    __m512 acc[kRows];
+    for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < Cp; c += 32) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * Cp + c);
+      for (int r = 0; r < kRows; ++r)
+        acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(w + r * Cp + c));
+    }
+    finish4(acc, out + m * kRows);
+  }
+}
+
+bool cpu_has_dpbf16() {
+  static const bool yes = __builtin_cpu_supports("avx512bf16");
+  return yes;
+}
+#else
+bool cpu_has_dpbf16() { return false; }
+#endif
+
+void check_float(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16, got ", t.scalar_type());
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
+}
+
+}  // namespace
+
+at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
+                             const std::optional<at::Tensor>& bias) {
+  check_float(x, "x");
+  check_float(weight, "weight");
+  TORCH_CHECK(weight.dim() == 2, "weight must be [N, C], got shape ", weight.sizes());
+  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "x must be [..., C] with C = ",
+              weight.size(1), " (weight [N, C] = ", weight.sizes(), "), got shape ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x (", x.scalar_type(),
+              ") and weight (", weight.scalar_type(), ") must have the same dtype");
+  const int64_t N = weight.size(0), C = weight.size(1);
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "bias must be [N] with N = ", N,
+                ", got shape ", bias->sizes());
+    TORCH_CHECK(bias->scalar_type() == x.scalar_type(), "bias must have x's dtype ",
+                x.scalar_type(), ", got ", bias->scalar_type());
+  }
+  auto out_sizes = x.sizes().vec();
+  out_sizes.back() = N;
+  // the bfloat16 dot-product instruction where the CPU has it, for bfloat16 models
+  const bool dpbf16 = x.scalar_type() == at::kBFloat16 && cpu_has_dpbf16();
+  const int64_t align = dpbf16 ? 32 : kLanes;
+  const int64_t Cp = (C + align - 1) / align * align, Np = (N + kRows - 1) / kRows * kRows;
+  // x as float32 (bfloat16 for dpbf16) [M, Cp] and weight [Np, Cp], zero-padded (no copy when
+  // already aligned)
+  at::Tensor xf = x.reshape({-1, C}).to(dpbf16 ? at::kBFloat16 : at::kFloat);
+  if (Cp != C) xf = at::constant_pad_nd(xf, {0, Cp - C});
+  xf = xf.contiguous();
+  at::Tensor w = weight;
+  if (Cp != C || Np != N) w = at::constant_pad_nd(w, {0, Cp - C, 0, Np - N});
+  w = w.contiguous();
+  const int64_t M = xf.size(0);
+  const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor out = at::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return out.view(out_sizes);
+  const bool bf16 = w.scalar_type() == at::kBFloat16;
+  const float* xp = dpbf16 ? nullptr : xf.data_ptr<float>();
+  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const int64_t tiles = Np / kRows;
+  at::BFloat16* out_bf16 = bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
+  float* out_f32 = bf16 ? nullptr : out.data_ptr<float>();
+  const uint16_t* w_bf16 =
+      bf16 ? reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()) : nullptr;
+  const float* w_f32 = bf16 ? nullptr : w.data_ptr<float>();
+  const uint16_t* x_bf16 =
+      dpbf16 ? reinterpret_cast<const uint16_t*>(xf.data_ptr<at::BFloat16>()) : nullptr;
+  at::parallel_for(0, tiles, 8, [&](int64_t lo, int64_t hi) {
+    std::vector<float> tile(M * kRows);
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t n0 = t * kRows;
+      if (dpbf16) {
+#ifdef SPECDEC_HAVE_DPBF16
+        linear_tile_dpbf16(x_bf16, M, Cp, w_bf16 + n0 * Cp, tile.data());
+#endif
+      } else if (bf16) {
+        linear_tile_bf16(xp, M, Cp, w_bf16 + n0 * Cp, tile.data());
+      } else {
+        linear_tile_f32(xp, M, Cp, w_f32 + n0 * Cp, tile.data());
+      }
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, N - n0));
+      for (int64_t m = 0; m < M; ++m)
+        for (int r = 0; r < rows; ++r) {
+          const float v = tile[m * kRows + r] + (bp ? bp[n0 + r] : 0.0f);
+          if (bf16)
+            out_bf16[m * N + n0 + r] = at::BFloat16(v);
+          else
+            out_f32[m * N + n0 + r] = v;
+        }
+    }
+  });
+  return out.view(out_sizes);
+}
+
+namespace {
+
+// One query against the keys its mask row allows, in slot order. qf: [Dp] float32, zero-padded;
+// k and v rows of D = Dp elements (D must be a multiple of kLanes here); out: [Dp] float32.
+template <typename E>
+SPECDEC_INLINE void attend_row(const float* qf, int64_t Dp, const E* k, int64_t ks, const E* v,
+                               int64_t vs, const bool* mask, int64_t ms, int64_t L, float scale,
+                               float* score, int64_t* keys, float* out) {
+  int64_t n = 0;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < L; ++j) {
+    if (!mask[j * ms]) continue;
+    v16f acc = {};
+    for (int64_t d = 0; d < Dp; d += kLanes) acc += load16(qf + d) * load16(k + j * ks + d);
+    const float sc = tree_sum(acc) * scale;
+    keys[n] = j;
+    score[n++] = sc;
+    mx = sc > mx ? sc : mx;
+  }
+  for (int64_t d = 0; d < Dp; ++d) out[d] = 0.0f;
+  if (n == 0) return;
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = std::exp(score[i] - mx);
+    sum += p;
+    const v16f pv = v16f{} + p;
+    for (int64_t d = 0; d < Dp; d += kLanes) {
+      v16f o = load16(out + d);
+      o += pv * load16(v + keys[i] * vs + d);
+      std::memcpy(out + d, &o, sizeof(o));
+    }
+  }
+  const v16f inv = v16f{} + 1.0f / sum;
+  for (int64_t d = 0; d < Dp; d += kLanes) {
+    v16f o = load16(out + d) * inv;
+    std::memcpy(out + d, &o, sizeof(o));
+  }
+}
+
+SPECDEC_CLONES void attend_row_f32(const float* qf, int64_t Dp, const float* k, int64_t ks,
+                                   const float* v, int64_t vs, const bool* mask, int64_t ms,
+                                   int64_t L, float scale, float* score, int64_t* keys,
+                                   float* out) {
+  attend_row(qf, Dp, k, ks, v, vs, mask, ms, L, scale, score, keys, out);
+}
+
+SPECDEC_CLONES void attend_row_bf16(const float* qf, int64_t Dp, const uint16_t* k, int64_t ks,
+                                    const uint16_t* v, int64_t vs, const bool* mask, int64_t ms,
+                                    int64_t L, float scale, float* score, int64_t* keys,
+                                    float* out) {
+  attend_row(qf, Dp, k, ks, v, vs, mask, ms, L, scale, score, keys, out);
+}
+
+template <typename S>
+void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const at::Tensor& mask, at::Tensor& out) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3), L = k.size(2);
+  const S* qp = q.data_ptr<S>();
+  const S* kp = k.data_ptr<S>();
+  const S* vp = v.data_ptr<S>();
+  const bool* mp = mask.data_ptr<bool>();
+  S* op = out.data_ptr<S>();
+  const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), ms = mask.strides();
+  const int64_t mh = mask.size(1) == 1 ? 0 : ms[1];
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  at::parallel_for(0, B * H * T, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> qf(D), acc(D), score(L);
+    std::vector<int64_t> keys(L);
+    for (int64_t i = lo; i < hi; ++i) {
+      const int64_t b = i / (H * T), h = (i / T) % H, t = i % T;
+      const S* qrow = qp + b * qs[0] + h * qs[1] + t * qs[2];
+      for (int64_t d = 0; d < D; ++d) qf[d] = static_cast<float>(qrow[d]);
+      const bool* mrow = mp + b * ms[0] + h * mh + t * ms[2];
+      const S* kb = kp + b * ks[0] + h * ks[1];
+      const S* vb = vp + b * vs[0] + h * vs[1];
+      if constexpr (std::is_same_v<S, float>)
+        attend_row_f32(qf.data(), D, kb, ks[2], vb, vs[2], mrow, ms[3], L, scale, score.data(),
+                       keys.data(), acc.data());
+      else
+        attend_row_bf16(qf.data(), D, reinterpret_cast<const uint16_t*>(kb), ks[2],
+                        reinterpret_cast<const uint16_t*>(vb), vs[2], mrow, ms[3], L, scale,
+                        score.data(), keys.data(), acc.data());
+      S* orow = op + ((b * H + h) * T + t) * D;
+      for (int64_t d = 0; d < D; ++d) orow[d] = S(acc[d]);
+    }
+  });
+}
+
+}  // namespace
+
+at::Tensor rowinv_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& mask) {
+  check_float(q, "q");
+  TORCH_CHECK(q.dim() == 4, "q must be [B, H, T, D], got shape ", q.sizes());
+  TORCH_CHECK(k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
+              "k and v must both be [B, H, L, D], got shapes ", k.sizes(), " and ", v.sizes());
+  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+              "k [B, H, L, D] = ", k.sizes(), " does not match q [B, H, T, D] = ", q.sizes());
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "q, k and v must have one dtype, got ", q.scalar_type(), ", ", k.scalar_type(),
+              ", ", v.scalar_type());
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+              "q, k and v need stride 1 in D");
+  TORCH_CHECK(q.size(3) % kLanes == 0, "rowinv_attention: the head size D must be a multiple of ",
+              kLanes, ", got ", q.size(3));
+  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == q.size(0) &&
+                  (mask.size(1) == 1 || mask.size(1) == q.size(1)) && mask.size(2) == q.size(2) &&
+                  mask.size(3) == k.size(2),
+              "mask must be bool [B, 1 or H, T, L] = [", q.size(0), ", 1, ", q.size(2), ", ",
+              k.size(2), "], got ", mask.scalar_type(), " ", mask.sizes());
+  at::Tensor out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+  if (out.numel() == 0) return out;
+  if (q.scalar_type() == at::kBFloat16)
+    attention_kernel<at::BFloat16>(q, k, v, mask, out);
+  else
+    attention_kernel<float>(q, k, v, mask, out);
+  return out;
+}
+
+}  // namespace specdec
