@@ -44,18 +44,19 @@ def require_shape(name: str, t: torch.Tensor, expected: tuple, labels: str) -> N
         raise ValueError(f"{name} must have shape {labels} = {want}, got {_shape(t)}")
 
 
-def check_logits(target_logits) -> tuple[int, int, int]:
-    """``target_logits [B, K+1, V]`` float, last stride 1. Returns ``(B, K, V)``."""
+def check_logits(target_logits, rows: str = "K+1") -> tuple[int, int, int]:
+    """``target_logits [B, K+1, V]`` float, last stride 1. Returns ``(B, K, V)``. ``rows``
+    names the middle dim in messages (the tree ops' ``"N"``: nodes, the root included)."""
     require_tensor("target_logits", target_logits)
     if target_logits.dim() != 3:
         raise ValueError(
-            f"target_logits must have shape [B, K+1, V] (3 dims), got {_shape(target_logits)}"
+            f"target_logits must have shape [B, {rows}, V] (3 dims), got {_shape(target_logits)}"
         )
     require_dtype("target_logits", target_logits, FLOAT_DTYPES)
     b, k1, v = target_logits.shape
     if k1 < 1 or v < 1:
         raise ValueError(
-            f"target_logits must have K+1 >= 1 and V >= 1, got {_shape(target_logits)}"
+            f"target_logits must have {rows} >= 1 and V >= 1, got {_shape(target_logits)}"
         )
     if target_logits.stride(-1) != 1 and v > 1:
         raise ValueError(

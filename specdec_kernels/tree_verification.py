@@ -195,7 +195,7 @@ def _(
 def _check_tree_args(target_logits, tree_tokens, parents, num_nodes):
     """Structural checks (always). Returns ``(B, N, V, tree_tokens, parents, num_nodes)`` with
     the small tensors contiguous and ``num_nodes`` a ``[B]`` tensor."""
-    b, k, v = check.check_logits(target_logits)
+    b, k, v = check.check_logits(target_logits, rows="N")  # N >= 1: the root is a node
     n = k + 1
     device = target_logits.device
     check.check_tree_tensor("tree_tokens", tree_tokens, b, n, device)
