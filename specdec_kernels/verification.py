@@ -329,8 +329,8 @@ def _flat_inputs(
     cu = cu_num_draft_tokens.to(torch.int64)
     counts = torch.diff(cu, prepend=cu.new_zeros(1)) if b > 0 else cu
     start = cu - counts  # [B] first draft of each request
-    if max_spec_len is None:
-        max_spec_len = int(counts.max()) if b > 0 else 0  # host synchronisation
+    if max_spec_len is None:  # host synchronisation; garbage counts must not size the output
+        max_spec_len = min(max(int(counts.max()), 0), t) if b > 0 else 0
     if validate:
         check.check_flat_counts(cu, t, max_spec_len)
         check.check_flat_values(target_logits, draft_tokens, draft_probs)
