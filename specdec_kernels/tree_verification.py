@@ -402,14 +402,7 @@ def verify_tree_sampling(
             )
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of seed and generator, got both")
-    if isinstance(seed, torch.Tensor):
-        check.require_dtype("seed", seed, (torch.int64,))
-        check.require_shape("seed", seed, (b,), "[B]")
-        check.require_device("seed", seed, device)
-    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(
-            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
-        )
+    check.check_seed(seed, b, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
     resolved = resolve_backend(backend, device)
 
@@ -421,23 +414,7 @@ def verify_tree_sampling(
         )
         return _trim(result, parents, nn, validate)
 
-    temp = check.per_row(
-        "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-    )
-    topk = (
-        None
-        if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
-        else check.per_row(
-            "top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral
-        )
-    )
-    topp = (
-        None
-        if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
-        else check.per_row(
-            "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-        )
-    )
+    temp, topk, topp = check.sampling_controls(b, device, temperature, top_k, top_p)
     if validate:
         check.check_tree_values(
             target_logits, tree_tokens, parents, nn, draft_probs, temp, topk, topp

@@ -601,7 +601,7 @@ def verify_sampling(
         check.check_draft_probs(draft_probs, b, k, v, device)
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
-    _check_seed(seed, b, device)
+    check.check_seed(seed, b, device)
     resolved = resolve_backend(backend, device)
 
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
@@ -622,39 +622,10 @@ def verify_sampling(
     return Verification(tokens, accepted, emitted)
 
 
-def _check_seed(seed, b: int, device: torch.device) -> None:
-    if isinstance(seed, torch.Tensor):
-        check.require_dtype("seed", seed, (torch.int64,))
-        check.require_shape("seed", seed, (b,), "[B]")
-        check.require_device("seed", seed, device)
-    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(
-            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
-        )
-
-
 def _controls(b: int, device: torch.device, temperature, top_k, top_p, seed):
-    """Check the sampling controls' types and turn them into ``[B]`` tensors (None = off)."""
-    check.check_scalar_ranges(temperature, top_k, top_p)
-    _check_seed(seed, b, device)
-    temp = check.per_row(
-        "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-    )
-    topk = (
-        None
-        if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
-        else check.per_row(
-            "top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral
-        )
-    )
-    topp = (
-        None
-        if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
-        else check.per_row(
-            "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-        )
-    )
-    return temp, topk, topp
+    """Check the sampling controls and the seed; the controls as ``[B]`` tensors (None = off)."""
+    check.check_seed(seed, b, device)
+    return check.sampling_controls(b, device, temperature, top_k, top_p)
 
 
 def verify_typical(

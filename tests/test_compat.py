@@ -194,6 +194,15 @@ def test_flat_layout_garbage_counts_do_not_size_the_output(backend, cu):
         assert ((out.tokens >= -1) & (out.tokens < 10)).all()
 
 
+def test_out_of_int64_host_ints_are_value_errors():
+    flat, drafts, cu = torch.randn(4, 7), torch.tensor([1, 2]), torch.tensor([2, 2])
+    for big in (2**70, -(2**70)):
+        with pytest.raises(ValueError, match=rf"max_spec_len .*got {big}"):
+            sk.verify_greedy(flat, drafts, cu_num_draft_tokens=cu, max_spec_len=big)
+    with pytest.raises(ValueError, match=rf"top_k must fit in int64.*got {2**70}"):
+        sk.verify_sampling(flat, drafts, cu_num_draft_tokens=cu, top_k=2**70, seed=0)
+
+
 # --- typical acceptance -----------------------------------------------------------------------
 
 
