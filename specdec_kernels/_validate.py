@@ -174,6 +174,8 @@ def probs_tolerance(dtype: torch.dtype) -> float:
     Rounding each entry of an exact distribution to ``dtype`` moves the sum by at most the unit
     roundoff ``eps / 2`` (relative, summed over entries whose total is 1), so ``eps`` leaves a
     factor of two: bfloat16 ``torch.softmax`` rows (off by up to ~2e-3) pass, float32 keeps 1e-3.
+    Rows are then used as given: the bias that a sum ``s`` within it causes is bounded in
+    ``verify_sampling``'s Notes (``|s - 1| / min(s, 1)`` in total variation).
     """
     return max(1e-3, torch.finfo(dtype).eps)
 

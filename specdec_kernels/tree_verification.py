@@ -329,7 +329,9 @@ def verify_tree_sampling(
     draft_probs : Tensor, optional
         `[B, N, V]` float, last stride 1: row ``i`` is ``q_i``, the draft distribution node
         ``i``'s children were proposed from. Needed unless ``draft_mode="deterministic"``
-        (where it is ignored).
+        (where it is ignored). Used as given, not renormalised: a row summing to ``s != 1``
+        (``validate`` allows ``|s - 1| <= max(1e-3, eps(dtype))``) biases the output by up to
+        about ``|s - 1|`` per node, as in :func:`specdec_kernels.verify_sampling` (Notes).
     draft_mode : {"deterministic", "independent", "without_replacement"}
         ``"deterministic"``: the children are fixed choices (top-k expansion, n-gram): ``q_c``
         is one-hot at ``x_c`` (then the residual drops ``x_c``). ``"independent"``: node ``i``'s

@@ -497,8 +497,10 @@ def verify_sampling(
     draft_tokens : Tensor
         `[B, K]` int32/int64; positions ``>= k_b`` ignored.
     draft_probs : Tensor, optional
-        `[B, K, V]` float, the distribution each draft token was sampled from (used as given).
-        ``None`` for a deterministic drafter (greedy, n-gram): ``q`` is one-hot at the draft token.
+        `[B, K, V]` float, the distribution each draft token was sampled from, used as given:
+        not renormalised (see Notes: a row that sums to ``s != 1`` biases the output by up to
+        ``|s - 1|``). ``None`` for a deterministic drafter (greedy, n-gram): ``q`` is one-hot at
+        the draft token.
     temperature : float or Tensor
         Scalar or `[B]`; ``0`` makes that row greedy (exactly :func:`verify_greedy`'s result).
     top_k : int or Tensor, optional
@@ -538,6 +540,17 @@ def verify_sampling(
 
     Notes
     -----
+    Draft rows are used as given, not renormalised (that would read every ``[V]`` row of
+    ``draft_probs``, a pass over the whole tensor that the kernels otherwise skip: they read
+    ``q_j(x_j)`` and the one row of the first rejection). ``validate=True`` accepts rows whose
+    sum ``s`` is within ``max(1e-3, eps(dtype))`` of 1; if ``x_j`` was drawn from the row
+    normalised, ``q / s``, the tests ``min(1, p / q)`` and the residual ``max(0, p - q)`` see
+    ``q = s (q / s)`` and the emitted token's distribution is off the target's by at most
+    ``|s - 1| / min(s, 1)`` in total variation (per position; ``s > 1`` lowers the acceptance
+    rate by up to ``1 - 1/s``). So float32 rows within the tolerance give a bias below about
+    ``1e-3``, bfloat16 rows about ``2**-7``; divide by ``draft_probs.sum(-1, keepdim=True)``
+    (in float32) before the call where that matters. Target rows are normalised exactly.
+
     Randomness is counter based (:mod:`specdec_kernels.reference.rng`): the accept uniform of
     position ``j`` and the race uniforms of the residual draw are pure functions of
     ``(seed_b, j, purpose, token)``. Residual and bonus tokens are drawn by the exponential race

@@ -205,7 +205,9 @@ def verify_sampling(
     draft_tokens : Tensor
         `[B, K]` global ids, the same on every rank.
     draft_probs_shard : Tensor, optional
-        `[B, K, V_r]`: this rank's columns of the draft distributions (used as given), or
+        `[B, K, V_r]`: this rank's columns of the draft distributions (used as given, not
+        renormalised: see :func:`sk.verify_sampling`'s Notes for the bias a row summing to
+        ``s != 1`` over all shards causes, at most ``|s - 1| / min(s, 1)``), or
         ``None`` on every rank for a deterministic drafter (``q`` one-hot at the draft token).
     vocab_start, vocab_size : int
         As in :func:`verify_greedy`.
