@@ -44,18 +44,19 @@ def require_shape(name: str, t: torch.Tensor, expected: tuple, labels: str) -> N
         raise ValueError(f"{name} must have shape {labels} = {want}, got {_shape(t)}")
 
 
-def check_logits(target_logits) -> tuple[int, int, int]:
-    """``target_logits [B, K+1, V]`` float, last stride 1. Returns ``(B, K, V)``."""
+def check_logits(target_logits, rows: str = "K+1") -> tuple[int, int, int]:
+    """``target_logits [B, K+1, V]`` float, last stride 1. Returns ``(B, K, V)``. ``rows``
+    names the middle dim in messages (the tree ops' ``"N"``: nodes, the root included)."""
     require_tensor("target_logits", target_logits)
     if target_logits.dim() != 3:
         raise ValueError(
-            f"target_logits must have shape [B, K+1, V] (3 dims), got {_shape(target_logits)}"
+            f"target_logits must have shape [B, {rows}, V] (3 dims), got {_shape(target_logits)}"
         )
     require_dtype("target_logits", target_logits, FLOAT_DTYPES)
     b, k1, v = target_logits.shape
     if k1 < 1 or v < 1:
         raise ValueError(
-            f"target_logits must have K+1 >= 1 and V >= 1, got {_shape(target_logits)}"
+            f"target_logits must have {rows} >= 1 and V >= 1, got {_shape(target_logits)}"
         )
     if target_logits.stride(-1) != 1 and v > 1:
         raise ValueError(
@@ -95,6 +96,16 @@ def num_draft_tensor(num_draft_tokens, b: int, k: int, device: torch.device) -> 
     return num_draft_tokens
 
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def require_int64(name: str, value: int) -> None:
+    """A host ``int`` argument that becomes an int64 must fit one (else a ``ValueError``, not
+    torch's ``OverflowError``)."""
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError(f"{name} must fit in int64 [-2**63, 2**63 - 1], got {value}")
+
+
 def per_row(
     name: str, value, b: int, device: torch.device, dtype: torch.dtype, allowed, python_type
 ) -> torch.Tensor:
@@ -108,7 +119,41 @@ def per_row(
         return value.to(dtype).contiguous()
     if isinstance(value, bool) or not isinstance(value, python_type):
         raise TypeError(f"{name} must be a number or a [B] tensor, got {type(value).__name__}")
+    if not dtype.is_floating_point:
+        require_int64(name, value)
     return torch.full((b,), value, dtype=dtype, device=device)
+
+
+def check_seed(seed, b: int, device: torch.device) -> None:
+    """``seed``: None, an int (any size: only its low 63 bits are used) or a ``[B]`` int64
+    tensor on ``device``."""
+    if isinstance(seed, torch.Tensor):
+        require_dtype("seed", seed, (torch.int64,))
+        require_shape("seed", seed, (b,), "[B]")
+        require_device("seed", seed, device)
+    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
+        raise TypeError(
+            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
+        )
+
+
+def sampling_controls(b: int, device: torch.device, temperature, top_k, top_p):
+    """Check the sampling controls' types and scalar ranges and turn them into ``[B]`` tensors:
+    ``(temperature float32, top_k int64 or None, top_p float32 or None)``, None where a scalar
+    turns the filter off (``top_k`` None/0, ``top_p`` None/1)."""
+    check_scalar_ranges(temperature, top_k, top_p)
+    temp = per_row("temperature", temperature, b, device, torch.float32, FLOAT_DTYPES, numbers.Real)
+    topk = (
+        None
+        if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
+        else per_row("top_k", top_k, b, device, torch.int64, INT_DTYPES, numbers.Integral)
+    )
+    topp = (
+        None
+        if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
+        else per_row("top_p", top_p, b, device, torch.float32, FLOAT_DTYPES, numbers.Real)
+    )
+    return temp, topk, topp
 
 
 def check_scalar_ranges(temperature, top_k, top_p) -> None:
@@ -117,6 +162,8 @@ def check_scalar_ranges(temperature, top_k, top_p) -> None:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if isinstance(top_k, numbers.Integral) and top_k < 0:
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k}")
+    if isinstance(top_k, numbers.Integral):
+        require_int64("top_k", top_k)
     if isinstance(top_p, numbers.Real) and not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
 
@@ -127,6 +174,8 @@ def probs_tolerance(dtype: torch.dtype) -> float:
     Rounding each entry of an exact distribution to ``dtype`` moves the sum by at most the unit
     roundoff ``eps / 2`` (relative, summed over entries whose total is 1), so ``eps`` leaves a
     factor of two: bfloat16 ``torch.softmax`` rows (off by up to ~2e-3) pass, float32 keeps 1e-3.
+    Rows are then used as given: the bias that a sum ``s`` within it causes is bounded in
+    ``verify_sampling``'s Notes (``|s - 1| / min(s, 1)`` in total variation).
     """
     return max(1e-3, torch.finfo(dtype).eps)
 
@@ -308,6 +357,8 @@ def check_flat_structure(
         or max_spec_len < 0
     ):
         raise ValueError(f"max_spec_len must be None or an int >= 0, got {max_spec_len!r}")
+    if max_spec_len is not None:
+        require_int64("max_spec_len", max_spec_len)
     return b, t, v
 
 

@@ -195,7 +195,7 @@ def _(
 def _check_tree_args(target_logits, tree_tokens, parents, num_nodes):
     """Structural checks (always). Returns ``(B, N, V, tree_tokens, parents, num_nodes)`` with
     the small tensors contiguous and ``num_nodes`` a ``[B]`` tensor."""
-    b, k, v = check.check_logits(target_logits)
+    b, k, v = check.check_logits(target_logits, rows="N")  # N >= 1: the root is a node
     n = k + 1
     device = target_logits.device
     check.check_tree_tensor("tree_tokens", tree_tokens, b, n, device)
@@ -329,7 +329,9 @@ def verify_tree_sampling(
     draft_probs : Tensor, optional
         `[B, N, V]` float, last stride 1: row ``i`` is ``q_i``, the draft distribution node
         ``i``'s children were proposed from. Needed unless ``draft_mode="deterministic"``
-        (where it is ignored).
+        (where it is ignored). Used as given, not renormalised: a row summing to ``s != 1``
+        (``validate`` allows ``|s - 1| <= max(1e-3, eps(dtype))``) biases the output by up to
+        about ``|s - 1|`` per node, as in :func:`specdec_kernels.verify_sampling` (Notes).
     draft_mode : {"deterministic", "independent", "without_replacement"}
         ``"deterministic"``: the children are fixed choices (top-k expansion, n-gram): ``q_c``
         is one-hot at ``x_c`` (then the residual drops ``x_c``). ``"independent"``: node ``i``'s
@@ -402,14 +404,7 @@ def verify_tree_sampling(
             )
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of seed and generator, got both")
-    if isinstance(seed, torch.Tensor):
-        check.require_dtype("seed", seed, (torch.int64,))
-        check.require_shape("seed", seed, (b,), "[B]")
-        check.require_device("seed", seed, device)
-    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(
-            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
-        )
+    check.check_seed(seed, b, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
     resolved = resolve_backend(backend, device)
 
@@ -421,23 +416,7 @@ def verify_tree_sampling(
         )
         return _trim(result, parents, nn, validate)
 
-    temp = check.per_row(
-        "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-    )
-    topk = (
-        None
-        if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
-        else check.per_row(
-            "top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral
-        )
-    )
-    topp = (
-        None
-        if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
-        else check.per_row(
-            "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-        )
-    )
+    temp, topk, topp = check.sampling_controls(b, device, temperature, top_k, top_p)
     if validate:
         check.check_tree_values(
             target_logits, tree_tokens, parents, nn, draft_probs, temp, topk, topp

@@ -329,8 +329,8 @@ def _flat_inputs(
     cu = cu_num_draft_tokens.to(torch.int64)
     counts = torch.diff(cu, prepend=cu.new_zeros(1)) if b > 0 else cu
     start = cu - counts  # [B] first draft of each request
-    if max_spec_len is None:
-        max_spec_len = int(counts.max()) if b > 0 else 0  # host synchronisation
+    if max_spec_len is None:  # host synchronisation; garbage counts must not size the output
+        max_spec_len = min(max(int(counts.max()), 0), t) if b > 0 else 0
     if validate:
         check.check_flat_counts(cu, t, max_spec_len)
         check.check_flat_values(target_logits, draft_tokens, draft_probs)
@@ -497,8 +497,10 @@ def verify_sampling(
     draft_tokens : Tensor
         `[B, K]` int32/int64; positions ``>= k_b`` ignored.
     draft_probs : Tensor, optional
-        `[B, K, V]` float, the distribution each draft token was sampled from (used as given).
-        ``None`` for a deterministic drafter (greedy, n-gram): ``q`` is one-hot at the draft token.
+        `[B, K, V]` float, the distribution each draft token was sampled from, used as given:
+        not renormalised (see Notes: a row that sums to ``s != 1`` biases the output by up to
+        ``|s - 1|``). ``None`` for a deterministic drafter (greedy, n-gram): ``q`` is one-hot at
+        the draft token.
     temperature : float or Tensor
         Scalar or `[B]`; ``0`` makes that row greedy (exactly :func:`verify_greedy`'s result).
     top_k : int or Tensor, optional
@@ -538,6 +540,17 @@ def verify_sampling(
 
     Notes
     -----
+    Draft rows are used as given, not renormalised (that would read every ``[V]`` row of
+    ``draft_probs``, a pass over the whole tensor that the kernels otherwise skip: they read
+    ``q_j(x_j)`` and the one row of the first rejection). ``validate=True`` accepts rows whose
+    sum ``s`` is within ``max(1e-3, eps(dtype))`` of 1; if ``x_j`` was drawn from the row
+    normalised, ``q / s``, the tests ``min(1, p / q)`` and the residual ``max(0, p - q)`` see
+    ``q = s (q / s)`` and the emitted token's distribution is off the target's by at most
+    ``|s - 1| / min(s, 1)`` in total variation (per position; ``s > 1`` lowers the acceptance
+    rate by up to ``1 - 1/s``). So float32 rows within the tolerance give a bias below about
+    ``1e-3``, bfloat16 rows about ``2**-7``; divide by ``draft_probs.sum(-1, keepdim=True)``
+    (in float32) before the call where that matters. Target rows are normalised exactly.
+
     Randomness is counter based (:mod:`specdec_kernels.reference.rng`): the accept uniform of
     position ``j`` and the race uniforms of the residual draw are pure functions of
     ``(seed_b, j, purpose, token)``. Residual and bonus tokens are drawn by the exponential race
@@ -601,7 +614,7 @@ def verify_sampling(
         check.check_draft_probs(draft_probs, b, k, v, device)
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
-    _check_seed(seed, b, device)
+    check.check_seed(seed, b, device)
     resolved = resolve_backend(backend, device)
 
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
@@ -622,39 +635,10 @@ def verify_sampling(
     return Verification(tokens, accepted, emitted)
 
 
-def _check_seed(seed, b: int, device: torch.device) -> None:
-    if isinstance(seed, torch.Tensor):
-        check.require_dtype("seed", seed, (torch.int64,))
-        check.require_shape("seed", seed, (b,), "[B]")
-        check.require_device("seed", seed, device)
-    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(
-            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
-        )
-
-
 def _controls(b: int, device: torch.device, temperature, top_k, top_p, seed):
-    """Check the sampling controls' types and turn them into ``[B]`` tensors (None = off)."""
-    check.check_scalar_ranges(temperature, top_k, top_p)
-    _check_seed(seed, b, device)
-    temp = check.per_row(
-        "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-    )
-    topk = (
-        None
-        if top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
-        else check.per_row(
-            "top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral
-        )
-    )
-    topp = (
-        None
-        if top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
-        else check.per_row(
-            "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-        )
-    )
-    return temp, topk, topp
+    """Check the sampling controls and the seed; the controls as ``[B]`` tensors (None = off)."""
+    check.check_seed(seed, b, device)
+    return check.sampling_controls(b, device, temperature, top_k, top_p)
 
 
 def verify_typical(

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import specdec_kernels as sk
 from specdec_kernels.distributed import shard_range
+from specdec_kernels.reference import rng
 
 from helpers import make_draft_probs, make_inputs
 
@@ -282,6 +283,122 @@ def bad_arguments(rank, world):
     start, end = shard_range(v, world, rank)
     got = sk.distributed.verify_greedy(
         logits[..., start:end], drafts, vocab_start=start, vocab_size=v
+    )
+    ok = torch.equal(got.tokens, sk.verify_greedy(logits, drafts, backend="reference").tokens)
+    return outcome, ok
+
+
+# --- equivalent argument forms ----------------------------------------------------------------
+
+CASE_TIMEOUT = 10  # seconds per collective of one case's own group: a hang fails that case fast
+
+
+def _equivalent_forms(b, v):
+    """(name, keyword arguments of rank 0, of the other ranks): the same values in two forms."""
+    k5, seeds = torch.full((b,), 5), rng.seeds_for_batch(b, torch.device("cpu"), 11)
+    return [
+        ("temperature 0.0 / zeros(B)", dict(temperature=0.0), dict(temperature=torch.zeros(b))),
+        ("temperature 0.0 / 0-d 0", dict(temperature=0.0), dict(temperature=torch.tensor(0.0))),
+        ("temperature 0.7 / [B]", dict(temperature=0.7), dict(temperature=torch.full((b,), 0.7))),
+        ("top_k 5 / full(B, 5)", dict(top_k=5), dict(top_k=k5)),
+        ("top_k 5 / full(B, 5), top_p", dict(top_k=5, top_p=0.9), dict(top_k=k5, top_p=0.9)),
+        ("top_k None / 0", dict(top_k=None), dict(top_k=0)),
+        ("top_k None / zeros(B)", dict(top_k=None), dict(top_k=torch.zeros(b, dtype=torch.int64))),
+        ("top_k None / V", dict(top_k=None), dict(top_k=v)),
+        ("top_k None / full(B, V + 3), q", dict(top_k=None), dict(top_k=torch.full((b,), v + 3))),
+        ("top_p 0.9 / [B]", dict(top_p=0.9), dict(top_p=torch.full((b,), 0.9))),
+        ("top_p None / 1.0", dict(top_p=None), dict(top_p=1.0)),
+        ("top_p None / ones(B)", dict(top_p=None), dict(top_p=torch.ones(b))),
+        ("seed 11 / its [B] seeds", dict(seed=11), dict(seed=seeds)),
+        (
+            "all at once",
+            dict(temperature=0.8, top_k=7, top_p=None, seed=11),
+            dict(
+                temperature=torch.full((b,), 0.8),
+                top_k=torch.full((b,), 7),
+                top_p=torch.ones(b),
+                seed=seeds,
+            ),
+        ),  # fmt: skip
+    ]
+
+
+def _case_group():
+    import datetime
+
+    return dist.new_group(timeout=datetime.timedelta(seconds=CASE_TIMEOUT))
+
+
+def equivalent_forms(rank, world):
+    """Each case on its own group with a short timeout, three calls (``validate=True``) with
+    rank 0's form on rank 0 and the other form elsewhere. Returns ``{name: (outcome, equal to
+    the single-device reference with rank 0's form)}``; outcome ``None`` or the error."""
+    b, v = 3, 50
+    logits = torch.randn(3, 4, v, generator=torch.Generator().manual_seed(2)) * 2
+    q, drafts = make_draft_probs(b, 3, v)
+    start, end = shard_range(v, world, rank)
+    out = {}
+    for name, first, other in _equivalent_forms(b, v):
+        kwargs = dict(seed=11) | (first if rank == 0 else other)
+        probs = q if ", q" in name else None
+        expected = sk.verify_sampling(
+            logits, drafts, probs, backend="reference", **(dict(seed=11) | first)
+        )
+        group, outcome, same = _case_group(), None, True
+        try:
+            for _ in range(3):
+                got = sk.distributed.verify_sampling(
+                    logits[..., start:end],
+                    drafts,
+                    None if probs is None else probs[..., start:end],
+                    vocab_start=start,
+                    vocab_size=v,
+                    group=group,
+                    **kwargs,
+                )
+                same &= all(torch.equal(a, e) for a, e in zip(got, expected))
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}"[:300]
+        out[name] = (outcome, same)
+    return out
+
+
+def _injected_failure(*args, **kwargs):
+    raise RuntimeError("injected failure of the local checks")
+
+
+def local_failures(rank, world):
+    """Local-phase errors of types other than ``ValueError`` on the last rank only, each on its
+    own group with a short timeout: ``{name: (type, message)}`` per rank (``None``: no error),
+    and whether the group still works afterwards."""
+    v = 40
+    logits, drafts, _ = make_inputs(2, 3, v)
+    q, _ = make_draft_probs(2, 3, v, drafts=drafts)
+    start, end = shard_range(v, world, rank)
+    last = rank == world - 1
+    qs = q[..., start:end]
+    cases = [
+        ("top_k past int64 on one rank", dict(top_k=2**70 if last else 5)),
+        ("temperature past float on one rank", dict(temperature=10**400 if last else 1)),
+        ("draft_probs_shard None on one rank", dict(draft_probs_shard=None if last else qs)),
+        ("an unexpected error on one rank", dict()),
+    ]  # fmt: skip
+    outcome = {}
+    checks = sk.distributed._checks
+    saved = checks.local_value_checks
+    for name, over in cases:
+        if name.startswith("an unexpected") and last:
+            checks.local_value_checks = _injected_failure
+        kw = dict(vocab_start=start, vocab_size=v, seed=3, group=_case_group()) | over
+        try:
+            sk.distributed.verify_sampling(logits[..., start:end], drafts, **kw)
+            outcome[name] = None
+        except Exception as exc:
+            outcome[name] = (type(exc).__name__, str(exc))
+        finally:
+            checks.local_value_checks = saved
+    got = sk.distributed.verify_greedy(
+        logits[..., start:end], drafts, vocab_start=start, vocab_size=v, group=_case_group()
     )
     ok = torch.equal(got.tokens, sk.verify_greedy(logits, drafts, backend="reference").tokens)
     return outcome, ok

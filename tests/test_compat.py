@@ -174,6 +174,35 @@ def test_flat_layout_bad_offsets_stay_in_bounds(backend):
         assert ((out.tokens >= -1) & (out.tokens < 7)).all()
 
 
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize(
+    "cu", [[2**40, 4], [-5, -9], [2**62, -(2**62)]], ids=["huge", "neg", "wrap"]
+)
+def test_flat_layout_garbage_counts_do_not_size_the_output(backend, cu):
+    """validate=False and max_spec_len=None: the width derived from garbage cu_num_draft_tokens
+    is clamped into [0, num_tokens] (no 8 TB allocation, no negative arange)."""
+    flat, drafts = torch.randn(6, 10), torch.tensor([1, 2, 3, 4])
+    q = torch.softmax(torch.randn(4, 10), -1)
+    for call in (
+        lambda: sk.verify_greedy(flat, drafts, cu_num_draft_tokens=torch.tensor(cu),
+                                 backend=backend, validate=False),
+        lambda: sk.verify_sampling(flat, drafts, q, cu_num_draft_tokens=torch.tensor(cu),
+                                   seed=0, backend=backend, validate=False),
+    ):  # fmt: skip
+        out = call()
+        assert out.tokens.shape[0] == 2 and 1 <= out.tokens.shape[1] <= 4 + 1
+        assert ((out.tokens >= -1) & (out.tokens < 10)).all()
+
+
+def test_out_of_int64_host_ints_are_value_errors():
+    flat, drafts, cu = torch.randn(4, 7), torch.tensor([1, 2]), torch.tensor([2, 2])
+    for big in (2**70, -(2**70)):
+        with pytest.raises(ValueError, match=rf"max_spec_len .*got {big}"):
+            sk.verify_greedy(flat, drafts, cu_num_draft_tokens=cu, max_spec_len=big)
+    with pytest.raises(ValueError, match=rf"top_k must fit in int64.*got {2**70}"):
+        sk.verify_sampling(flat, drafts, cu_num_draft_tokens=cu, top_k=2**70, seed=0)
+
+
 # --- typical acceptance -----------------------------------------------------------------------
 
 

@@ -93,6 +93,42 @@ def test_bad_arguments_raise_on_every_rank(group_results):
     assert all(res["bad"][1] for res in results)
 
 
+def test_equivalent_forms_take_the_same_collectives():
+    """The same values in different forms on different ranks (a scalar or its [B] tensor, an
+    off filter as None, 0/1 or a tensor, an int seed or its per-row seeds): with validate=True
+    the ranks agree on the collectives and return the reference's tokens. Each case runs on its
+    own group with a CASE_TIMEOUT-second collective timeout, so a hang fails only that case."""
+    results = run_parallel(dist_workers.equivalent_forms, 2, timeout=TIMEOUT)
+    names = results[0].keys()
+    assert len(names) >= 14
+    failed = {
+        n: [res[n] for res in results]
+        for n in names
+        if any(res[n] != (None, True) for res in results)
+    }
+    assert not failed, failed
+
+
+def test_any_local_error_raises_on_every_rank():
+    """An error of the local phase that is not a ValueError (an OverflowError-prone top_k, a
+    temperature past float, an injected RuntimeError), or draft probabilities on some ranks
+    only, raises on every rank with the same type and message, naming the rank; the group
+    still works afterwards."""
+    world = 2
+    results = run_parallel(dist_workers.local_failures, world, timeout=TIMEOUT)
+    names = results[0][0].keys()
+    assert len(names) == 4
+    for name in names:
+        seen = [res[0][name] for res in results]
+        assert all(s is not None for s in seen), (name, seen)
+        assert len(set(seen)) == 1, (name, seen)  # the same type and message everywhere
+    top_k = results[0][0]["top_k past int64 on one rank"]
+    assert top_k[0] == "ValueError" and "rank 1: top_k" in top_k[1] and str(2**70) in top_k[1]
+    injected = results[0][0]["an unexpected error on one rank"]
+    assert injected == ("RuntimeError", "rank 1: injected failure of the local checks")
+    assert all(res[1] for res in results)
+
+
 def test_tensor_parallel_target_matches_single_process(group_results):
     """Greedy speculative and autoregressive generation with the tensor-parallel target equal
     the single-process model's output exactly; so does seeded sampling (float64 models: no

@@ -31,7 +31,7 @@ from scipy import stats
 
 import specdec_kernels as sk
 
-from conftest import NATIVE
+from conftest import NATIVE, available
 
 N = 1_000_000
 ALPHA = 1e-7
@@ -159,3 +159,45 @@ def test_emitted_tokens_follow_target_and_acceptance_is_sum_min(case, backend):
                 float(beta[j]),
                 f"{case} position {j}",
             )
+
+
+def _emitted_with_unnormalised_q(p, q_hat, s):
+    """The first emitted token's exact distribution when the drafts are drawn from ``q_hat``
+    and the op is given ``q = s * q_hat`` (float64): accepted ``min(q_hat, p / s)``, the rest
+    from ``norm(max(0, p - q))``, or from ``p`` where that has no mass (as the ops do)."""
+    accepted = torch.minimum(q_hat, p / s)
+    residual = (p - s * q_hat).clamp(min=0)
+    residual = residual / residual.sum() if residual.sum() > 0 else p
+    return accepted + (1 - accepted.sum()) * residual
+
+
+def test_unnormalised_draft_rows_bias_is_as_documented():
+    """Draft rows are used as given (issue 19.10: documented, not renormalised): the first
+    emitted token follows the formula above, exactly what verify_sampling's Notes bound by
+    ``|s - 1| / min(s, 1)`` in total variation. s is exaggerated (0.8, 1.25, validate=False)
+    so that the bias (TV > 0.04) is far beyond the chi-square test's resolution. Two checks
+    per backend at ALPHA = 1e-7 each: a false failure has probability < 1e-6."""
+    assert "not renormalised" in sk.verify_sampling.__doc__
+    assert "|s - 1| / min(s, 1)" in sk.verify_sampling.__doc__
+    g = torch.Generator().manual_seed(19)
+    for _ in range(2000):  # the bound, on random rows and sums within and past the tolerance
+        v = int(torch.randint(2, 40, (1,), generator=g))
+        p = torch.softmax(torch.randn(v, generator=g, dtype=torch.float64) * 3, -1)
+        q_hat = torch.softmax(torch.randn(v, generator=g, dtype=torch.float64) * 3, -1)
+        for s in (1 - 1e-3, 1 + 5e-4, 1 + 2**-7, 0.8, 1.25):
+            tv = 0.5 * float((_emitted_with_unnormalised_q(p, q_hat, s) - p).abs().sum())
+            assert tv <= abs(s - 1) / min(s, 1) + 1e-12, (v, s, tv)
+    n, v = 200_000, 6
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 1.5]).expand(n, 2, v).contiguous()
+    p = torch.softmax(logits[0, 0].double(), -1)
+    q_hat = torch.tensor([0.05, 0.4, 0.3, 0.1, 0.1, 0.05], dtype=torch.float64)
+    drafts = torch.multinomial(q_hat.float(), n, replacement=True, generator=g)[:, None]
+    for backend in available(["reference", NATIVE]):
+        for s in (0.8, 1.25):
+            expected = _emitted_with_unnormalised_q(p, q_hat, s)
+            assert 0.5 * float((expected - p).abs().sum()) > 0.04  # far from the target: seen
+            q = (s * q_hat).float().expand(n, 1, v).contiguous()
+            out = sk.verify_sampling(
+                logits, drafts, q, seed=torch.arange(n), backend=backend, validate=False
+            )
+            chi_square_check(out.tokens[:, 0], expected, f"{backend} s={s}")

@@ -165,6 +165,25 @@ def test_value_errors(case, kwargs, pattern):
     )
 
 
+@pytest.mark.parametrize("op", ["sampling", "typical", "tree", "sampling greedy", "tree greedy"])
+def test_top_k_past_int64_is_a_value_error(op):
+    """A Python int top_k that does not fit int64 is a ValueError naming top_k (not torch's
+    OverflowError), in every op, also where temperature=0 makes every row greedy."""
+    logits, drafts, _ = _good()
+    parents = torch.arange(-1, K).expand(B, K + 1)
+    tokens = torch.cat([torch.zeros(B, 1, dtype=torch.int64), drafts], 1)
+    temp = 0.0 if "greedy" in op else 1.0
+    call = {
+        "sampling": lambda kw: sk.verify_sampling(logits, drafts, **kw),
+        "typical": lambda kw: sk.verify_typical(logits, drafts, **kw),
+        "tree": lambda kw: sk.verify_tree_sampling(logits, tokens, parents, **kw),
+    }[op.split()[0]]
+    for big in (2**63, 2**70):
+        with pytest.raises(ValueError, match=rf"top_k must fit in int64 .*got {big}"):
+            call(dict(top_k=big, temperature=temp, seed=0))
+    call(dict(top_k=2**63 - 1, temperature=temp, seed=0))  # the largest int64 keeps everything
+
+
 def test_padding_beyond_num_draft_tokens_is_ignored():
     logits, drafts, _ = _good()
     drafts[0, 2:] = -1

@@ -344,6 +344,15 @@ def test_bad_parents_raise_naming_row_and_node():
 
 
 def test_bad_values_and_shapes_raise():
+    empty = torch.zeros(2, 0, dtype=torch.int64)
+    for call in (
+        lambda: sk.verify_tree_greedy(torch.randn(2, 0, 7), empty, empty),
+        lambda: sk.verify_tree_sampling(torch.randn(2, 0, 7), empty, empty, seed=0),
+    ):
+        with pytest.raises(ValueError, match=r"target_logits must have N >= 1 .*\[2, 0, 7\]"):
+            call()
+    with pytest.raises(ValueError, match=r"target_logits must have shape \[B, N, V\]"):
+        sk.verify_tree_greedy(torch.randn(2, 7), empty, empty)
     logits, tokens, parents, _ = random_trees(2, 4, 7, ragged=False)
     q = random_draft_probs(2, 4, 7)
     with pytest.raises(ValueError, match=r"num_nodes must lie in \[1, N\] = \[1, 4\]"):

@@ -10,6 +10,7 @@ global value checks need); every rank then raises the same error, or none does.
 from __future__ import annotations
 
 import hashlib
+import pickle
 from dataclasses import dataclass
 
 import torch
@@ -131,16 +132,38 @@ def summarise(logits_shard, vocab_start, vocab_size, digest, draft_probs=None) -
     )
 
 
+def _outcome(error: Exception | None):
+    """What a rank tells the others of its local phase: ``None``, or ``(type, message)`` with
+    a type every rank can unpickle (else ``RuntimeError``, the type's name in the message)."""
+    if error is None:
+        return None
+    kind, message = type(error), str(error)
+    try:
+        pickle.loads(pickle.dumps(kind))
+    except Exception:
+        kind, message = RuntimeError, f"{type(error).__name__}: {message}"
+    return kind, message
+
+
+def _rebuilt(kind: type, message: str) -> Exception:
+    try:
+        return kind(message)
+    except Exception:  # a type whose constructor wants more than a message
+        return RuntimeError(f"{kind.__name__}: {message}")
+
+
 def agree(group, error: Exception | None, summary: Summary | None, num_draft, temperature):
-    """One ``all_gather_object`` round, then raise on every rank if any check failed anywhere."""
+    """One ``all_gather_object`` round, then raise on every rank if any check failed anywhere.
+
+    ``error`` is whatever the rank's local phase raised (any exception, not only argument
+    errors): every rank raises it, as the same type, prefixed by the rank that found it."""
     world = dist.get_world_size(group)
     gathered = [None] * world
-    outcome = None if error is None else (type(error), str(error))
-    dist.all_gather_object(gathered, (outcome, summary), group=group)
+    dist.all_gather_object(gathered, (_outcome(error), summary), group=group)
     for rank, (outcome, _) in enumerate(gathered):
         if outcome is not None:
             kind, message = outcome
-            raise kind(f"rank {rank}: {message}")
+            raise _rebuilt(kind, f"rank {rank}: {message}") from error
     summaries = [s for _, s in gathered]
     _check_tiling(summaries)
     _check_same(summaries)

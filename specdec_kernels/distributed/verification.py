@@ -60,10 +60,12 @@ def verify_greedy(
         Default: the default group.
     validate : bool
         Check values and the agreement of the ranks (shards tiling ``[0, vocab_size)``, the same
-        drafts everywhere) with one ``all_gather_object`` round; an error found on any rank is
-        raised on every rank. With ``False`` nothing is exchanged beyond the op's own round and
-        a structural error raises only where it is found (the other ranks then wait in the
-        collective until the group's timeout).
+        drafts everywhere) with one ``all_gather_object`` round; an error found on any rank, of
+        any type, is raised on every rank. With ``False`` nothing is exchanged beyond the op's
+        own round and a structural error raises only where it is found (the other ranks then
+        wait in the collective until the group's timeout). Every rank must pass the same
+        ``validate``: it decides whether the agreement round takes place, so this one thing
+        cannot be checked (ranks that differ wait or fail in mismatched collectives).
 
     Returns
     -------
@@ -101,7 +103,7 @@ def verify_greedy(
             _checks.local_value_checks(logits_shard, draft_tokens, nd, vocab_start, vocab_size)
             digest = _checks.fingerprint("greedy", draft_tokens.long(), nd.long())
             summary = _checks.summarise(logits_shard, vocab_start, vocab_size, digest)
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # any local failure is raised on every rank by the agreement
         if not validate:
             raise
         error = exc
@@ -113,39 +115,43 @@ def verify_greedy(
     return Verification(tokens, accepted, emitted)
 
 
-def _per_row_args(b, device, temperature, top_k, top_p):
-    check.check_scalar_ranges(temperature, top_k, top_p)
-    temp = check.per_row(
-        "temperature", temperature, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-    )
-    off_k = top_k is None or (isinstance(top_k, numbers.Integral) and top_k == 0)
-    off_p = top_p is None or (isinstance(top_p, numbers.Real) and top_p == 1)
-    topk = (
-        None
-        if off_k
-        else check.per_row(
-            "top_k", top_k, b, device, torch.int64, check.INT_DTYPES, numbers.Integral
-        )
-    )
-    topp = (
-        None
-        if off_p
-        else check.per_row(
-            "top_p", top_p, b, device, torch.float32, check.FLOAT_DTYPES, numbers.Real
-        )
-    )
-    return temp, topk, topp
+def _agreed_plan(temp, topk, topp, vocab_size):
+    """``(all_greedy, top_k, top_p, top_k_bound)`` decided from the ``[B]`` control values alone
+    (``validate=True``: every rank holds the same values, so every rank takes the same
+    collectives whatever form its arguments came in). A filter that keeps everything is off
+    (``None``); ``top_k_bound`` is the ``k`` every row shares, else ``None``. Synchronises."""
+    all_greedy = bool((temp == 0).all())
+    bound = None
+    if topk is not None:
+        topk = torch.where(topk >= vocab_size, 0, topk)  # k >= V keeps everything: off
+        if not bool(topk.any()):
+            topk = None
+        elif bool((topk == topk[0]).all()):
+            bound = int(topk[0])
+    if topp is not None and bool((topp == 1).all()):
+        topp = None
+    return all_greedy, topk, topp, bound
 
 
-def _check_seed(seed, b, device):
-    if isinstance(seed, torch.Tensor):
-        check.require_dtype("seed", seed, (torch.int64,))
-        check.require_shape("seed", seed, (b,), "[B]")
-        check.require_device("seed", seed, device)
-    elif seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)):
-        raise TypeError(
-            f"seed must be None, an int or a [B] int64 tensor, got {type(seed).__name__}"
-        )
+def _host_plan(temperature, top_k, temp, topk, topp):
+    """The plan of ``validate=False`` from the arguments' host forms (no synchronisation): a
+    scalar ``temperature=0`` is all greedy, a scalar ``top_k`` bounds every row's."""
+    all_greedy = isinstance(temperature, numbers.Real) and temperature == 0
+    bound = top_k if isinstance(top_k, numbers.Integral) and topk is not None else None
+    return all_greedy, topk, topp, bound
+
+
+def _agreed_digest(b, device, draft_tokens, nd, temp, topk, topp, seed, vocab_size, has_q):
+    """The fingerprint of what every rank must agree on, by value: equivalent forms (a scalar or
+    its ``[B]`` tensor, an off filter as ``None``, ``0``/``1`` or a tensor of them, an int seed
+    or its per-row seeds) give the same digest."""
+    zeros = torch.zeros(b, dtype=torch.int64, device=device)
+    k_values = zeros if topk is None else torch.where(topk >= vocab_size, 0, topk)
+    p_values = torch.ones(b, device=device) if topp is None else topp
+    seeds = None if seed is None else rng.seeds_for_batch(b, device, seed)
+    return _checks.fingerprint(
+        "sampling", draft_tokens.long(), nd.long(), temp, k_values, p_values, seeds, has_q
+    )
 
 
 def _shared_seeds(b, device, seed, group) -> torch.Tensor:
@@ -199,7 +205,9 @@ def verify_sampling(
     draft_tokens : Tensor
         `[B, K]` global ids, the same on every rank.
     draft_probs_shard : Tensor, optional
-        `[B, K, V_r]`: this rank's columns of the draft distributions (used as given), or
+        `[B, K, V_r]`: this rank's columns of the draft distributions (used as given, not
+        renormalised: see :func:`sk.verify_sampling`'s Notes for the bias a row summing to
+        ``s != 1`` over all shards causes, at most ``|s - 1| / min(s, 1)``), or
         ``None`` on every rank for a deterministic drafter (``q`` one-hot at the draft token).
     vocab_start, vocab_size : int
         As in :func:`verify_greedy`.
@@ -211,7 +219,16 @@ def verify_sampling(
         the group draws the seeds and broadcasts them.
     group, validate
         As in :func:`verify_greedy`; ``validate`` also checks (globally) that the draft
-        probabilities of every live position sum to 1 over all shards.
+        probabilities of every live position sum to 1 over all shards, and that every rank
+        passes ``draft_probs_shard`` or every rank passes ``None``. Which collectives run is
+        decided, with ``validate=True``, from the agreed values: equivalent forms (``0.0`` or
+        ``torch.zeros(B)``, ``5`` or ``torch.full((B,), 5)``, ``None``, ``0`` or
+        ``torch.zeros(B)`` for an off ``top_k``, ``None``, ``1.0`` or ``torch.ones(B)`` for an
+        off ``top_p``, an int seed or its per-row seeds) may differ across ranks, and a
+        ``[B]`` tensor whose rows are all greedy or share one ``top_k`` takes the scalar's
+        cheaper rounds. With ``validate=False`` the host forms decide (a scalar
+        ``temperature=0`` runs the greedy round only, a scalar ``top_k`` the candidate
+        all-gather) and nothing synchronises: every rank must then pass the same forms too.
 
     Returns
     -------
@@ -244,8 +261,8 @@ def verify_sampling(
         device = logits_shard.device
         if draft_probs_shard is not None:
             _checks.renamed(check.check_draft_probs, draft_probs_shard, b, k, vr, device)
-        _check_seed(seed, b, device)
-        temp, topk, topp = _per_row_args(b, device, temperature, top_k, top_p)
+        check.check_seed(seed, b, device)
+        temp, topk, topp = check.sampling_controls(b, device, temperature, top_k, top_p)
         if validate:
             _checks.local_value_checks(
                 logits_shard,
@@ -258,27 +275,24 @@ def verify_sampling(
                 top_k=topk,
                 top_p=topp,
             )
-            digest = _checks.fingerprint(
-                "sampling",
-                draft_tokens.long(),
-                nd.long(),
-                temp,
-                topk,
-                topp,
-                seed,
+            digest = _agreed_digest(
+                b, device, draft_tokens, nd, temp, topk, topp, seed, vocab_size,
                 draft_probs_shard is None,
-            )
+            )  # fmt: skip
             summary = _checks.summarise(
                 logits_shard, vocab_start, vocab_size, digest, draft_probs_shard
             )
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # any local failure is raised on every rank by the agreement
         if not validate:
             raise
         error = exc
     if validate:
         _checks.agree(group, error, summary, nd, temp)
+        all_greedy, topk, topp, bound = _agreed_plan(temp, topk, topp, vocab_size)
+    else:
+        all_greedy, topk, topp, bound = _host_plan(temperature, top_k, temp, topk, topp)
     draft_tokens = draft_tokens.contiguous()
-    if isinstance(temperature, numbers.Real) and temperature == 0:  # every row greedy
+    if all_greedy:
         tokens, accepted, emitted = verify_greedy_shard(
             logits_shard, draft_tokens, nd, vocab_start, group
         )
@@ -296,6 +310,6 @@ def verify_sampling(
         vocab_start,
         vocab_size,
         group,
-        top_k if isinstance(top_k, numbers.Integral) and topk is not None else None,
+        bound,
     )
     return Verification(tokens, accepted, emitted)
