@@ -1,0 +1,224 @@
+"""The row-invariant CPU model kernels (specdec::rowinv_linear, specdec::rowinv_attention) and
+the models on them: a token's logits must be bitwise the same whatever else shares the pass, so
+that speculative greedy output is exactly the target's own greedy decoding."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import specdec_kernels as sk
+from specdec_kernels.adaptive import PassCosts, measure_pass_costs
+from specdec_kernels.models import CausalLM, CausalLMConfig
+from specdec_kernels.models.bundled import fastest_dtype, heldout_text, row_invariant_available
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(torch.ops.specdec, "rowinv_linear"), reason="the C++ extension is not built"
+)
+op = torch.ops.specdec
+
+DTYPES = [(torch.float32, 2e-5, 1e-5), (torch.bfloat16, 0.0, 1.6e-2)]
+
+
+@pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
+@pytest.mark.parametrize("n, c", [(1152, 384), (7, 37), (1000, 32), (257, 128)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias):
+    w = torch.randn(n, c).to(dtype)
+    b = torch.randn(n).to(dtype) if bias else None
+    x = torch.randn(45, c).to(dtype)
+    want = F.linear(x.double(), w.double(), None if b is None else b.double())
+    got = op.rowinv_linear(x, w, b)
+    assert got.dtype == dtype and got.shape == (45, n)
+    # bfloat16: one rounding of the float32 sum, so within a bfloat16 ulp of the exact value
+    torch.testing.assert_close(got.double(), want, atol=atol + 1e-4 * c**0.5, rtol=rtol)
+    rows = torch.cat([op.rowinv_linear(x[i : i + 1], w, b) for i in range(45)])
+    for m in (1, 2, 3, 4, 5, 9, 15, 45):
+        assert torch.equal(op.rowinv_linear(x[:m], w, b), rows[:m]), m
+    # leading dims fold into rows; the thread count splits columns, never a sum
+    assert torch.equal(op.rowinv_linear(x.view(5, 9, c), w, b), rows.view(5, 9, n))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(op.rowinv_linear(x, w, b), rows)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "dtype, atol, rtol", [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2)]
+)
+def test_attention_matches_sdpa_and_ignores_other_queries(dtype, atol, rtol):
+    B, H, T, D, L = 3, 2, 5, 32, 37
+    q, k, v = (torch.randn(B, H, n, D).to(dtype) for n in (T, L, L))
+    pos = torch.tensor([30, 20, 32])[:, None] + torch.arange(T)  # [B, T]
+    mask = (torch.arange(L)[None, None] <= pos[..., None])[:, None]  # [B, 1, T, L]
+    got = op.rowinv_attention(q, k, v, mask)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    torch.testing.assert_close(got.double(), want, atol=atol, rtol=rtol)
+    for t in range(T):  # one query alone over a shorter key buffer: the same bits
+        end = int(pos[:, t].max()) + 1
+        one = op.rowinv_attention(
+            q[:, :, t : t + 1], k[:, :, :end], v[:, :, :end], mask[:, :, t : t + 1, :end]
+        )
+        assert torch.equal(one, got[:, :, t : t + 1])
+    none = torch.zeros_like(mask)
+    assert torch.equal(op.rowinv_attention(q, k, v, none), torch.zeros_like(q))
+
+
+def test_bad_arguments_name_what_is_wrong():
+    w = torch.randn(4, 8)
+    with pytest.raises(RuntimeError, match="x must be"):
+        op.rowinv_linear(torch.randn(2, 7), w, None)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        op.rowinv_linear(torch.randn(2, 8).bfloat16(), w, None)
+    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+        op.rowinv_linear(torch.randn(2, 8).double(), w.double(), None)
+    with pytest.raises(RuntimeError, match="bias must be"):
+        op.rowinv_linear(torch.randn(2, 8), w, torch.randn(3))
+    q = torch.randn(1, 1, 2, 16)
+    with pytest.raises(RuntimeError, match="mask must be bool"):
+        op.rowinv_attention(q, q, q, torch.ones(1, 1, 2, 3, dtype=torch.bool))
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        op.rowinv_attention(
+            q[..., :8], q[..., :8], q[..., :8], torch.ones(1, 1, 2, 2, dtype=torch.bool)
+        )
+
+
+def test_opcheck():
+    x, w, b = torch.randn(3, 32), torch.randn(5, 32), torch.randn(5)
+    torch.library.opcheck(op.rowinv_linear.default, (x, w, b))
+    q = torch.randn(1, 2, 3, 16)
+    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
+    torch.library.opcheck(op.rowinv_attention.default, (q, q, q, mask))
+
+
+def _model(dtype):
+    cfg = CausalLMConfig(vocab_size=61, n_positions=64, n_embd=64, n_layer=2, n_head=2)
+    model = CausalLM(cfg).to(dtype).eval()
+    model.row_invariant = True
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_verify_pass_equals_decode_passes_bitwise(dtype, batch):
+    """The K+1-token pass of a verify step and K+1 one-token decode passes: the same logits, to
+    the bit (plain BLAS differs by ulps here, which is how greedy output diverges)."""
+    model = _model(dtype)
+    ids = torch.randint(0, 61, (batch, 30))
+    with torch.inference_mode():
+        a, b = model.new_cache(batch, 64), model.new_cache(batch, 64)
+        for cache in (a, b):
+            model(ids[:, :24], cache, validate=False)
+            cache.advance(24)
+        full = model(ids[:, 24:], a, kv_len=30, validate=False)
+        one = []
+        for t in range(6):
+            one.append(model(ids[:, 24 + t : 25 + t], b, kv_len=25 + t, validate=False))
+            b.advance(1)
+    assert torch.equal(full, torch.cat(one, 1))
+    plain = _model(dtype)
+    plain.load_state_dict(model.state_dict())
+    plain.row_invariant = False
+    with torch.inference_mode():  # and close to the ordinary kernels
+        ref = plain(ids)
+        inv = model(ids)
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    torch.testing.assert_close(inv.float(), ref.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_speculative_greedy_is_the_targets_own_in_every_dtype(dtype):
+    target, draft = sk.models.load_bundled("tiny", dtype=dtype, draft_dtype=torch.float32)
+    assert target.row_invariant and draft.row_invariant
+    prompts = [sk.models.encode(p) for p in ("def main():\n    ", "import os\n", "class A:")]
+    want = sk.autoregressive_generate(target, prompts, 40).sequences
+    for k in (2, 5, "auto"):
+        assert sk.SpeculativeGenerator(target, draft, k).generate(prompts, 40).sequences == want
+
+
+def test_row_invariant_refuses_what_it_cannot_run():
+    model = _model(torch.float32).double()
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        model.row_invariant = True
+    model.row_invariant = False  # turning it off always works
+    assert not row_invariant_available(model)
+    odd = CausalLM(CausalLMConfig(vocab_size=11, n_positions=8, n_embd=24, n_layer=1, n_head=2))
+    with pytest.raises(ValueError, match="head size"):
+        odd.row_invariant = True
+
+
+def test_fastest_dtype_is_measured_once_and_cached():
+    calls = []
+
+    def load(dt):
+        calls.append(dt)
+        return _model(torch.float32).to(dt)
+
+    first = fastest_dtype(load)
+    n = len(calls)
+    assert first in (torch.float32, torch.bfloat16) and n >= 2
+    assert fastest_dtype(load) == first and len(calls) == n + 1  # only the probe model again
+
+
+# --------------------------------------------------------------------------------- pass costs
+
+
+def test_pass_costs_price_the_batch():
+    """A K+1-token pass that is cheap at batch 1 and steep at batch 16 (a CPU's): "auto" drafts
+    at batch 1 and decodes with the target alone at batch 16, for the same acceptance."""
+    costs = PassCosts(
+        batch=(1, 16),
+        tokens=(1, 5, 9),
+        target_ms=((2.0, 2.4, 2.8), (4.0, 14.0, 26.0)),
+        draft_ms=(0.1, 0.3),
+        step_ms=0.1,
+    )
+    alpha = torch.full((16,), 0.6)
+    assert costs.best_k(alpha[:1], 8) >= 3
+    assert costs.best_k(alpha, 8) == 0
+    assert costs.ideal_speedup(0.6, 1, 4) > 1 > costs.ideal_speedup(0.6, 16, 4)
+    assert PassCosts.from_dict(costs.to_dict()) == costs
+    assert PassCosts.linear(0.05, 0.0, 8).best_k(torch.tensor([0.0]), 8) == 0
+
+
+def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair_tiny):
+    """Costs that make drafting pay only once the batch is down to one row: "auto" runs K = 0
+    steps while three and then two rows are live (the draft falls behind, by more than its
+    cache's spare room), then drafts again for the last row; the output is still the target's
+    own (greedy), and sampling still runs."""
+    target, draft = pair_tiny
+    costs = PassCosts(
+        batch=(1, 2),
+        tokens=(1, 9),
+        target_ms=((1.0, 1.0), (1.0, 1000.0)),
+        draft_ms=(0.01, 0.01),
+        step_ms=0.0,
+    )
+    ids = sk.models.encode(heldout_text("tiny"))
+    ctx = target.max_seq_len
+    prompts = [ids[: ctx - 6], ids[100 : 100 + ctx - 40], ids[300:320]]  # rows retire at 6, 40
+    gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
+    out = gen.generate(prompts, 60)
+    assert out.sequences == sk.autoregressive_generate(target, prompts, 60).sequences
+    passes = out.stats.target_forwards
+    assert 0 < out.stats.drafted_tokens < 4 * passes  # some steps drafted, some did not
+    assert out.stats.drafted_tokens >= 4 * (passes - 40) - 4  # the last row alone drafts
+    sampled = gen.generate(prompts, 60, temperature=1.0, seed=2)
+    assert [len(s) for s in sampled.sequences] == [ctx, ctx, 80]
+
+
+def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    target, draft = pair_tiny
+    costs = measure_pass_costs(target, draft, max_k=4, max_batch=2, repeats=2)
+    assert costs.batch == (1, 2) and costs.tokens == (1, 2, 3, 5)
+    for row in costs.target_ms:  # non-decreasing in tokens
+        assert list(row) == sorted(row)
+    assert (tmp_path / "pass_costs.json").exists()
+    assert measure_pass_costs(target, draft, max_k=4, max_batch=2, repeats=2) is costs
+
+
+@pytest.fixture(scope="module")
+def pair_tiny():
+    return sk.models.load_bundled("tiny")
