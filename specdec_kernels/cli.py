@@ -189,7 +189,7 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
             print(f"--- prompt {b} " + "-" * 40)
             print(render(seq, acc, spec.prompt_lengths[b], color))
         print("-" * 54)
-        same_all = True
+        same_all, figures = True, {}
         for name in ("interactive", "batched"):
             if name not in cases:
                 continue
@@ -210,6 +210,33 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
                 f"target alone {tokens / max(bw, 1e-9):.0f} tokens/s | speedup "
                 f"{bw / max(sw, 1e-9):.2f}x"
             )
+            figures[name] = dict(
+                case=name,
+                batch_size=rows,
+                prompts=len(ids),
+                speedup=round(bw / max(sw, 1e-9), 4),
+                tokens_per_second=round(tokens / max(sw, 1e-9), 2),
+                target_alone_tokens_per_second=round(tokens / max(bw, 1e-9), 2),
+                acceptance_rate=round(accepted / max(drafted, 1), 4),
+                mean_k=round(drafted / max(passes, 1) / rows, 4),
+                greedy_identical=seqs == base_seqs if args.temperature == 0 else None,
+            )
+        if args.json and not quiet:
+            from specdec_kernels.benchmarks import results
+
+            header = results.run_header(torch.device("cpu"), "demo")
+            common = dict(
+                pair=args.pair,
+                target_dtype=t_dtype,
+                draft_dtype=d_dtype,
+                threads=torch.get_num_threads(),
+                row_invariant=bool(single.row_invariant),
+                max_new_tokens=args.max_new_tokens,
+                repeats=args.repeats,
+                temperature=args.temperature,
+                num_speculative_tokens=str(k),
+            )
+            results.append_rows(args.json, [{**header, **common, **f} for f in figures.values()])
         if args.temperature == 0:
             same = "identical to" if same_all else "differs from"
             print(f"greedy output {same} the target's own greedy decoding")
@@ -246,6 +273,7 @@ def main(argv=None) -> int:
         default="auto",
         help="the models' dtype (default auto: the fastest on this machine, measured once)",
     )
+    d.add_argument("--json", default="", help="append the figures to this JSON file")
     d.add_argument(
         "--batched-only",
         action="store_true",

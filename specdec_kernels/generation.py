@@ -157,7 +157,7 @@ class SpeculativeGenerator:
                 )
             if dp.device != tp.device:
                 raise ValueError(
-                    f"draft is on device {dp.device} but the target on {tp.device}; move one of them"
+                    f"draft is on device {dp.device}, the target on {tp.device}; move one of them"
                 )
         auto = num_speculative_tokens == "auto" and tree is None
         blind = cost_ratio is not None or verify_cost is not None

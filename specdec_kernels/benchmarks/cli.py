@@ -142,6 +142,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="the bundled pair (default: the 10.8M-parameter target and its draft)",
     )
     e.add_argument(
+        "--dtype",
+        default=None,
+        choices=("auto", "float32", "bfloat16"),
+        help="the target's dtype (default auto: both models in their fastest dtype here)",
+    )
+    e.add_argument(
         "--assets",
         default=None,
         help="a folder with target/draft .safetensors and heldout.txt (instead of --pair)",
@@ -317,6 +323,7 @@ def _e2e(args) -> int:
             repeats=args.repeats,
             systems=args.systems,
             pair=args.pair,
+            dtype=args.dtype,
         ).items()
         if v is not None
     }
@@ -331,7 +338,8 @@ def _e2e(args) -> int:
     print(
         f"specdec bench e2e: {header['machine']['cpu']}, {torch.get_num_threads()} threads, "
         f"commit {header['commit']}, B={cfg.batch_sizes}, K={cfg.ks}, "
-        f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s)",
+        f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s), "
+        f"dtype {cfg.dtype}",
         flush=True,
     )
     t0 = time.perf_counter()

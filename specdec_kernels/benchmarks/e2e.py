@@ -53,19 +53,23 @@ class E2EConfig:
     systems: tuple[str, ...] = SYSTEMS
     seed: int = 0
     pair: str = "default"
+    dtype: str = "auto"  # the target's: "auto" (the fastest here, measured), float32, bfloat16
 
 
 QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=1)
 
 
-def load_pair(assets: str | None = None, pair: str = "default"):
-    """``(target, draft, heldout_text)``: bundled pair ``pair``, or the same files from
-    ``assets``."""
+def load_pair(assets: str | None = None, pair: str = "default", dtype: str = "float32"):
+    """``(target, draft, heldout_text)``: bundled pair ``pair`` (target in ``dtype``; with
+    ``"auto"`` both models in their fastest dtype here), or the float32 files of ``assets``."""
     from specdec_kernels.models import bundled
     from specdec_kernels.models.causal_lm import CausalLM
 
     if assets is None:
-        target, draft = bundled.load_bundled(pair)
+        dt = dtype if dtype == "auto" else getattr(torch, dtype)
+        target, draft = bundled.load_bundled(
+            pair, dtype=dt, draft_dtype="auto" if dtype == "auto" else None
+        )
         return target, draft, bundled.heldout_text(pair)
     target = CausalLM.load(os.path.join(assets, "target.safetensors"))
     draft = CausalLM.load(os.path.join(assets, "draft.safetensors"))
@@ -165,21 +169,11 @@ class _HF:
         return out[:, ids.shape[1] :].tolist(), wall
 
 
-def auto_costs(costs: dict) -> dict:
-    """``cost_ratio`` / ``verify_cost`` for ``"auto"`` from one batch size's measured costs: the
-    draft token against a one-token target pass, and the slope of the target pass from 1 to the
-    widest measured width."""
-    t1 = costs["target_ms_1"]
-    w = max(int(k.rsplit("_", 1)[1]) for k in costs if k.startswith("target_ms_"))
-    slope = (costs[f"target_ms_{w}"] / t1 - 1) / (w - 1) if w > 1 else 0.0
-    return {"cost_ratio": costs["draft_ms"] / t1, "verify_cost": max(0.0, slope)}
-
-
 def _run_specdec(target, draft, prompts, cfg, k, temperature, seed, costs=None):
     import specdec_kernels as sk
 
-    kw = auto_costs(costs) if k == "auto" and costs else {}
-    gen = sk.SpeculativeGenerator(target, draft, k, **kw)
+    # "auto" prices each step with the pair's measured pass costs (measure_pass_costs, cached)
+    gen = sk.SpeculativeGenerator(target, draft, k)
     out = gen.generate(
         prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
     )
@@ -245,7 +239,10 @@ def _configs(cfg: E2EConfig, hf_ok: bool):
 def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     """Run every configuration ``cfg.repeats`` times, interleaved; one row per
     ``(system, batch_size, K, temperature)`` with the median figures."""
-    target, draft, text = load_pair(assets, cfg.pair)
+    target, draft, text = load_pair(assets, cfg.pair, cfg.dtype)
+    from specdec_kernels.adaptive import measure_pass_costs
+
+    pass_costs = measure_pass_costs(target, draft, max_k=8, max_batch=max(cfg.batch_sizes))
     try:
         hf = (
             _HF(target, draft)
@@ -297,7 +294,16 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
                 f"{r['tokens_per_second']:7.1f} tok/s"
                 + (f", alpha {r['alpha']:.2f}" if "alpha" in r else "")
             )
-    return _rows(cfg, runs, costs)
+    return _rows(cfg, runs, costs, pass_costs, _dtypes(target, draft))
+
+
+def _dtypes(target, draft) -> dict:
+    name = lambda m: str(next(m.parameters()).dtype).replace("torch.", "")  # noqa: E731
+    return {
+        "target_dtype": name(target),
+        "draft_dtype": name(draft),
+        "row_invariant": bool(getattr(target, "row_invariant", False)),
+    }
 
 
 def _median(rs: list[dict], key: str):
@@ -305,7 +311,7 @@ def _median(rs: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
-def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
+def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None) -> list[dict]:
     rows = []
     base = {
         (b, t): _median(rs, "tokens_per_second")
@@ -340,6 +346,7 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
             "ideal_speedup": None,
             "speedup_vs_target_only": None,
             "tokens_per_second_all": [round(r["tokens_per_second"], 3) for r in rs],
+            **(dtypes or {}),
         }
         if base.get((b, t)):
             row["speedup_vs_target_only"] = round(tps / base[(b, t)], 4)
@@ -379,6 +386,13 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict) -> list[dict]:
             row["overhead_ms_per_pass"] = round(
                 (row["wall_seconds"] * 1e3 - model_ms) / max(rs[0]["target_forwards"], 1), 4
             )
+            if pass_costs is not None:
+                # the ideal of the batch-priced cost model that "auto" chooses K with, at the
+                # measured alpha; for "auto", the best K it could choose
+                ks = [k] if k != "auto" else range(0, 9)
+                row["ideal_speedup_cost_model"] = round(
+                    max(pass_costs.ideal_speedup(alpha, b, kk) for kk in ks), 4
+                )
             if row["speedup_vs_target_only"] is not None and ideal > 0:
                 row["efficiency"] = round(row["speedup_vs_target_only"] / ideal, 4)
                 row["efficiency_with_verify_cost"] = round(

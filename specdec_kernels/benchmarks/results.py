@@ -180,8 +180,20 @@ def run_header(device: torch.device, kind: str, **extra) -> dict:
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": git_commit(),
         "machine": machine(device),
+        "command": command_line(),
         **extra,
     }
+
+
+def command_line() -> str:
+    """The command this process runs, as a user would type it (``specdec ...`` for the CLI)."""
+    import shlex
+    import sys
+
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    if prog in ("specdec", "cli.py", "__main__.py"):
+        prog = "specdec"
+    return " ".join([prog] + [shlex.quote(a) for a in sys.argv[1:]])
 
 
 def append_rows(path: str, rows: list[dict]) -> None:
