@@ -195,6 +195,92 @@ def e2e_section() -> str | None:
     )
 
 
+def demo_rows() -> list[dict] | None:
+    data = load("demo.json")
+    return latest_run(data) if data else None
+
+
+def demo_section() -> str | None:
+    rows = demo_rows()
+    if not rows:
+        return None
+    r0 = rows[0]
+    body = [
+        [
+            r["case"],
+            r["batch_size"],
+            f"{r['target_dtype']} / {r['draft_dtype']}",
+            r["threads"],
+            num(r["mean_k"]),
+            num(r["acceptance_rate"]),
+            num(r["tokens_per_second"], 4),
+            num(r["target_alone_tokens_per_second"], 4),
+            num(r["speedup"]) + "x",
+            num(r.get("greedy_identical")),
+        ]
+        for r in rows
+    ]
+    head = [
+        "case",
+        "B",
+        "dtype (target / draft)",
+        "threads",
+        "mean K (auto)",
+        "acceptance",
+        "tokens/s",
+        "target alone",
+        "speedup",
+        "greedy = target's",
+    ]
+    return "\n\n".join(
+        [
+            "## `specdec demo`: the default pair, each prompt alone and the prompts batched",
+            provenance(rows, "demo.json", r0.get("command") or "specdec demo"),
+            f"{r0['prompts']} prompts, {r0['max_new_tokens']} new tokens each, temperature "
+            f"{temp(r0['temperature'])}, K={r0['num_speculative_tokens']}; the fastest of "
+            f"{r0['repeats']} interleaved runs of each decoder, speculative and the target alone "
+            "measured in the same run.",
+            table(head, body),
+        ]
+    )
+
+
+def readme_figure() -> str:
+    """The README's demo figure (between the demo-figure markers), from demo.json."""
+    rows = demo_rows()
+    if not rows:
+        return "(no `specdec demo` figure recorded yet)"
+    r0 = rows[0]
+    cases = "; ".join(
+        f"{r['case']} (batch {r['batch_size']}) **{r['speedup']:.2f}x** "
+        f"({r['tokens_per_second']:.0f} vs {r['target_alone_tokens_per_second']:.0f} tokens/s, "
+        f"mean K {r['mean_k']:.1f})"
+        for r in rows
+    )
+    same = all(r.get("greedy_identical") for r in rows)
+    return (
+        f"Measured by `{r0.get('command') or 'specdec demo'}` on {machine_text(r0.get('machine'))}"
+        f", {r0['date'][:10]}, target {r0['target_dtype']}, draft {r0['draft_dtype']}, "
+        f"{r0['threads']} thread(s): {cases}"
+        + ("; greedy output identical to the target's own." if same else ".")
+        + " Generated from `bench/results/demo.json` by `scripts/results_tables.py`; other "
+        "machines give other figures (the demo prints its own)."
+    )
+
+
+README = ROOT / "README.md"
+MARK_OPEN, MARK_CLOSE = "<!-- demo-figure -->", "<!-- /demo-figure -->"
+
+
+def render_readme(text: str) -> str:
+    """``text`` (the README) with the block between the demo-figure markers regenerated."""
+    if MARK_OPEN not in text:
+        return text
+    head, rest = text.split(MARK_OPEN, 1)
+    tail = rest.split(MARK_CLOSE, 1)[1] if MARK_CLOSE in rest else rest
+    return f"{head}{MARK_OPEN}\n{readme_figure()}\n{MARK_CLOSE}{tail}"
+
+
 def trees_section(file: str) -> str | None:
     data = load(file)
     if not data:
@@ -478,6 +564,7 @@ def kernel_resources_section() -> str | None:
 
 
 SECTIONS = (
+    demo_section,
     e2e_section,
     lambda: trees_section("e2e_trees.json"),
     lambda: trees_section("e2e_trees_t1.json"),
@@ -502,13 +589,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args(argv)
     text = render()
+    readme = README.read_text()
     if args.check:
-        if not args.output.exists() or args.output.read_text() != text:
-            print(f"{args.output} is stale: run python scripts/results_tables.py", file=sys.stderr)
-            return 1
-        return 0
+        stale = [
+            p
+            for p, t in ((args.output, text), (README, render_readme(readme)))
+            if not p.exists() or p.read_text() != t
+        ]
+        for p in stale:
+            print(f"{p} is stale: run python scripts/results_tables.py", file=sys.stderr)
+        return 1 if stale else 0
     args.output.write_text(text)
-    print(f"wrote {args.output}")
+    README.write_text(render_readme(readme))
+    print(f"wrote {args.output} and the demo figure of {README}")
     return 0
 
 

@@ -240,7 +240,7 @@ class PassCosts:
 
         >>> c = PassCosts.linear(cost_ratio=0.05, verify_cost=0.1, max_k=8)
         >>> c.best_k(torch.tensor([0.8]), 8), c.best_k(torch.tensor([0.01]), 8)
-        (6, 0)
+        (5, 0)
         """
         batch = int(alpha.numel())
         a = alpha.double().cpu()
