@@ -488,6 +488,29 @@ def check_targets(rows: list[dict]) -> list[str]:
                     f"{a['tokens_per_second']:.1f} vs {f['tokens_per_second']:.1f} tok/s "
                     f"(K={f['num_speculative_tokens']}) = {rel:.2f} (target >= 0.95)"
                 )
+        # issue 21: "auto" never loses to the target alone
+        for t in sorted({r["temperature"] for r in rows}):
+            a = get("specdec", b, "auto", t)
+            if a and a.get("speedup_vs_target_only") is not None:
+                out.append(
+                    f"{verdict(a['speedup_vs_target_only'] >= 0.97)} auto vs the target alone "
+                    f"B={b} T={t:g}: {a['speedup_vs_target_only']:.2f}x (mean K "
+                    f"{a.get('mean_k', 0):.2f}; cost model's ideal "
+                    f"{a.get('ideal_speedup_cost_model') or 0:.2f}x; target >= 0.97x)"
+                )
+    g1, t1 = best("specdec", 1, 0.0, fixed=True), best("specdec", 1, 1.0, fixed=True)
+    if g1 and g1.get("speedup_vs_target_only") is not None:
+        out.append(
+            f"{verdict(g1['speedup_vs_target_only'] >= 1.6)} B=1 greedy (issue 21): best fixed "
+            f"K={g1['num_speculative_tokens']} {g1['speedup_vs_target_only']:.2f}x (target >= 1.6x)"
+        )
+        if t1 and t1.get("speedup_vs_target_only") is not None:
+            rel = t1["speedup_vs_target_only"] / g1["speedup_vs_target_only"]
+            out.append(
+                f"{verdict(rel >= 0.85)} B=1 sampling T=1 vs greedy speedup: "
+                f"{t1['speedup_vs_target_only']:.2f}x vs {g1['speedup_vs_target_only']:.2f}x = "
+                f"{rel:.2f} (target >= 0.85)"
+            )
     s16, b1 = best("specdec", 16, 0.0), best("specdec", 1, 0.0)
     if s16 and b1:
         r = s16["tokens_per_second"] / b1["tokens_per_second"]
