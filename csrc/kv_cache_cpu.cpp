@@ -32,7 +32,7 @@ void check_run(const char* op, const char* what, const KvLayout& c, const BlockT
   const int64_t capacity = row_capacity(c, t);
   TORCH_CHECK_VALUE(run_inside(first, count, capacity), op, ": row ", b, ": ", what,
                     " positions ", run_str(first, count), " are outside [0, ", capacity, ")");
-  if (t.data == nullptr) return;
+  if (!t.paged) return;
   const int64_t last = first + (count - 1);  // <= capacity - 1: no overflow
   for (int64_t blk = first / c.num_pos; blk <= last / c.num_pos; ++blk) {
     const int32_t id = t.data[b * t.stride + blk];

@@ -264,6 +264,33 @@ def test_fallback_skips_positions_near_int64_max(name, args, message):
     assert_same(args[0], expected[0], f"{name}: the cache")
 
 
+@pytest.mark.parametrize("impl_name", IMPLS)
+def test_paged_ops_with_an_empty_block_table(impl_name):
+    """A `[B, 0]` block table (rows that own no block) has no data pointer; the kernels used to
+    take that for "no table" and write row b of the cache's blocks (out of bounds for b >=
+    num_blocks; found by scripts/fuzz_native.py). Its rows own no position: the C++ op raises,
+    the fallback skips, and no block changes."""
+    cache = random_values((1, 2, 1, 1, 4, 3), torch.float32)  # one block
+    before = cache.clone()
+    k = random_values((3, 1, 2, 3), torch.float32)
+    tables = torch.zeros(3, 0, dtype=torch.int32)
+    zero = torch.zeros(3, dtype=torch.int64)
+    calls = [
+        lambda: torch.ops.specdec.paged_kv_write_(cache, 0, k, k, tables, zero),
+        lambda: torch.ops.specdec.paged_kv_compact_(
+            cache, tables, torch.zeros(3, 1, dtype=torch.int64), zero + 1, zero
+        ),
+    ]
+    with implementation(impl_name):
+        for call in calls:
+            if impl_name == "native":
+                with pytest.raises(ValueError, match=r"row 0: (write|destination) positions "):
+                    call()
+            else:
+                call()
+    assert_same(cache, before, "the one block")
+
+
 def test_issue_19_reproduction_raises_and_changes_nothing():
     """The three calls of issue 19: each raises a ValueError naming the positions; none changes
     the cache (the paged cache's bookkeeping included)."""

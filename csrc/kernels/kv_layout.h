@@ -25,18 +25,20 @@ struct KvLayout {
   int64_t row_bytes;  // D * element size
 };
 
-// Block tables of a paged cache: `[B, max_blocks]` int32, -1 where unused. `data == nullptr`
-// means "no table": position `pos` of row `b` lives at cache row `b`, slot `pos`.
+// Block tables of a paged cache: `[B, max_blocks]` int32, -1 where unused. `paged == false`
+// means "no table": position `pos` of row `b` lives at cache row `b`, slot `pos`. (Not `data ==
+// nullptr`: an empty `[B, 0]` table has no data pointer either, and its rows own no position.)
 struct BlockTable {
   const int32_t* data;  // [B, max_blocks] block_tables (or nullptr)
   int64_t stride;      // elements between consecutive rows of the table
   int64_t max_blocks;  // width of the table
+  bool paged;          // whether there is a table (data may still be nullptr when it is empty)
 };
 
 // Positions a row of the cache has: `num_pos` without a table, `max_blocks * num_pos` with one
 // (saturated at INT64_MAX, so that garbage sizes cannot make it wrap).
 SPECDEC_HOST_DEVICE int64_t row_capacity(const KvLayout& c, const BlockTable& t) {
-  if (t.data == nullptr) return c.num_pos;
+  if (!t.paged) return c.num_pos;
   if (c.num_pos != 0 && t.max_blocks > INT64_MAX / c.num_pos) return INT64_MAX;
   return t.max_blocks * c.num_pos;
 }
@@ -54,7 +56,7 @@ SPECDEC_HOST_DEVICE char* slot_ptr(const KvLayout& c, const BlockTable& t, int64
   if (pos < 0 || pos >= row_capacity(c, t)) return nullptr;
   int64_t row = b;
   int64_t slot = pos;
-  if (t.data != nullptr) {
+  if (t.paged) {
     row = t.data[b * t.stride + pos / c.num_pos];
     slot = pos % c.num_pos;
     if (row < 0 || row >= c.num_rows) return nullptr;

@@ -153,6 +153,9 @@ def _slots(
         valid = (positions >= 0) & (positions < P)
         return rows, positions.clamp(0, P - 1), valid
     M = block_tables.shape[1]
+    if M == 0:  # an empty table: the rows own no position
+        zero = torch.zeros_like(positions)
+        return zero, zero, zero.bool()
     in_table = (positions >= 0) & (positions < M * P)
     blocks = block_tables[rows, positions.clamp(0, M * P - 1) // P].long()
     valid = in_table & (blocks >= 0) & (blocks < R)
