@@ -1067,6 +1067,21 @@ def test_cuda_kernels_skip_positions_outside_the_cache(name):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, args, message", _near_int64_max_cases()[:8])
+def test_cuda_kernels_skip_positions_near_int64_max(name, args, message):
+    """The CUDA kernels test `first < capacity - i` before forming `first + i`: such positions
+    are skipped, as by the fallback (issue 19)."""
+    del message
+    _native_or_skip()
+    expected = args[0].clone()
+    getattr(ref, name)(expected, *args[1:])
+    cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    getattr(torch.ops.specdec, name)(*cuda_args)
+    assert_same(cuda_args[0].cpu(), expected, name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", CACHE_SHAPES + [(4, 8, 8, 300, 128)])
 def test_cuda_kernels_match_cpu_kernel(shape, dtype):
