@@ -9,6 +9,10 @@ Environment variables
 ---------------------
 SPECDEC_NO_EXTENSION=1   build no extension at all (pure Python install).
 SPECDEC_NO_CUDA=1        build the CPU extension only, even where CUDA is available.
+SPECDEC_SANITIZE=1       build the CPU extension with AddressSanitizer and UBSan (-O1 -g; signed
+                         overflow is reported although Python's own flags say -fwrapv); implies
+                         SPECDEC_NO_CUDA. Used by scripts/sanitize.sh, which builds it in a copy of
+                         the tree and loads it with the sanitizer runtimes preloaded.
 """
 
 import glob
@@ -44,8 +48,10 @@ def _extensions():
     if not cpp_sources:
         return [], {}
 
+    sanitize = _env_flag("SPECDEC_SANITIZE")
     use_cuda = (
         not _env_flag("SPECDEC_NO_CUDA")
+        and not sanitize
         and bool(cu_sources)
         and torch.version.cuda is not None
         and cpp_extension.CUDA_HOME is not None
@@ -54,9 +60,17 @@ def _extensions():
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
     std = "-std=c++20" if (major, minor) >= (2, 10) else "-std=c++17"
     cxx_flags = ["-O3", std]
+    link_flags = []
     define_macros = []
     if sys.platform != "win32":
         cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
+    if sanitize:
+        # Later flags win over Python's own -O3 / -fwrapv (with -fwrapv signed overflow is defined
+        # behaviour, and UBSan would not report it).
+        sanitizers = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+        cxx_flags += ["-O1", "-g", "-fno-omit-frame-pointer", "-fno-wrapv"] + sanitizers
+        link_flags += sanitizers
     if use_cuda:
         define_macros.append(("SPECDEC_WITH_CUDA", None))
         nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr"]
@@ -65,7 +79,7 @@ def _extensions():
             sources=cpp_sources + cu_sources,
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
-            extra_link_args=["-fopenmp"] if sys.platform != "win32" else [],
+            extra_link_args=link_flags,
         )
     else:
         ext = cpp_extension.CppExtension(
@@ -73,7 +87,7 @@ def _extensions():
             sources=cpp_sources,
             define_macros=define_macros,
             extra_compile_args={"cxx": cxx_flags},
-            extra_link_args=["-fopenmp"] if sys.platform != "win32" else [],
+            extra_link_args=link_flags,
         )
 
     class BuildExtOptional(cpp_extension.BuildExtension):

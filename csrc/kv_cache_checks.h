@@ -58,9 +58,9 @@ inline KvLayout make_layout(const at::Tensor& kv_cache) {
 }
 
 inline BlockTable make_table(const at::Tensor* block_tables) {
-  if (block_tables == nullptr) return BlockTable{nullptr, 0, 0};
+  if (block_tables == nullptr) return BlockTable{nullptr, 0, 0, false};
   return BlockTable{block_tables->data_ptr<int32_t>(), block_tables->stride(0),
-                    block_tables->size(1)};
+                    block_tables->size(1), true};
 }
 
 // Checks of kv_write_ / paged_kv_write_. `block_tables` is nullptr for the contiguous cache.

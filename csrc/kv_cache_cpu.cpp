@@ -3,6 +3,9 @@
 // CPU launcher (kernels/kv_cache_cpu.h).
 #include "kv_cache.h"
 
+#include <cstdint>
+#include <string>
+
 #include "kernels/kv_cache_cpu.h"
 #include "kv_cache_checks.h"
 
@@ -14,20 +17,28 @@ void check_cpu(const char* op, const at::Tensor& kv_cache) {
                     kv_cache.device());
 }
 
-// Every position in [first, first + count) of row b must have a slot in the cache.
+// "[first, end)", or "[first, first + count)" where the end is past INT64_MAX.
+std::string run_str(int64_t first, int64_t count) {
+  if (first <= INT64_MAX - count) return c10::str("[", first, ", ", first + count, ")");
+  return c10::str("[", first, ", ", first, " + ", count, ")");
+}
+
+// Every position in [first, first + count) of row b must have a slot in the cache. The range is
+// tested as `first <= capacity - count` (kernels/kv_layout.h: run_inside), never by forming
+// `first + count`, which wraps past INT64_MAX for garbage values.
 void check_run(const char* op, const char* what, const KvLayout& c, const BlockTable& t,
                int64_t b, int64_t first, int64_t count) {
   if (count <= 0) return;
-  const int64_t capacity = t.data ? t.max_blocks * c.num_pos : c.num_pos;
-  TORCH_CHECK_VALUE(first >= 0 && first + count <= capacity, op, ": row ", b, ": ", what,
-                    " positions [", first, ", ", first + count, ") are outside [0, ", capacity,
-                    ")");
-  if (t.data == nullptr) return;
-  for (int64_t blk = first / c.num_pos; blk <= (first + count - 1) / c.num_pos; ++blk) {
+  const int64_t capacity = row_capacity(c, t);
+  TORCH_CHECK_VALUE(run_inside(first, count, capacity), op, ": row ", b, ": ", what,
+                    " positions ", run_str(first, count), " are outside [0, ", capacity, ")");
+  if (!t.paged) return;
+  const int64_t last = first + (count - 1);  // <= capacity - 1: no overflow
+  for (int64_t blk = first / c.num_pos; blk <= last / c.num_pos; ++blk) {
     const int32_t id = t.data[b * t.stride + blk];
-    TORCH_CHECK_VALUE(0 <= id && id < c.num_rows, op, ": row ", b, ": ", what, " positions [",
-                      first, ", ", first + count, ") need block-table entry ", blk,
-                      ", which is ", id, " (num_blocks = ", c.num_rows, ")");
+    TORCH_CHECK_VALUE(0 <= id && id < c.num_rows, op, ": row ", b, ": ", what, " positions ",
+                      run_str(first, count), " need block-table entry ", blk, ", which is ", id,
+                      " (num_blocks = ", c.num_rows, ")");
   }
 }
 

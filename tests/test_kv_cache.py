@@ -181,6 +181,165 @@ def test_native_ops_reject_bad_values():
     assert not cache.any() and not paged.any()
 
 
+# Positions and lengths near INT64_MAX (issue 19): `first + count` wraps negative, so a range test
+# written as `first + count <= capacity` passes them. Each case: op name, its arguments (the
+# cache first), and the error the C++ CPU op must raise.
+I64_MAX = 2**63 - 1
+
+
+def _near_int64_max_cases():
+    def cache():
+        return torch.arange(2 * 2 * 4 * 3.0).view(1, 2, 2, 1, 4, 3)
+
+    def paged():
+        return torch.arange(2 * 4 * 2 * 3.0).view(1, 2, 4, 1, 2, 3)
+
+    k = torch.ones(2, 1, 2, 3)
+    tables = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+    zero, two = torch.tensor([0, 0]), torch.tensor([2, 0])
+    cases = []
+    for first in (I64_MAX, I64_MAX - 1):  # + 2 wraps
+        off = torch.tensor([0, first])
+        run = rf"\[{first}, {first} \+ 2\)"
+        cases += [
+            ("kv_write_", (cache(), 0, k, k, off), rf"row 1: write positions {run} are outside"),
+            (
+                "paged_kv_write_",
+                (paged(), 0, k, k, tables, off),
+                rf"row 1: write positions {run} are outside \[0, 4\)",
+            ),
+            (
+                "kv_compact_",
+                (cache(), torch.tensor([[0, 1], [0, 0]]), two, torch.tensor([first, 0])),
+                rf"row 0: destination positions {run} are outside \[0, 4\)",
+            ),
+            (
+                "paged_kv_compact_",
+                (paged(), tables, torch.tensor([[0, 1], [0, 0]]), two, torch.tensor([first, 0])),
+                rf"row 0: destination positions {run} are outside \[0, 4\)",
+            ),
+        ]
+    for src in (I64_MAX, I64_MAX - 1, -(2**63)):  # sources: one position each
+        end = f"{src} \\+ 1" if src == I64_MAX else str(src + 1)
+        message = rf"row 0: source positions \[{src}, {end}\) are outside \[0, 4\)"
+        srcs = torch.tensor([[1, src], [0, 0]])
+        cases += [
+            ("kv_compact_", (cache(), srcs, two, zero), message),
+            ("paged_kv_compact_", (paged(), tables, srcs, two, zero), message),
+        ]
+    return cases
+
+
+@pytest.mark.parametrize(
+    "name, args, message",
+    _near_int64_max_cases(),
+    ids=[f"{c[0]}-{i}" for i, c in enumerate(_near_int64_max_cases())],
+)
+def test_native_ops_reject_positions_near_int64_max(name, args, message):
+    """The C++ CPU ops test ranges as `first <= capacity - count`: positions whose end passes
+    INT64_MAX raise like every other out-of-range one (they used to wrap negative and pass the
+    test: skipped silently, or, paged, a block-table read far out of bounds), and nothing moves."""
+    _native_or_skip()
+    before = args[0].clone()
+    with pytest.raises(ValueError, match=message):
+        getattr(torch.ops.specdec, name)(*args)
+    assert_same(args[0], before, f"{name}: the cache after the failed call")
+
+
+@pytest.mark.parametrize("name, args, message", _near_int64_max_cases()[:8])
+def test_fallback_skips_positions_near_int64_max(name, args, message):
+    """The pure-PyTorch fallback skips such positions (as the CUDA kernels do), like any other
+    position past the cache: the result is the one with those values replaced by 4 (the
+    capacity)."""
+    del message
+
+    def tame(a):
+        if isinstance(a, torch.Tensor) and a.dtype == torch.int64:
+            return torch.where(a > 2**62, 4, a)
+        return a.clone() if isinstance(a, torch.Tensor) else a
+
+    expected = [tame(a) for a in args]
+    getattr(ref, name)(*expected)
+    getattr(ref, name)(*args)
+    assert_same(args[0], expected[0], f"{name}: the cache")
+
+
+@pytest.mark.parametrize("impl_name", IMPLS)
+def test_paged_ops_with_an_empty_block_table(impl_name):
+    """A `[B, 0]` block table (rows that own no block) has no data pointer; the kernels used to
+    take that for "no table" and write row b of the cache's blocks (out of bounds for b >=
+    num_blocks; found by scripts/fuzz_native.py). Its rows own no position: the C++ op raises,
+    the fallback skips, and no block changes."""
+    cache = random_values((1, 2, 1, 1, 4, 3), torch.float32)  # one block
+    before = cache.clone()
+    k = random_values((3, 1, 2, 3), torch.float32)
+    tables = torch.zeros(3, 0, dtype=torch.int32)
+    zero = torch.zeros(3, dtype=torch.int64)
+    calls = [
+        lambda: torch.ops.specdec.paged_kv_write_(cache, 0, k, k, tables, zero),
+        lambda: torch.ops.specdec.paged_kv_compact_(
+            cache, tables, torch.zeros(3, 1, dtype=torch.int64), zero + 1, zero
+        ),
+    ]
+    with implementation(impl_name):
+        for call in calls:
+            if impl_name == "native":
+                with pytest.raises(ValueError, match=r"row 0: (write|destination) positions "):
+                    call()
+            else:
+                call()
+    assert_same(cache, before, "the one block")
+
+
+def test_issue_19_reproduction_raises_and_changes_nothing():
+    """The three calls of issue 19: each raises a ValueError naming the positions; none changes
+    the cache (the paged cache's bookkeeping included)."""
+    _native_or_skip()
+    paged = sk.PagedKVCache(num_layers=1, num_blocks=4, block_size=2, num_kv_heads=1, head_dim=1)
+    paged.add_rows(1)
+    paged.write(0, torch.ones(1, 1, 3, 1), torch.ones(1, 1, 3, 1))
+    paged.advance(3)
+    state = (paged.kv.clone(), paged.lengths.clone(), paged.block_tables.clone())
+    free = paged.num_free_blocks
+    with pytest.raises(
+        ValueError,
+        match=r"paged_kv_compact_: row 0: destination positions "
+        r"\[9223372036854775806, 9223372036854775806 \+ 2\) are outside \[0, 8\)",
+    ):
+        paged.compact(
+            torch.tensor([[0, 1]]), torch.tensor([2]), torch.tensor([2**63 - 2]), validate=False
+        )
+    for what, x, y in zip(
+        ("contents", "lengths", "block_tables"),
+        state,
+        (paged.kv, paged.lengths, paged.block_tables),
+    ):
+        assert_same(y, x, f"paged cache {what}")
+    assert paged.num_free_blocks == free
+
+    cache = torch.zeros(1, 2, 4, 1, 2, 1)
+    table = torch.tensor([[0, 1, -1, -1]], dtype=torch.int32)
+    k = torch.ones(1, 1, 1, 1)
+    with pytest.raises(
+        ValueError,
+        match=r"paged_kv_write_: row 0: write positions "
+        r"\[9223372036854775807, 9223372036854775807 \+ 1\) are outside \[0, 8\)",
+    ):
+        torch.ops.specdec.paged_kv_write_(cache, 0, k, k, table, torch.tensor([2**63 - 1]))
+    assert not cache.any()
+
+    c = torch.arange(8.0).view(1, 2, 1, 1, 4, 1).clone()
+    with pytest.raises(
+        ValueError,
+        match=r"kv_compact_: row 0: source positions "
+        r"\[9223372036854775807, 9223372036854775807 \+ 1\) are outside \[0, 4\)",
+    ):
+        torch.ops.specdec.kv_compact_(
+            c, torch.tensor([[2**63 - 1]]), torch.tensor([1]), torch.tensor([0])
+        )
+    assert_same(c, torch.arange(8.0).view(1, 2, 1, 1, 4, 1), "contiguous cache")
+
+
 def _out_of_cache_cases(device="cpu"):
     """Op arguments with positions outside the cache or in unowned blocks (what the ops may get
     from a cache used with validate=False), and the expected result, computed position by
@@ -829,6 +988,70 @@ def test_paged_bad_input_raises_and_leaves_cache_unchanged(impl):
         assert after[3:4] == before[3:4] and after[4].tolist() == before[4].tolist()
 
 
+@pytest.mark.parametrize("cls", ["KVCache", "PagedKVCache"])
+def test_cache_verbs_with_values_near_int64_max(impl, cls):
+    """Every verb that takes a position or a count, with values near INT64_MAX (issue 19).
+
+    validate=True: each raises the message of its check (compact's `start + num_keep <= lengths`
+    used to wrap and report a source instead) and changes nothing. validate=False: compact with
+    such a start raises in the C++ op (the fallback skips the positions) and changes nothing
+    either way but the documented clamping of the lengths; advance / rollback clamp."""
+    if cls == "KVCache":
+        cache = sk.KVCache(2, 2, 1, 3, 8)
+        rows = "row 0"
+    else:
+        cache = sk.PagedKVCache(2, 6, 2, 1, 3, max_blocks_per_row=4)
+        cache.add_rows(2)
+        rows = r"row 0 \(id 0\)"
+    k = random_values((2, 1, 5, 3), torch.float32)
+    for layer in range(2):
+        cache.write(layer, k, -k)
+    cache.advance(torch.tensor([5, 3]))
+
+    def state():
+        extra = [cache.block_tables.clone()] if cls == "PagedKVCache" else []
+        return [cache.kv.clone(), cache.lengths.clone(), *extra]
+
+    def unchanged(before, what):
+        for x, y in zip(state(), before):
+            assert_same(x, y, what)
+
+    src = torch.tensor([[3, 4], [0, 1]])
+    for first in (I64_MAX, I64_MAX - 1):
+        for keep in (torch.tensor([2, 0]), torch.tensor([1, 0])):
+            before = state()
+            with pytest.raises(
+                ValueError,
+                match=rf"row 0: start {first} \+ num_keep {int(keep[0])} must lie in "
+                r"\[0, lengths\] = \[0, 5\]",
+            ):
+                cache.compact(src, keep, torch.tensor([first, 0]))
+            unchanged(before, f"compact(start={first}) validated")
+    for n in (I64_MAX, I64_MAX - 1):
+        for verb, what in (("advance", "advance by"), ("rollback", "roll back")):
+            before = state()
+            with pytest.raises(ValueError, match=rf"{rows} holds 5 tokens.*cannot {what} {n}"):
+                getattr(cache, verb)(torch.tensor([n, 0]))
+            unchanged(before, f"{verb}({n}) validated")
+
+    # validate=False
+    before = state()
+    cap = cache.max_seq_len if cls == "KVCache" else 6  # the paged rows own 3 blocks of 2
+    cache.advance(torch.tensor([I64_MAX, I64_MAX - 1]), validate=False)
+    assert cache.lengths.tolist() == [cap, cap]
+    cache.rollback(torch.tensor([1, I64_MAX]), validate=False)
+    assert cache.lengths.tolist() == [cap - 1, 0]
+    assert_same(cache.kv, before[0], "advance / rollback move no data")
+    before = state()
+    if impl == "native":
+        with pytest.raises(ValueError, match=rf"row 0: destination positions \[{I64_MAX - 1}, "):
+            cache.compact(src, torch.tensor([2, 0]), torch.tensor([I64_MAX - 1, 0]), validate=False)
+        unchanged(before, "compact(start=INT64_MAX - 1) without validation, native")
+    else:
+        cache.compact(src, torch.tensor([2, 0]), torch.tensor([I64_MAX - 1, 0]), validate=False)
+        assert_same(cache.kv, before[0], "compact(start=INT64_MAX - 1) skipped, fallback")
+
+
 # ============================================================================================
 # CUDA kernels against the CPU kernel (runs where a GPU is present)
 @pytest.mark.cuda
@@ -840,6 +1063,21 @@ def test_cuda_kernels_skip_positions_outside_the_cache(name):
     cache = args[0].clone()
     getattr(torch.ops.specdec, name)(cache, *args[1:])
     assert_same(cache.cpu(), expected, name)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name, args, message", _near_int64_max_cases()[:8])
+def test_cuda_kernels_skip_positions_near_int64_max(name, args, message):
+    """The CUDA kernels test `first < capacity - i` before forming `first + i`: such positions
+    are skipped, as by the fallback (issue 19)."""
+    del message
+    _native_or_skip()
+    expected = args[0].clone()
+    getattr(ref, name)(expected, *args[1:])
+    cuda_args = [a.cuda() if isinstance(a, torch.Tensor) else a for a in args]
+    getattr(torch.ops.specdec, name)(*cuda_args)
+    assert_same(cuda_args[0].cpu(), expected, name)
 
 
 @pytest.mark.cuda

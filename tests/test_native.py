@@ -14,7 +14,7 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels import _dispatch
 
-from conftest import assert_verification_equal
+from conftest import assert_same, assert_verification_equal
 from helpers import make_draft_probs, make_inputs
 
 pytestmark = pytest.mark.skipif(
@@ -148,3 +148,42 @@ def test_auto_backend_and_fallbacks(monkeypatch):
     assert _dispatch.resolve_backend(None, cpu) == "reference"
     with pytest.warns(RuntimeWarning, match="native backend needs the C..? extension"):
         assert _dispatch.resolve_backend("native", cpu) == "reference"
+
+
+@pytest.mark.parametrize("start", [2**63 - 1, 2**63 - 2, 2**62])
+def test_flat_row_starts_near_int64_max_clamp_to_the_last_row(start):
+    """Flat layout: position j of row b reads row clamp(row_start[b] + j, 0, rows - 1). The sum
+    is never formed past the last row (issue 19: it wrapped for a garbage start near INT64_MAX,
+    an UBSan report, and read row 0 from j = 1 on), so such a start reads the last row at every
+    position, like a start of rows - 1."""
+    rows, V = 4, 6
+    logits = torch.randn(rows, V)
+    logits[-1, 1] = 10.0  # the last row's argmax is 1, every other row's is 2
+    logits[:-1, 2] = 10.0
+    q = torch.softmax(torch.randn(rows, V), dim=-1)
+    drafts, nd = torch.tensor([[1, 1, 1]]), torch.tensor([3])
+    op = torch.ops.specdec.native_verify_ex
+
+    def run(first, greedy):
+        sampling = (torch.ones(1), None, None, torch.tensor([5])) if not greedy else (None,) * 4
+        return op(
+            logits,
+            drafts,
+            None if greedy else q,
+            nd,
+            *sampling,
+            greedy,
+            torch.tensor([first]),
+            None if greedy else torch.tensor([first]),
+            False,
+            False,
+            0.0,
+            0.0,
+        )
+
+    for greedy in (True, False):
+        expected = run(rows - 1, greedy)
+        got = run(start, greedy)
+        for name, a, e in zip(("tokens", "num_accepted"), got, expected):
+            assert_same(a, e, f"{name} (greedy={greedy}, start={start})")
+    assert run(start, True)[0].tolist() == [[1, 1, 1, 1]]

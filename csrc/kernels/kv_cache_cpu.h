@@ -27,7 +27,7 @@ inline void launch_kv_write(const KvWriteArgs& a) {
       const int64_t* s = kv ? a.value_strides : a.key_strides;
       const int64_t offset = a.offsets[b];
       for (int64_t t = 0; t < a.num_tokens; ++t) {
-        char* dst = slot_ptr(a.cache, a.table, a.layer, kv, b, h, offset + t);
+        char* dst = slot_ptr_at(a.cache, a.table, a.layer, kv, b, h, offset, t);
         if (dst == nullptr) continue;
         std::memcpy(dst, src + b * s[0] + h * s[1] + t * s[2], a.cache.row_bytes);
       }
@@ -61,7 +61,7 @@ inline void launch_kv_compact(const KvCompactArgs& a) {
         if (from != nullptr) std::memcpy(stage.data() + i * c.row_bytes, from, c.row_bytes);
       }
       for (int64_t i = 0; i < n; ++i) {
-        char* to = slot_ptr(c, a.table, layer, kv, b, h, a.start[b] + i);
+        char* to = slot_ptr_at(c, a.table, layer, kv, b, h, a.start[b], i);
         if (to != nullptr && slot_ptr(c, a.table, layer, kv, b, h, src[i]) != nullptr) {
           std::memcpy(to, stage.data() + i * c.row_bytes, c.row_bytes);
         }

@@ -41,7 +41,7 @@ __global__ void kv_write_kernel(KvWriteArgs a) {
   for (int64_t idx = threadIdx.x; idx < a.num_tokens * units; idx += blockDim.x) {
     const int64_t t = idx / units;
     const int64_t u = idx % units;
-    char* dst = slot_ptr(a.cache, a.table, a.layer, kv, b, h, offset + t);
+    char* dst = slot_ptr_at(a.cache, a.table, a.layer, kv, b, h, offset, t);
     if (dst == nullptr) continue;
     const Unit* from = reinterpret_cast<const Unit*>(src + b * s[0] + h * s[1] + t * s[2]);
     reinterpret_cast<Unit*>(dst)[u] = from[u];
@@ -97,7 +97,7 @@ __global__ void kv_compact_kernel(KvCompactArgs a,
     for (int64_t idx = threadIdx.x; idx < n * width; idx += blockDim.x) {
       const int64_t i = idx / width;
       const int64_t u = c0 + idx % width;
-      char* to = slot_ptr(a.cache, a.table, layer, kv, b, h, start + i);
+      char* to = slot_ptr_at(a.cache, a.table, layer, kv, b, h, start, i);
       if (to != nullptr && slot_ptr(a.cache, a.table, layer, kv, b, h, src[i]) != nullptr) {
         reinterpret_cast<Unit*>(to)[u] = stage[idx];
       }

@@ -25,30 +25,54 @@ struct KvLayout {
   int64_t row_bytes;  // D * element size
 };
 
-// Block tables of a paged cache: `[B, max_blocks]` int32, -1 where unused. `data == nullptr`
-// means "no table": position `pos` of row `b` lives at cache row `b`, slot `pos`.
+// Block tables of a paged cache: `[B, max_blocks]` int32, -1 where unused. `paged == false`
+// means "no table": position `pos` of row `b` lives at cache row `b`, slot `pos`. (Not `data ==
+// nullptr`: an empty `[B, 0]` table has no data pointer either, and its rows own no position.)
 struct BlockTable {
   const int32_t* data;  // [B, max_blocks] block_tables (or nullptr)
   int64_t stride;      // elements between consecutive rows of the table
   int64_t max_blocks;  // width of the table
+  bool paged;          // whether there is a table (data may still be nullptr when it is empty)
 };
+
+// Positions a row of the cache has: `num_pos` without a table, `max_blocks * num_pos` with one
+// (saturated at INT64_MAX, so that garbage sizes cannot make it wrap).
+SPECDEC_HOST_DEVICE int64_t row_capacity(const KvLayout& c, const BlockTable& t) {
+  if (!t.paged) return c.num_pos;
+  if (c.num_pos != 0 && t.max_blocks > INT64_MAX / c.num_pos) return INT64_MAX;
+  return t.max_blocks * c.num_pos;
+}
+
+// Whether positions [first, first + count) all lie in [0, capacity), for count >= 0, without
+// forming first + count (which wraps past INT64_MAX for garbage offsets).
+SPECDEC_HOST_DEVICE bool run_inside(int64_t first, int64_t count, int64_t capacity) {
+  return first >= 0 && count >= 0 && count <= capacity && first <= capacity - count;
+}
 
 // Address of the `D`-element run of (layer, kv, batch row b, head h, logical position pos), or
 // nullptr when the position is outside the cache (out-of-range offsets are never dereferenced).
 SPECDEC_HOST_DEVICE char* slot_ptr(const KvLayout& c, const BlockTable& t, int64_t layer,
                                    int64_t kv, int64_t b, int64_t h, int64_t pos) {
+  if (pos < 0 || pos >= row_capacity(c, t)) return nullptr;
   int64_t row = b;
   int64_t slot = pos;
-  if (t.data != nullptr) {
-    if (pos < 0 || pos >= t.max_blocks * c.num_pos) return nullptr;
+  if (t.paged) {
     row = t.data[b * t.stride + pos / c.num_pos];
     slot = pos % c.num_pos;
     if (row < 0 || row >= c.num_rows) return nullptr;
-  } else if (pos < 0 || pos >= c.num_pos) {
-    return nullptr;
   }
   return c.base + layer * c.layer_stride + kv * c.kv_stride + row * c.row_stride +
          h * c.head_stride + slot * c.pos_stride;
+}
+
+// slot_ptr of position `first + i` (i >= 0, an index into a run that starts at `first`): nullptr
+// when that position is outside the cache, tested as `first < capacity - i` before the sum is
+// formed, so an offset near INT64_MAX is skipped instead of wrapping onto a real slot.
+SPECDEC_HOST_DEVICE char* slot_ptr_at(const KvLayout& c, const BlockTable& t, int64_t layer,
+                                      int64_t kv, int64_t b, int64_t h, int64_t first,
+                                      int64_t i) {
+  if (i < 0 || first >= row_capacity(c, t) - i) return nullptr;
+  return slot_ptr(c, t, layer, kv, b, h, first + i);
 }
 
 // kv_write_: cache[layer, 0|1, row(b), h, offsets[b] + t, :] = key|value[b, h, t, :]

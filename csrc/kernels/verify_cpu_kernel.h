@@ -503,9 +503,13 @@ inline float position_entropy(const T* row,  // [V]
   return std::log(f.z) - static_cast<float>(s) / f.z;
 }
 
-// Row r of a flattened [rows, V] tensor, clamped into it (bad offsets never read out of bounds).
-inline int64_t clamp_row(int64_t r, int64_t rows) {
-  return std::min(std::max<int64_t>(r, 0), std::max<int64_t>(rows - 1, 0));
+// Row first + j (j >= 0) of a flattened [rows, V] tensor, clamped into it (bad offsets never read
+// out of bounds). Tested as `first > last - j` before the sum is formed: a garbage row start near
+// INT64_MAX would wrap it.
+inline int64_t clamp_row(int64_t first, int64_t j, int64_t rows) {
+  const int64_t last = std::max<int64_t>(rows - 1, 0);
+  if (first > last - j) return last;
+  return std::max<int64_t>(first + j, 0);
 }
 
 // --- one row ----------------------------------------------------------------------------------
@@ -528,13 +532,13 @@ void verify_row(const VerifyArgs& a, int64_t b, bool split) {
   const int64_t keep = topk_on ? top_k : (topp_on ? V : 0);
   auto logits_row = [&](int64_t j) -> const T* {
     if (a.logits_row_start != nullptr) {
-      return logits + clamp_row(a.logits_row_start[b] + j, a.logits_rows) * a.logits_stride_k;
+      return logits + clamp_row(a.logits_row_start[b], j, a.logits_rows) * a.logits_stride_k;
     }
     return logits + b * a.logits_stride_b + j * a.logits_stride_k;
   };
   auto probs_row = [&](int64_t j) -> const Q* {
     if (a.probs_row_start != nullptr) {
-      return probs + clamp_row(a.probs_row_start[b] + j, a.probs_rows) * a.probs_stride_k;
+      return probs + clamp_row(a.probs_row_start[b], j, a.probs_rows) * a.probs_stride_k;
     }
     return probs + b * a.probs_stride_b + j * a.probs_stride_k;
   };

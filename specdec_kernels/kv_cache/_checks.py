@@ -161,7 +161,9 @@ def check_compact(
             f"{op}: row {b}: num_keep {int(keep[b])} is outside [0, {P}] "
             f"(src_positions has {P} columns)"
         )
-    b = first_bad((first < 0) | (first + keep > lengths))
+    # `first > lengths - keep`, not `first + keep > lengths`: the sum wraps past INT64_MAX (keep
+    # is in [0, P] here, lengths in [0, capacity], so the difference cannot).
+    b = first_bad((first < 0) | (first > lengths - keep))
     if b is not None:
         raise ValueError(
             f"{op}: row {b}: start {int(first[b])} + num_keep {int(keep[b])} must "

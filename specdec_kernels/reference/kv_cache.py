@@ -153,6 +153,9 @@ def _slots(
         valid = (positions >= 0) & (positions < P)
         return rows, positions.clamp(0, P - 1), valid
     M = block_tables.shape[1]
+    if M == 0:  # an empty table: the rows own no position
+        zero = torch.zeros_like(positions)
+        return zero, zero, zero.bool()
     in_table = (positions >= 0) & (positions < M * P)
     blocks = block_tables[rows, positions.clamp(0, M * P - 1) // P].long()
     valid = in_table & (blocks >= 0) & (blocks < R)
@@ -170,11 +173,24 @@ def _onto_first(keep: torch.Tensor, *indices: torch.Tensor) -> list[torch.Tensor
     return [torch.where(keep, i, torch.where(any_keep, i[first], zero)) for i in indices]
 
 
+def _capacity(kv_cache: torch.Tensor, block_tables: torch.Tensor | None) -> int:
+    """Positions a row has: ``S``, or ``max_blocks * block_size`` for a paged cache."""
+    P = kv_cache.shape[4]
+    return P if block_tables is None else block_tables.shape[1] * P
+
+
+def _run(first: torch.Tensor, n: int, capacity: int) -> torch.Tensor:
+    """``[B, n]`` positions ``first[b] + i``. ``first`` is clamped to at most ``capacity`` first
+    (such a run lies outside the cache either way), so the sum cannot wrap past INT64_MAX onto a
+    position that exists."""
+    return first.clamp(max=capacity)[:, None] + torch.arange(n, device=first.device)
+
+
 def _write(kv_cache, layer, key, value, block_tables, offsets) -> None:
     B, H, T, D = key.shape
     if B == 0 or T == 0:
         return
-    positions = offsets[:, None] + torch.arange(T, device=offsets.device)  # [B, T]
+    positions = _run(offsets, T, _capacity(kv_cache, block_tables))  # [B, T]
     rows = torch.arange(B, device=offsets.device)[:, None].expand(B, T)  # [B, T]
     r, s, valid = (x.flatten() for x in _slots(kv_cache, block_tables, rows, positions))
     first = valid.to(torch.int32).argmax()
@@ -197,7 +213,9 @@ def _compact(kv_cache, block_tables, src_positions, num_keep, start) -> None:
     i = torch.arange(P, device=device)
     rows = torch.arange(B, device=device)[:, None].expand(B, P)  # [B, P]
     r_src, s_src, ok_src = _slots(kv_cache, block_tables, rows, src_positions)
-    r_dst, s_dst, ok_dst = _slots(kv_cache, block_tables, rows, start[:, None] + i)
+    r_dst, s_dst, ok_dst = _slots(
+        kv_cache, block_tables, rows, _run(start, P, _capacity(kv_cache, block_tables))
+    )
     # Entries past num_keep[b], or with a source or destination outside the cache, are not
     # moved (as in the C++/CUDA kernels).
     keep = ((i < num_keep[:, None]) & ok_src & ok_dst).flatten()  # [B*P]
