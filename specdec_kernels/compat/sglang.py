@@ -117,7 +117,7 @@ def verify_tree_greedy(
     labels = torch.where(candidates == parent_t, parents.clamp(min=0), n)  # [B, N]
     scores = torch.zeros(b, n, n + 1, device=device)
     scores[:, torch.arange(n), torch.arange(n)] = 1.0  # node i predicts label i
-    out = _tree_greedy(scores, labels, parents, validate=False)
+    out = _tree_greedy(scores, labels, parents, max_depth=n - 1, validate=False)
     path_tokens = torch.where(
         out.accepted_nodes[:, 1:] >= 0, candidates[rows, out.accepted_nodes[:, 1:].clamp(min=0)], -1
     )
@@ -238,7 +238,13 @@ def tree_speculative_sampling_target_only(
     seeds = _seeds_from_uniforms(uniform_samples[:, 0], final)
     logits = torch.log(target_probs.float())  # [B, N, V] temporary (see the docstring)
     out = _tree_sampling(
-        logits, candidates, parents, draft_mode="deterministic", seed=seeds, validate=False
+        logits,
+        candidates,
+        parents,
+        draft_mode="deterministic",
+        max_depth=n - 1,
+        seed=seeds,
+        validate=False,
     )
     # tokens[:, d] is the token after the path node at depth d (accepted child, or final draw)
     rows = torch.arange(b, device=device)[:, None]

@@ -131,21 +131,24 @@ class TreeProposal:
         return target.extend(tokens, self.num_nodes, tree=tree)
 
     def verify(self, logits, sampling, seeds, ops=None):
-        """``sk.verify_tree_*``'s result, its ``[B, N]`` columns cut to ``depth + 1`` (with
-        ``validate=False`` the ops keep all ``N``; the rest are ``-1``). ``ops`` must be
-        ``None``: no vocabulary-parallel tree ops yet."""
+        """``sk.verify_tree_*``'s result, ``[B, depth + 1]`` (the ops are told the static
+        ``depth``: no synchronisation). ``ops`` must be ``None``: no vocabulary-parallel tree
+        ops yet."""
         if ops is not None:
             raise ValueError("token trees with a vocabulary-sharded target are not supported")
-        ver = self._verify(logits, sampling, seeds)
-        w = self.depth + 1
-        return ver._replace(tokens=ver.tokens[:, :w], accepted_nodes=ver.accepted_nodes[:, :w])
+        return self._verify(logits, sampling, seeds)
 
     def _verify(self, logits, sampling, seeds):
         import specdec_kernels as sk  # the tree ops; lazily (this module loads under sk)
 
         if sampling.greedy:
             return sk.verify_tree_greedy(
-                logits, self.tokens, self.parents, num_nodes=self.num_nodes, validate=False
+                logits,
+                self.tokens,
+                self.parents,
+                num_nodes=self.num_nodes,
+                max_depth=self.depth,
+                validate=False,
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
         # sampled ones come with the distributions they were drawn from
@@ -159,6 +162,7 @@ class TreeProposal:
             top_k=sampling.top_k,
             top_p=sampling.top_p,
             num_nodes=self.num_nodes,
+            max_depth=self.depth,
             seed=seeds,
             validate=False,
         )
