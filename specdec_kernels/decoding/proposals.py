@@ -17,6 +17,7 @@ with ``tokens`` / ``num_accepted`` / ``num_emitted``, which the step commits ali
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,10 +54,15 @@ class ChainProposal:
         followed by the drafts."""
         return target.extend(torch.cat([cur, self.drafts.clamp_min(0)], 1), self.num_draft + 1)
 
-    def verify(self, logits, sampling, seeds, ops=None):
-        """``sk.verify_greedy`` / ``sk.verify_sampling`` (or ``ops``, the target adapter's
-        ``verify_ops`` pair: a sharded target's vocabulary-parallel ops)."""
-        greedy_op, sampling_op = ops or (verify_greedy, verify_sampling)
+    def verify(self, logits, sampling, seeds, ops=None, backend=None):
+        """``sk.verify_greedy`` / ``sk.verify_sampling`` on ``backend`` (``None``: the automatic
+        choice), or ``ops``, the target adapter's ``verify_ops`` pair: a sharded target's
+        vocabulary-parallel ops, which run on the shard's device and take no ``backend``."""
+        if ops is None:
+            greedy_op = functools.partial(verify_greedy, backend=backend)
+            sampling_op = functools.partial(verify_sampling, backend=backend)
+        else:
+            greedy_op, sampling_op = ops
         if sampling.greedy:
             return greedy_op(logits, self.drafts, num_draft_tokens=self.num_draft, validate=False)
         return sampling_op(
@@ -130,15 +136,15 @@ class TreeProposal:
         tree = TreeAttention(base[:, None] + self.depths, self.mask, base)
         return target.extend(tokens, self.num_nodes, tree=tree)
 
-    def verify(self, logits, sampling, seeds, ops=None):
-        """``sk.verify_tree_*``'s result, ``[B, depth + 1]`` (the ops are told the static
-        ``depth``: no synchronisation). ``ops`` must be ``None``: no vocabulary-parallel tree
-        ops yet."""
+    def verify(self, logits, sampling, seeds, ops=None, backend=None):
+        """``sk.verify_tree_*``'s result on ``backend`` (``None``: the automatic choice),
+        ``[B, depth + 1]`` (the ops are told the static ``depth``: no synchronisation). ``ops``
+        must be ``None``: no vocabulary-parallel tree ops yet."""
         if ops is not None:
             raise ValueError("token trees with a vocabulary-sharded target are not supported")
-        return self._verify(logits, sampling, seeds)
+        return self._verify(logits, sampling, seeds, backend)
 
-    def _verify(self, logits, sampling, seeds):
+    def _verify(self, logits, sampling, seeds, backend):
         import specdec_kernels as sk  # the tree ops; lazily (this module loads under sk)
 
         if sampling.greedy:
@@ -148,6 +154,7 @@ class TreeProposal:
                 self.parents,
                 num_nodes=self.num_nodes,
                 max_depth=self.depth,
+                backend=backend,
                 validate=False,
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
@@ -164,6 +171,7 @@ class TreeProposal:
             num_nodes=self.num_nodes,
             max_depth=self.depth,
             seed=seeds,
+            backend=backend,
             validate=False,
         )
 
