@@ -834,8 +834,8 @@ def test_native_adapter_checks_name_the_argument():
 # --- validate decides checks only, never shapes or types ----------------------------------------
 
 
-def _tree_calls(logits, tokens, parents, nn, q, **kw):
-    common = dict(num_nodes=nn, backend="reference", **kw)
+def _tree_calls(logits, tokens, parents, nn, q, backend, **kw):
+    common = dict(num_nodes=nn, backend=backend, **kw)
     return {
         "greedy": lambda validate: sk.verify_tree_greedy(
             logits, tokens, parents, validate=validate, **common
@@ -856,9 +856,10 @@ def _tree_calls(logits, tokens, parents, nn, q, **kw):
     }
 
 
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
 @pytest.mark.parametrize("b, n, v", [(1, 1, 7), (3, 4, 11), (9, 6, 7), (5, 16, 37)])
 @pytest.mark.parametrize("max_depth", [None, "tree", "N-1"])
-def test_validate_does_not_change_tree_shapes(b, n, v, max_depth):
+def test_validate_does_not_change_tree_shapes(b, n, v, max_depth, backend):
     """Ragged trees (num_nodes from 1 to N): validate=True and validate=False return the same
     types, shapes and values; the width is D + 1 with D the deepest real node's depth, or the
     max_depth passed (the static tree depth, or N - 1 for every column)."""
@@ -867,7 +868,7 @@ def test_validate_does_not_change_tree_shapes(b, n, v, max_depth):
     deepest = int(oracle_depths(parents, nn).max())
     kw = {} if max_depth is None else {"max_depth": deepest if max_depth == "tree" else n - 1}
     width = n if max_depth == "N-1" else deepest + 1
-    for name, call in _tree_calls(logits, tokens, parents, nn, q, **kw).items():
+    for name, call in _tree_calls(logits, tokens, parents, nn, q, backend, **kw).items():
         checked, unchecked = call(True), call(False)
         assert type(checked) is type(unchecked) is sk.TreeVerification, name
         for got, want in zip(unchecked, checked):
