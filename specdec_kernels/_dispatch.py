@@ -68,6 +68,20 @@ def _auto(device: torch.device) -> str:
     return "reference"
 
 
+def check_backend(backend: str | None) -> str | None:
+    """``backend`` itself when it is ``None`` or one of :data:`BACKENDS`: what the entry points
+    above the ops (the decoding loop, generators, compat adapters) call before any work.
+
+    Raises
+    ------
+    ValueError
+        ``backend`` is not ``None`` or one of :data:`BACKENDS` (the message names it).
+    """
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    return backend
+
+
 def resolve_backend(backend: str | None, device: torch.device) -> str:
     """Return ``"triton"``, ``"native"`` or ``"reference"`` for an op whose tensors live on
     ``device``.

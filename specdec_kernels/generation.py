@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specdec_kernels._dispatch import check_backend
 from specdec_kernels.adaptive import PassCosts, measure_pass_costs
 from specdec_kernels.decoding import (
     Decoder,
@@ -102,11 +103,16 @@ class SpeculativeGenerator:
         draft's top-ranked tokens: ``draft_mode="deterministic"``), so greedy output still
         equals the target's greedy decoding and sampling stays lossless.
         ``num_speculative_tokens`` is not used then (``"auto"`` raises).
+    backend : {None, "triton", "native", "reference"}
+        The implementation of the verification ops the loop calls (chain and tree), as their
+        ``backend`` (:func:`specdec_kernels.verify_greedy`); ``None`` (default): their automatic
+        choice (``SPECDEC_BACKEND`` included). Greedy output is the same on every backend.
 
     Raises
     ------
     ValueError
-        Draft and target with different vocabulary sizes or devices; a bad ``K``.
+        Draft and target with different vocabulary sizes or devices; a bad ``K``; a
+        ``backend`` that is not one of the above (named in the message, before any work).
 
     Examples
     --------
@@ -135,7 +141,9 @@ class SpeculativeGenerator:
         costs: PassCosts | None = None,
         ngram_size: int = 3,
         tree: StaticTree | DynamicTree | None = None,
+        backend: str | None = None,
     ):
+        check_backend(backend)
         if num_speculative_tokens is None:
             num_speculative_tokens = 4 if tree is not None else "auto"
         self.target, self.draft = target, draft
@@ -184,6 +192,7 @@ class SpeculativeGenerator:
             cost_ratio=cost_ratio,
             verify_cost=verify_cost,
             costs=costs,
+            backend=backend,
         )
         self._decoder()  # check the arguments now
 
@@ -252,12 +261,15 @@ def autoregressive_generate(
     eos_token_id: int | None = None,
     seed: int | None = None,
     progress=None,
+    *,
+    backend: str | None = None,
 ) -> GenerationOutput:
     """The target alone: one token per forward pass, batched over ragged prompts with a KV
     cache. The baseline that speculative generation must equal (greedy) and beat (speed).
     Same arguments and output as :meth:`SpeculativeGenerator.generate`; the tokens are drawn by
-    the same verification ops with no draft (``K = 0``)."""
-    result = Decoder(adapter_for(model)).run(
+    the same verification ops with no draft (``K = 0``), on ``backend`` (as in
+    :class:`SpeculativeGenerator`; a bad name raises ``ValueError`` before any work)."""
+    result = Decoder(adapter_for(model), backend=backend).run(
         prompts,
         max_new_tokens,
         Sampling(temperature, top_k, top_p),

@@ -31,8 +31,9 @@ class TreeVerification(NamedTuple):
     Attributes
     ----------
     tokens : Tensor
-        `[B, D+1]` int64 (``D`` the deepest real node's depth): the accepted draft tokens, then
-        the recovered or bonus token, left-aligned, then ``-1``.
+        `[B, D+1]` int64 (``D``: the ``max_depth`` the caller passed, else the deepest real
+        node's depth in the batch; never decided by ``validate``): the accepted draft tokens,
+        then the recovered or bonus token, left-aligned, then ``-1``.
     num_accepted : Tensor
         `[B]` int64: accepted draft tokens (the depth of the last accepted node).
     num_emitted : Tensor
@@ -204,13 +205,45 @@ def _check_tree_args(target_logits, tree_tokens, parents, num_nodes):
     return b, n, v, tree_tokens.contiguous(), parents.contiguous(), nn.contiguous()
 
 
-def _trim(result, parents, num_nodes, trim: bool) -> TreeVerification:
-    """``[B, N]`` outputs cut to ``[B, D+1]`` (a host sync: only with ``validate=True``)."""
+def _width(parents, num_nodes, max_depth: int | None) -> int:
+    """The output width ``D + 1``, the same whatever ``validate`` says: ``max_depth + 1`` when
+    the caller passes the static tree depth (a host int: no synchronisation), else the deepest
+    real node's depth of the batch read from ``parents`` (one host read of a ``[B]``-sized
+    result: a device sync on CUDA, none on CPU tensors)."""
+    n = parents.shape[1]
+    if max_depth is not None:
+        return min(max_depth, n - 1) + 1
+    if parents.shape[0] == 0:
+        return n
+    return int(ref_tree.tree_depths(parents, num_nodes).amax()) + 1
+
+
+def _max_depth_arg(max_depth) -> int | None:
+    if max_depth is None:
+        return None
+    if isinstance(max_depth, bool) or not isinstance(max_depth, numbers.Integral):
+        raise TypeError(f"max_depth must be None or an int, got {type(max_depth).__name__}")
+    if max_depth < 0:
+        raise ValueError(f"max_depth must be >= 0, got {max_depth}")
+    return int(max_depth)
+
+
+def _check_depth(parents, num_nodes, max_depth: int | None) -> None:
+    """``validate=True``: the tree must fit the ``max_depth`` the caller promised."""
+    if max_depth is None:
+        return
+    depth = int(ref_tree.tree_depths(parents, num_nodes).amax()) if parents.shape[0] else 0
+    if depth > max_depth:
+        raise ValueError(
+            f"max_depth = {max_depth} but the deepest real node has depth {depth}: the accepted "
+            f"path would not fit the [B, max_depth + 1] outputs"
+        )
+
+
+def _shaped(result, width: int) -> TreeVerification:
+    """``[B, N]`` outputs cut to ``[B, width]`` (``width = D + 1``, see :func:`_width`)."""
     tokens, accepted, emitted, nodes = result
-    if trim and tokens.shape[0] > 0:
-        d = int(ref_tree.tree_depths(parents, num_nodes).amax())
-        tokens, nodes = tokens[:, : d + 1], nodes[:, : d + 1]
-    return TreeVerification(tokens, accepted, emitted, nodes)
+    return TreeVerification(tokens[:, :width], accepted, emitted, nodes[:, :width])
 
 
 # --- public functions ------------------------------------------------------------------------
@@ -222,6 +255,7 @@ def verify_tree_greedy(
     parents: Tensor,
     *,
     num_nodes: Tensor | None = None,
+    max_depth: int | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> TreeVerification:
@@ -246,21 +280,30 @@ def verify_tree_greedy(
     num_nodes : Tensor, optional
         `[B]` integer ``n_b`` in ``[1, N]``; nodes ``>= n_b`` are padding (any values, never
         read). Default ``N``.
+    max_depth : int, optional
+        The static depth of the tree shape (a host int, e.g. a Medusa/EAGLE tree's depth, or
+        ``N - 1`` to keep every column): the outputs are then ``[B, max_depth + 1]`` (``D =
+        max_depth``, capped at ``N - 1``) and the call never synchronises. ``None`` (default):
+        ``D`` is the deepest real node's depth in the batch, read from ``parents`` and
+        ``num_nodes`` (one host read: a device sync on CUDA, whatever ``validate`` says). With
+        ``validate=True`` a tree deeper than ``max_depth`` raises ``ValueError``; with
+        ``False`` its accepted path is cut to the ``max_depth + 1`` columns.
     backend : {None, "triton", "native", "reference"}
         As in :func:`specdec_kernels.verify_greedy`.
     validate : bool
         Check values first (synchronises): ``num_nodes`` range, ``parents`` (a bad entry raises
         ``ValueError`` naming the row and the node), token ids of real nodes in ``[0, V)``, no
-        NaN / ``+inf`` logits in real nodes' rows. With ``False`` nothing synchronises, bad
-        values never cause out-of-bounds accesses or ids outside ``[0, V)``, and the outputs
-        keep all ``N`` columns (the depth ``D`` is data; ``D + 1 <= N``; the extra columns are
-        ``-1``).
+        NaN / ``+inf`` logits in real nodes' rows. With ``False`` nothing is checked, bad
+        values never cause out-of-bounds accesses or ids outside ``[0, V)``, and nothing
+        synchronises when ``max_depth`` is given. ``validate`` never changes the outputs'
+        shapes or types: both settings return the same ``[B, D+1]`` (see ``max_depth``).
 
     Returns
     -------
     TreeVerification
         ``tokens [B, D+1]``, ``num_accepted [B]``, ``num_emitted [B]``, ``accepted_nodes
-        [B, D+1]`` (int64, ``-1`` padded; ``D`` the deepest real node's depth in the batch).
+        [B, D+1]`` (int64, ``-1`` padded; ``D`` = ``max_depth`` when given, else the deepest
+        real node's depth in the batch; the same for both ``validate`` settings).
         ``cache.compact(start + accepted_nodes[:, 1:], num_accepted, start)`` keeps the
         accepted path of a tree written at ``start .. start + N - 1``.
 
@@ -285,12 +328,13 @@ def verify_tree_greedy(
     b, n, v, tree_tokens, parents, nn = _check_tree_args(
         target_logits, tree_tokens, parents, num_nodes
     )
+    max_depth = _max_depth_arg(max_depth)
+    resolved = resolve_backend(backend, target_logits.device)
     if validate:
         check.check_tree_values(target_logits, tree_tokens, parents, nn)
-    result = torch.ops.specdec.verify_tree_greedy(
-        target_logits, tree_tokens, parents, nn, resolve_backend(backend, target_logits.device)
-    )
-    return _trim(result, parents, nn, validate)
+        _check_depth(parents, nn, max_depth)
+    result = torch.ops.specdec.verify_tree_greedy(target_logits, tree_tokens, parents, nn, resolved)
+    return _shaped(result, _width(parents, nn, max_depth))
 
 
 def verify_tree_sampling(
@@ -304,6 +348,7 @@ def verify_tree_sampling(
     top_k: int | Tensor | None = None,
     top_p: float | Tensor | None = None,
     num_nodes: Tensor | None = None,
+    max_depth: int | None = None,
     seed: int | Tensor | None = None,
     generator: torch.Generator | None = None,
     backend: str | None = None,
@@ -324,8 +369,8 @@ def verify_tree_sampling(
 
     Parameters
     ----------
-    target_logits, tree_tokens, parents, num_nodes
-        As in :func:`verify_tree_greedy`.
+    target_logits, tree_tokens, parents, num_nodes, max_depth
+        As in :func:`verify_tree_greedy` (``max_depth`` fixes the outputs' width ``D + 1``).
     draft_probs : Tensor, optional
         `[B, N, V]` float, last stride 1: row ``i`` is ``q_i``, the draft distribution node
         ``i``'s children were proposed from. Needed unless ``draft_mode="deterministic"``
@@ -406,21 +451,24 @@ def verify_tree_sampling(
         raise ValueError("pass at most one of seed and generator, got both")
     check.check_seed(seed, b, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
+    max_depth = _max_depth_arg(max_depth)
     resolved = resolve_backend(backend, device)
 
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
         if validate:
             check.check_tree_values(target_logits, tree_tokens, parents, nn)
+            _check_depth(parents, nn, max_depth)
         result = torch.ops.specdec.verify_tree_greedy(
             target_logits, tree_tokens, parents, nn, resolved
         )
-        return _trim(result, parents, nn, validate)
+        return _shaped(result, _width(parents, nn, max_depth))
 
     temp, topk, topp = check.sampling_controls(b, device, temperature, top_k, top_p)
     if validate:
         check.check_tree_values(
             target_logits, tree_tokens, parents, nn, draft_probs, temp, topk, topp
         )
+        _check_depth(parents, nn, max_depth)
     seeds = rng.seeds_for_batch(b, device, seed, generator)
     result = torch.ops.specdec.verify_tree_sampling(
         target_logits,
@@ -435,7 +483,7 @@ def verify_tree_sampling(
         seeds,
         resolved,
     )
-    return _trim(result, parents, nn, validate)
+    return _shaped(result, _width(parents, nn, max_depth))
 
 
 def _parents_args(parents, num_nodes, validate: bool):

@@ -156,6 +156,15 @@ def _cases(full):
     out.append(
         ("sampling all greedy", "sampling", masked, mdrafts, None, False, dict(temperature=0.0))
     )
+    # [B] controls whose values would allow a cheaper plan: the forms decide, for both settings
+    for name, kwargs in (
+        ("all greedy [B]", dict(temperature=torch.zeros(3), seed=2)),
+        (
+            "one top_k [B], top_p ones(B)",
+            dict(top_k=torch.full((3,), 4), top_p=torch.ones(3), seed=2),
+        ),
+    ):
+        out.append((f"sampling {name}", "sampling", masked, mdrafts, None, False, kwargs))
     return out
 
 
@@ -182,7 +191,8 @@ def verify_cases(rank, world, full=True):
             expected = sk.verify_greedy(logits, drafts, backend="reference", **kwargs)
         else:
             expected = sk.verify_sampling(logits, drafts, q, backend="reference", **kwargs)
-        got = _distributed(kind, logits, drafts, q, start, end, v, kwargs, validate=True)
+        with traffic() as checked_log:  # the agreement round (all_gather_object) is not counted
+            got = _distributed(kind, logits, drafts, q, start, end, v, kwargs, validate=True)
         with traffic() as log:
             fast = _distributed(kind, logits, drafts, q, start, end, v, kwargs, validate=False)
         for label, result in (("validate", got), ("fast", fast)):
@@ -207,6 +217,7 @@ def verify_cases(rank, world, full=True):
                 scalar_top_k=kwargs["top_k"] if isinstance(kwargs.get("top_k"), int) else None,
                 top_p=kwargs.get("top_p") is not None,
                 log=log,
+                checked_log=checked_log,
             )
         )
     return mismatches, records

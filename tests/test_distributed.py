@@ -80,6 +80,17 @@ def test_communication_is_bounded_by_formula(group_results):
     assert worst < 4 * b * (k + 1) * 1000 * (world - 1)
 
 
+def test_validate_runs_the_same_verification_collectives(group_results):
+    """validate=True adds only its agreement round (the validation: one all_gather_object, not
+    counted here); the verification collectives are those of validate=False, call for call,
+    also for [B] controls whose values would allow a cheaper plan (all greedy, one top_k)."""
+    world, results = group_results
+    for rank, res in enumerate(results):
+        _, records = res["verify"]
+        for r in records:
+            assert r["checked_log"] == r["log"], (rank, r["name"])
+
+
 def test_bad_arguments_raise_on_every_rank(group_results):
     """A wrong argument on one rank is a ValueError on every rank (nobody is left waiting), and
     the group still works afterwards."""

@@ -463,3 +463,57 @@ def test_draft_in_another_dtype_stays_lossless(pair):
     assert gen.generate(prompts, 12).sequences == want
     out = gen.generate(prompts, 12, temperature=1.0, seed=3)
     assert [len(s) for s in out.sequences] == [len(s) for s in want]
+
+
+# ------------------------------------------------------------------ backend=
+def test_backend_keyword_gives_identical_greedy_output(pair):
+    """SpeculativeGenerator(backend=...): the reference, native and Triton verification ops
+    give the same greedy output (the target's own greedy decoding), chains and K = 0."""
+    from conftest import ALL_BACKENDS, available
+
+    target, draft = pair
+    prompts = ragged_prompts(2, seed=5)  # few tokens: Triton runs in its interpreter on a CPU
+    want = reference(target, prompts, 5)
+    outputs = {}
+    for backend in available(ALL_BACKENDS):
+        gen = sk.SpeculativeGenerator(target, draft, 3, backend=backend)
+        outputs[backend] = gen.generate(prompts, max_new_tokens=5).sequences
+        assert_rows_equal(outputs[backend], want)
+        alone = autoregressive_generate(target, prompts, max_new_tokens=5, backend=backend)
+        assert_rows_equal(alone.sequences, want)
+    assert len(outputs) >= 2 and all(got == outputs["reference"] for got in outputs.values())
+
+
+def test_bad_backend_raises_before_any_work(pair, monkeypatch):
+    """A bad backend name is a ValueError naming it, raised before any model, cost measurement
+    or tensor is touched (the arguments below would fail otherwise)."""
+    from specdec_kernels import generation
+    from specdec_kernels.compat import flashinfer, sglang, vllm
+    from specdec_kernels.decoding import Decoder
+    from specdec_kernels.integrations.transformers import speculative_generate, speculative_sampling
+
+    target, draft = pair
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work was done before the backend was checked")
+
+    monkeypatch.setattr(generation, "measure_pass_costs", no_work)
+    monkeypatch.setattr(target, "forward", no_work)
+    match = r"backend must be one of \('triton', 'native', 'reference'\) or None, got 'cuda'"
+    calls = [
+        lambda: sk.SpeculativeGenerator(target, draft, backend="cuda"),
+        lambda: sk.SpeculativeGenerator(target, draft, 3, backend="cuda"),
+        lambda: autoregressive_generate(target, [[1, 2]], 4, backend="cuda"),
+        lambda: Decoder(None, backend="cuda"),
+        lambda: speculative_generate(None, None, None, backend="cuda"),
+        lambda: speculative_sampling(None, None, None, None, backend="cuda"),
+        lambda: flashinfer.chain_speculative_sampling(None, None, None, backend="cuda"),
+        lambda: vllm.rejection_sample(
+            None, None, None, None, None, None, None, None, backend="cuda"
+        ),
+        lambda: sglang.verify_tree_greedy(*[None] * 8, backend="cuda"),
+        lambda: sglang.tree_speculative_sampling_target_only(*[None] * 11, backend="cuda"),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError, match=match):
+            call()

@@ -898,8 +898,9 @@ def test_paged_tree_compaction_frees_blocks(impl, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_paged_without_validation_never_syncs_and_clamps(impl, device):
-    """validate=False: no verb reads a tensor on the host; the freed blocks come back as a
-    device tensor; bad counts clamp the lengths into [0, blocks owned * block_size]."""
+    """validate=False: write and advance read no tensor on the host; rollback and compact
+    return the freed blocks as lists, as with validation (reading them is their one sync); bad
+    counts clamp the lengths into [0, blocks owned * block_size]."""
     paged = sk.PagedKVCache(2, 8, 2, 3, 4, device=device, max_blocks_per_row=3)
     paged.add_rows(2)
     k = random_values((2, 3, 5, 4), torch.float32, device)
@@ -910,17 +911,14 @@ def test_paged_without_validation_never_syncs_and_clamps(impl, device):
         for layer in range(2):
             paged.write(layer, k, -k, validate=False)
         paged.advance(n, validate=False)
-        freed = paged.compact(src, keep, start, validate=False)
-    assert freed.device == paged.device and freed.dtype == torch.int32
-    assert paged.freed_lists(freed) == [[2], [4, 5]]
+    assert paged.compact(src, keep, start, validate=False) == [[2], [4, 5]]
     assert paged.lengths.tolist() == [3, 1] and paged.num_free_blocks == 5
     got, _ = paged.gather(0)
     assert_same(got[0, :, :3], k[0, :, [0, 4, 1]], "row 0 after compact")
     assert_same(got[1, :, :1], k[1, :, [0]], "row 1 after compact")
+    assert paged.rollback(torch.tensor([0, 7], device=device), validate=False) == [[], [3]]
     with no_host_sync():
-        freed = paged.rollback(torch.tensor([0, 7], device=device), validate=False)
         paged.advance(torch.tensor([9, 9], device=device), validate=False)
-    assert paged.freed_lists(freed) == [[], [3]]
     assert paged.lengths.tolist() == [4, 0]  # row 0 owns 2 blocks of 2; row 1 owns none
     with no_host_sync():
         for layer in range(2):  # the most recently freed block first
@@ -1115,3 +1113,42 @@ def test_cuda_kernels_match_cpu_kernel(shape, dtype):
             c, tables.to(dev), src.to(dev), keep.to(dev), start.to(dev)
         )
     assert_same(on_gpu.cpu(), paged, "paged cuda vs cpu")
+
+
+def _paged_pair(device):
+    """Two paged caches in the same state: three rows of 7, 3 and 5 tokens in blocks of 2."""
+    caches = []
+    for _ in range(2):
+        paged = sk.PagedKVCache(1, 12, 2, 1, 2, device=device, max_blocks_per_row=4)
+        paged.add_rows(3)
+        k = torch.arange(3 * 8 * 2, dtype=torch.float32, device=device).reshape(3, 1, 8, 2)
+        paged.write(0, k, -k)
+        paged.advance(torch.tensor([7, 3, 5], device=device))
+        caches.append(paged)
+    return caches
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", [0, 1, [6, 0, 3], [7, 3, 5]])
+def test_paged_rollback_returns_the_same_type_whatever_validate(impl, device, n):
+    """rollback returns, per row, the list of block ids it freed, for validate=True and
+    validate=False alike: the same type, the same lists, the same state afterwards."""
+    checked, unchecked = _paged_pair(device)
+    arg = n if isinstance(n, int) else torch.tensor(n, device=device)
+    want, got = checked.rollback(arg), unchecked.rollback(arg, validate=False)
+    assert type(want) is type(got) is list and len(got) == 3
+    assert all(type(row) is list and all(type(i) is int for i in row) for row in got)
+    assert got == want
+    assert_same(unchecked.lengths, checked.lengths, "lengths")
+    assert_same(unchecked.block_tables, checked.block_tables, "block tables")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paged_compact_returns_the_same_type_whatever_validate(impl, device):
+    checked, unchecked = _paged_pair(device)
+    src = torch.tensor([[3, 5, 6], [1, 2, 2], [4, 4, 4]], device=device)
+    keep, start = torch.tensor([3, 1, 0], device=device), torch.tensor([1, 1, 2], device=device)
+    want = checked.compact(src, keep, start)
+    got = unchecked.compact(src, keep, start, validate=False)
+    assert type(want) is type(got) is list and got == want == [[2, 3], [5, 6, 7], [9, 10, 11]]
+    assert_same(unchecked.kv, checked.kv, "data")

@@ -106,7 +106,13 @@ def _calls(backend):
         ),
         lambda: sk.accept_reject(drafts, drafts, backend=backend),
         lambda: sk.verify_tree_greedy(
-            logits, tree_tokens, parents, num_nodes=nd + 1, backend=backend, validate=False
+            logits,
+            tree_tokens,
+            parents,
+            num_nodes=nd + 1,
+            max_depth=k,
+            backend=backend,
+            validate=False,
         ),
         lambda: sk.verify_tree_sampling(
             logits,
@@ -118,6 +124,7 @@ def _calls(backend):
             top_k=5,
             top_p=0.9,
             num_nodes=nd + 1,
+            max_depth=k,
             seed=torch.arange(b),
             backend=backend,
             validate=False,

@@ -338,19 +338,22 @@ def test_bad_tree_arguments(pair):
 
 # ------------------------------------------------------------------ backends
 @pytest.mark.parametrize("backend", available(ALL_BACKENDS))
-def test_tree_generation_through_every_backend(pair, monkeypatch, backend):
-    """The tree ops' backends (chosen by SPECDEC_BACKEND) under generation: greedy equals the
-    target's greedy decoding, and seeded sampling with a sampled static tree (draft
+def test_tree_generation_through_every_backend(pair, backend):
+    """The tree ops' backends (SpeculativeGenerator's backend=) under generation: greedy equals
+    the target's greedy decoding, and seeded sampling with a sampled static tree (draft
     probabilities, "without_replacement") gives the reference backend's tokens."""
     target, draft = pair
     prompts = ragged_prompts(2, seed=4)  # few tokens: Triton runs in its interpreter on a CPU
     want = reference(target, prompts, 4)
     kwargs = dict(max_new_tokens=3, temperature=0.9, top_k=20, seed=3)
     sampled = StaticTree([3, 2], sampled=True)
-    monkeypatch.setenv("SPECDEC_BACKEND", "reference")
-    want_sampled = sk.SpeculativeGenerator(target, draft, tree=sampled).generate(prompts, **kwargs)
-    monkeypatch.setenv("SPECDEC_BACKEND", backend)
-    got = sk.SpeculativeGenerator(target, draft, tree=DynamicTree(6, 2, 3)).generate(prompts, 4)
+    want_sampled = sk.SpeculativeGenerator(
+        target, draft, tree=sampled, backend="reference"
+    ).generate(prompts, **kwargs)
+    dynamic = DynamicTree(6, 2, 3)
+    got = sk.SpeculativeGenerator(target, draft, tree=dynamic, backend=backend).generate(prompts, 4)
     assert_rows_equal(got.sequences, want)
-    got = sk.SpeculativeGenerator(target, draft, tree=sampled).generate(prompts, **kwargs)
+    got = sk.SpeculativeGenerator(target, draft, tree=sampled, backend=backend).generate(
+        prompts, **kwargs
+    )
     assert_rows_equal(got.sequences, want_sampled.sequences)

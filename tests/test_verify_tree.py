@@ -290,10 +290,11 @@ def test_seeds_and_batch_invariance(mode, backend):
         top_p=0.95,
         validate=False,
     )
-    w = out.tokens.shape[1]  # validate=False keeps all N columns; the extra ones are -1
-    assert_same(sub.tokens[:, :w], out.tokens[perm], "batch invariance")
-    assert_same(sub.accepted_nodes[:, :w], out.accepted_nodes[perm], "batch invariance nodes")
-    assert (sub.tokens[:, w:] == -1).all() and (sub.accepted_nodes[:, w:] == -1).all()
+    w = sub.tokens.shape[1]  # D + 1 of the subset's deepest tree: at most the batch's
+    assert w <= out.tokens.shape[1]
+    assert_same(sub.tokens, out.tokens[perm, :w], "batch invariance")
+    assert_same(sub.accepted_nodes, out.accepted_nodes[perm, :w], "batch invariance nodes")
+    assert (out.tokens[perm, w:] == -1).all() and (out.accepted_nodes[perm, w:] == -1).all()
     check_consistent(out, tokens, parents, v, f"{backend} {mode}")
 
 
@@ -413,6 +414,7 @@ def test_validate_false_with_garbage_stays_in_bounds(backend):
             q,
             draft_mode=mode,
             num_nodes=nn,
+            max_depth=n - 1,  # every column, so any walk the garbage allows fits
             temperature=torch.rand(b, generator=g),
             top_k=3,
             top_p=0.7,
@@ -426,8 +428,9 @@ def test_validate_false_with_garbage_stays_in_bounds(backend):
         assert ((out.num_accepted >= 0) & (out.num_accepted < n)).all()
         assert (out.tokens[torch.arange(b), out.num_accepted] >= 0).all()
     out = sk.verify_tree_greedy(
-        logits, tokens, parents, num_nodes=nn, backend=backend, validate=False
+        logits, tokens, parents, num_nodes=nn, max_depth=n - 1, backend=backend, validate=False
     )
+    assert out.tokens.shape == (b, n) and out.accepted_nodes.shape == (b, n)
     assert ((out.tokens >= -1) & (out.tokens < v)).all()
     assert ((out.num_accepted >= 0) & (out.num_accepted < n)).all()
 
@@ -826,3 +829,64 @@ def test_native_adapter_checks_name_the_argument():
         op(logits, tokens, parents, None, nn, 1, temp, None, None, seeds, False)
     with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, N, V\]"):
         op(logits, tokens, parents, q[:, :3], nn, 2, temp, None, None, seeds, False)
+
+
+# --- validate decides checks only, never shapes or types ----------------------------------------
+
+
+def _tree_calls(logits, tokens, parents, nn, q, backend, **kw):
+    common = dict(num_nodes=nn, backend=backend, **kw)
+    return {
+        "greedy": lambda validate: sk.verify_tree_greedy(
+            logits, tokens, parents, validate=validate, **common
+        ),
+        "greedy rows of sampling": lambda validate: sk.verify_tree_sampling(
+            logits, tokens, parents, temperature=0.0, validate=validate, **common
+        ),
+        "sampling": lambda validate: sk.verify_tree_sampling(
+            logits,
+            tokens,
+            parents,
+            q,
+            draft_mode="independent",
+            seed=5,
+            validate=validate,
+            **common,
+        ),  # fmt: skip
+    }
+
+
+@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("b, n, v", [(1, 1, 7), (3, 4, 11), (9, 6, 7), (5, 16, 37)])
+@pytest.mark.parametrize("max_depth", [None, "tree", "N-1"])
+def test_validate_does_not_change_tree_shapes(b, n, v, max_depth, backend):
+    """Ragged trees (num_nodes from 1 to N): validate=True and validate=False return the same
+    types, shapes and values; the width is D + 1 with D the deepest real node's depth, or the
+    max_depth passed (the static tree depth, or N - 1 for every column)."""
+    logits, tokens, parents, nn = random_trees(b, n, v, seed=b + 10 * n)
+    q = random_draft_probs(b, n, v)
+    deepest = int(oracle_depths(parents, nn).max())
+    kw = {} if max_depth is None else {"max_depth": deepest if max_depth == "tree" else n - 1}
+    width = n if max_depth == "N-1" else deepest + 1
+    for name, call in _tree_calls(logits, tokens, parents, nn, q, backend, **kw).items():
+        checked, unchecked = call(True), call(False)
+        assert type(checked) is type(unchecked) is sk.TreeVerification, name
+        for got, want in zip(unchecked, checked):
+            assert got.shape == want.shape and got.dtype == want.dtype, name
+            assert_same(got, want, f"{name} validate=False")
+        assert checked.tokens.shape == (b, width), (name, checked.tokens.shape)
+        assert checked.accepted_nodes.shape == (b, width), name
+
+
+def test_max_depth_below_the_tree_raises_only_when_validating():
+    parents = torch.tensor([[-1, 0, 1, 2]])  # a chain: depth 3
+    tokens = torch.tensor([[-1, 1, 2, 0]])
+    logits = torch.randn(1, 4, 5)
+    with pytest.raises(ValueError, match=r"max_depth = 1 but the deepest real node has depth 3"):
+        sk.verify_tree_greedy(logits, tokens, parents, max_depth=1)
+    out = sk.verify_tree_greedy(logits, tokens, parents, max_depth=1, validate=False)
+    assert out.tokens.shape == (1, 2) and out.accepted_nodes.shape == (1, 2)
+    with pytest.raises(ValueError, match=r"max_depth must be >= 0"):
+        sk.verify_tree_greedy(logits, tokens, parents, max_depth=-1)
+    with pytest.raises(TypeError, match=r"max_depth must be None or an int"):
+        sk.verify_tree_sampling(logits, tokens, parents, max_depth=2.0)

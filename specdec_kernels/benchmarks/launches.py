@@ -84,6 +84,7 @@ def _calls(b: int, k: int, v: int, device):
     tree_tokens = torch.cat([torch.full((b, 1), -1), drafts], dim=1).to(device)
     parents = parents.contiguous().to(device)
     tree_q = torch.softmax(torch.randn(b, k + 1, v, generator=g), -1).to(device)
+    tree_kw = dict(kw, max_depth=k)  # the static width N = K + 1: no depth read, no sync
     return {
         "verify_greedy": lambda: sk.verify_greedy(logits, drafts, **kw),
         "verify_sampling": lambda: sk.verify_sampling(logits, drafts, q, seed=1, **kw),
@@ -91,7 +92,9 @@ def _calls(b: int, k: int, v: int, device):
             logits, drafts, q, top_k=5, top_p=0.9, seed=1, **kw
         ),
         "accept_reject": lambda: sk.accept_reject(drafts, drafts, backend="triton"),
-        "verify_tree_greedy": lambda: sk.verify_tree_greedy(logits, tree_tokens, parents, **kw),
+        "verify_tree_greedy": lambda: sk.verify_tree_greedy(
+            logits, tree_tokens, parents, **tree_kw
+        ),
         "verify_tree_sampling top-k+top-p": lambda: sk.verify_tree_sampling(
             logits,
             tree_tokens,
@@ -101,7 +104,7 @@ def _calls(b: int, k: int, v: int, device):
             top_k=5,
             top_p=0.9,
             seed=1,
-            **kw,
+            **tree_kw,
         ),
     }
 

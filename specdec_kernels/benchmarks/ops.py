@@ -435,7 +435,7 @@ def setup_verify_tree(case: Case, device: torch.device) -> Bench:
     chain_case = Case("verify_greedy" if greedy else "verify_sampling", B, K, V, case.dtype, a)
     chain = SETUP[chain_case.op](chain_case, device)  # the chain benchmark's own inputs
     chain_own = "native" if device.type == "cpu" else "triton"
-    kw = dict(validate=False)
+    kw = dict(max_depth=n - 1, validate=False)  # a static width: no depth read, no sync
     if greedy:
         ref_args = (logits, tokens, parents, nn)
         acc = ref_tree.verify_tree_greedy(*ref_args)[1]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import resolve_backend
+from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import accept_uniforms, as_int64_bits, mixed_seeds, require
 from specdec_kernels.reference import rng
 from specdec_kernels.verification import MODE_SAMPLING
@@ -35,6 +35,8 @@ def chain_speculative_sampling(
     generator: torch.Generator | None = None,
     seed: int | Tensor | None = None,
     offset: int | Tensor | None = None,
+    *,
+    backend: str | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Chain speculative sampling with FlashInfer's signature, outputs and counters.
 
@@ -97,6 +99,10 @@ def chain_speculative_sampling(
         Draws the per-row seeds when ``seed`` or ``offset`` is None.
     seed, offset : int or Tensor, optional
         Ints, or int64/uint64 tensors of shape `[1]` or `[B]`.
+    backend : {None, "triton", "native", "reference"}
+        Keyword-only, not in the upstream signature: the implementation of this package's
+        verification kernels (as :func:`specdec_kernels.verify_sampling`'s ``backend``); ``None``
+        (default): the automatic choice. A bad name raises ``ValueError`` before any work.
 
     Returns
     -------
@@ -124,6 +130,7 @@ def chain_speculative_sampling(
     >>> accepted.tolist(), emitted.tolist()
     ([1], [1])
     """
+    check_backend(backend)
     q = require("draft_probs", draft_probs, 3, check.FLOAT_DTYPES)
     device = q.device
     b, n, v = q.shape
@@ -163,7 +170,7 @@ def chain_speculative_sampling(
         True,  # probability inputs: x = log p, read in place
         0.0,
         0.0,
-        resolve_backend(None, device),
+        resolve_backend(backend, device),
     )
     accepted = emitted + _passes_after(q, drafts, target_probs, seeds, emitted)
     counters[0] += accepted.to(counters[0].dtype)

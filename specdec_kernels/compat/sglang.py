@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
+from specdec_kernels._dispatch import check_backend
 from specdec_kernels.compat._common import require
 from specdec_kernels.reference import rng
 from specdec_kernels.tree_verification import verify_tree_greedy as _tree_greedy
@@ -53,6 +54,8 @@ def verify_tree_greedy(
     retrive_next_token: Tensor,
     retrive_next_sibling: Tensor,
     target_predict: Tensor,
+    *,
+    backend: str | None = None,
 ) -> None:
     """Greedy tree verification in place, with SGLang's arguments and outputs.
 
@@ -83,6 +86,10 @@ def verify_tree_greedy(
         `[B, N]` int64.
     target_predict : Tensor
         `[B, N]` int64: the target's argmax after each node (indexed flat by ``retrive_index``).
+    backend : {None, "triton", "native", "reference"}
+        Keyword-only, not in the upstream signature: the implementation of this package's
+        verification kernels (as :func:`specdec_kernels.verify_tree_greedy`'s ``backend``); ``None``
+        (default): the automatic choice. A bad name raises ``ValueError`` before any work.
 
     Examples
     --------
@@ -103,6 +110,7 @@ def verify_tree_greedy(
     >>> accept_index.tolist(), accept_token_num.tolist(), predicts.tolist()
     ([[0, 3, 4, -1]], [2], [30, -1, -1, 40, 99, -1])
     """
+    check_backend(backend)
     b, n, s, device = _check(
         predicts, accept_index, accept_token_num, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling,
@@ -117,7 +125,7 @@ def verify_tree_greedy(
     labels = torch.where(candidates == parent_t, parents.clamp(min=0), n)  # [B, N]
     scores = torch.zeros(b, n, n + 1, device=device)
     scores[:, torch.arange(n), torch.arange(n)] = 1.0  # node i predicts label i
-    out = _tree_greedy(scores, labels, parents, validate=False)
+    out = _tree_greedy(scores, labels, parents, max_depth=n - 1, backend=backend, validate=False)
     path_tokens = torch.where(
         out.accepted_nodes[:, 1:] >= 0, candidates[rows, out.accepted_nodes[:, 1:].clamp(min=0)], -1
     )
@@ -140,6 +148,8 @@ def tree_speculative_sampling_target_only(
     threshold_single: float = 1.0,
     threshold_acc: float = 1.0,
     deterministic: bool = True,
+    *,
+    backend: str | None = None,
 ) -> None:
     """Lossless tree sampling of deterministic (top-k expanded) drafts, in place, with SGLang's
     arguments and outputs.
@@ -189,6 +199,11 @@ def tree_speculative_sampling_target_only(
         Must be 1.
     deterministic : bool
         Ignored.
+    backend : {None, "triton", "native", "reference"}
+        Keyword-only, not in the upstream signature: the implementation of this package's
+        verification kernels (as :func:`specdec_kernels.verify_tree_sampling`'s
+        ``backend``); ``None`` (default): the automatic choice. A bad name raises
+        ``ValueError`` before any work.
 
     Examples
     --------
@@ -209,6 +224,7 @@ def tree_speculative_sampling_target_only(
     >>> accept_index.tolist(), accept_token_num.tolist(), predicts.tolist()
     ([[0, 3, 4, -1]], [2], [3, -1, -1, 4, 6, -1])
     """
+    check_backend(backend)
     b, n, s, device = _check(
         predicts, accept_index, accept_token_num, candidates, retrive_index,
         retrive_next_token, retrive_next_sibling,
@@ -238,7 +254,14 @@ def tree_speculative_sampling_target_only(
     seeds = _seeds_from_uniforms(uniform_samples[:, 0], final)
     logits = torch.log(target_probs.float())  # [B, N, V] temporary (see the docstring)
     out = _tree_sampling(
-        logits, candidates, parents, draft_mode="deterministic", seed=seeds, validate=False
+        logits,
+        candidates,
+        parents,
+        draft_mode="deterministic",
+        max_depth=n - 1,
+        seed=seeds,
+        backend=backend,
+        validate=False,
     )
     # tokens[:, d] is the token after the path node at depth d (accepted child, or final draw)
     rows = torch.arange(b, device=device)[:, None]

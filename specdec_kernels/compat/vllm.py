@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import resolve_backend
+from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import require
 from specdec_kernels.reference import rng
 from specdec_kernels.verification import MODE_GREEDY, MODE_SAMPLING, _flat_inputs
@@ -40,6 +40,8 @@ def rejection_sample(
     target_probs: Tensor,
     bonus_token_ids: Tensor,
     sampling_metadata,
+    *,
+    backend: str | None = None,
 ) -> Tensor:
     """vLLM v1's rejection sampler on the flattened ragged layout, with its output layout.
 
@@ -98,6 +100,10 @@ def rejection_sample(
         `[B, 1]` (or `[B]`) integer.
     sampling_metadata : object
         As above.
+    backend : {None, "triton", "native", "reference"}
+        Keyword-only, not in the upstream signature: the implementation of this package's
+        verification kernels (as :func:`specdec_kernels.verify_sampling`'s ``backend``); ``None``
+        (default): the automatic choice. A bad name raises ``ValueError`` before any work.
 
     Returns
     -------
@@ -124,6 +130,7 @@ def rejection_sample(
     >>> out.tolist()  # request 0 rejects its third draft; 2 and 4 accept all: bonus 9, 11
     [[1, 2, 3, -1], [8, -1, -1, -1], [0, 1, 9, -1], [10, -1, -1, -1], [2, 11, -1, -1]]
     """
+    check_backend(backend)
     require("target_probs", target_probs, 2, check.FLOAT_DTYPES)
     device = target_probs.device
     b = len(num_draft_tokens)
@@ -154,7 +161,7 @@ def rejection_sample(
         out[:, 0] = bonus.to(torch.int32)
         return out
 
-    backend = resolve_backend(None, device)
+    backend = resolve_backend(backend, device)
     if all_greedy:
         tokens, accepted, _ = torch.ops.specdec.verify_ex(
             target_probs,

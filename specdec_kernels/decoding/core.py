@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from specdec_kernels._dispatch import check_backend
 from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, expected_tokens
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
@@ -192,6 +193,17 @@ class Decoder:
         Measured pass costs of the pair (:func:`specdec_kernels.adaptive.measure_pass_costs`),
         which price each batch size; default: the batch-blind
         ``PassCosts.linear(cost_ratio, verify_cost, max_speculative_tokens)``.
+    backend : {None, "triton", "native", "reference"}
+        The implementation of the verification ops (chain and tree), as their ``backend``
+        (:func:`specdec_kernels.verify_greedy`); ``None`` (default) is their automatic choice
+        (``SPECDEC_BACKEND`` included). Every backend gives the same tokens (greedy: exactly).
+        A vocabulary-sharded target verifies with its own ops, which take none.
+
+    Raises
+    ------
+    ValueError
+        A bad ``num_speculative_tokens``, ``max_speculative_tokens``, cost or ``backend`` (named
+        in the message), before any work.
     """
 
     def __init__(
@@ -204,7 +216,9 @@ class Decoder:
         cost_ratio: float = 0.0,
         verify_cost: float = 0.0,
         costs: PassCosts | None = None,
+        backend: str | None = None,
     ):
+        self.backend = check_backend(backend)
         auto = num_speculative_tokens == "auto"
         if not auto and (
             not isinstance(num_speculative_tokens, int)
@@ -395,7 +409,8 @@ class Decoder:
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
         logits = _verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V(_r)]
         # a target sharded over the vocabulary verifies its V_r columns with its own ops
-        ver = prop.verify(logits, sampling, seeds, getattr(self.target, "verify_ops", None))
+        ops = getattr(self.target, "verify_ops", None)
+        ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend)
         prop.keep(self.target, self.drafter, ver)
         self._commit(st, ver, eos)
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]

@@ -17,6 +17,7 @@ with ``tokens`` / ``num_accepted`` / ``num_emitted``, which the step commits ali
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -53,10 +54,15 @@ class ChainProposal:
         followed by the drafts."""
         return target.extend(torch.cat([cur, self.drafts.clamp_min(0)], 1), self.num_draft + 1)
 
-    def verify(self, logits, sampling, seeds, ops=None):
-        """``sk.verify_greedy`` / ``sk.verify_sampling`` (or ``ops``, the target adapter's
-        ``verify_ops`` pair: a sharded target's vocabulary-parallel ops)."""
-        greedy_op, sampling_op = ops or (verify_greedy, verify_sampling)
+    def verify(self, logits, sampling, seeds, ops=None, backend=None):
+        """``sk.verify_greedy`` / ``sk.verify_sampling`` on ``backend`` (``None``: the automatic
+        choice), or ``ops``, the target adapter's ``verify_ops`` pair: a sharded target's
+        vocabulary-parallel ops, which run on the shard's device and take no ``backend``."""
+        if ops is None:
+            greedy_op = functools.partial(verify_greedy, backend=backend)
+            sampling_op = functools.partial(verify_sampling, backend=backend)
+        else:
+            greedy_op, sampling_op = ops
         if sampling.greedy:
             return greedy_op(logits, self.drafts, num_draft_tokens=self.num_draft, validate=False)
         return sampling_op(
@@ -130,22 +136,26 @@ class TreeProposal:
         tree = TreeAttention(base[:, None] + self.depths, self.mask, base)
         return target.extend(tokens, self.num_nodes, tree=tree)
 
-    def verify(self, logits, sampling, seeds, ops=None):
-        """``sk.verify_tree_*``'s result, its ``[B, N]`` columns cut to ``depth + 1`` (with
-        ``validate=False`` the ops keep all ``N``; the rest are ``-1``). ``ops`` must be
-        ``None``: no vocabulary-parallel tree ops yet."""
+    def verify(self, logits, sampling, seeds, ops=None, backend=None):
+        """``sk.verify_tree_*``'s result on ``backend`` (``None``: the automatic choice),
+        ``[B, depth + 1]`` (the ops are told the static ``depth``: no synchronisation). ``ops``
+        must be ``None``: no vocabulary-parallel tree ops yet."""
         if ops is not None:
             raise ValueError("token trees with a vocabulary-sharded target are not supported")
-        ver = self._verify(logits, sampling, seeds)
-        w = self.depth + 1
-        return ver._replace(tokens=ver.tokens[:, :w], accepted_nodes=ver.accepted_nodes[:, :w])
+        return self._verify(logits, sampling, seeds, backend)
 
-    def _verify(self, logits, sampling, seeds):
+    def _verify(self, logits, sampling, seeds, backend):
         import specdec_kernels as sk  # the tree ops; lazily (this module loads under sk)
 
         if sampling.greedy:
             return sk.verify_tree_greedy(
-                logits, self.tokens, self.parents, num_nodes=self.num_nodes, validate=False
+                logits,
+                self.tokens,
+                self.parents,
+                num_nodes=self.num_nodes,
+                max_depth=self.depth,
+                backend=backend,
+                validate=False,
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
         # sampled ones come with the distributions they were drawn from
@@ -159,7 +169,9 @@ class TreeProposal:
             top_k=sampling.top_k,
             top_p=sampling.top_p,
             num_nodes=self.num_nodes,
+            max_depth=self.depth,
             seed=seeds,
+            backend=backend,
             validate=False,
         )
 

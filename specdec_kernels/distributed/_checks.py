@@ -114,6 +114,7 @@ class Summary:
     max_abs: torch.Tensor  # [B] float32: largest finite |logit| of the shard
     q_sums: torch.Tensor | None  # [B, K] float32: partial sums of the draft probabilities
     q_tolerance: float  # how far from 1 the draft probabilities' dtype lets a row sum
+    plan: tuple | None = None  # the rank's host plan of the verification collectives (sampling)
 
 
 def summarise(logits_shard, vocab_start, vocab_size, digest, draft_probs=None) -> Summary:
@@ -152,8 +153,11 @@ def _rebuilt(kind: type, message: str) -> Exception:
         return RuntimeError(f"{kind.__name__}: {message}")
 
 
-def agree(group, error: Exception | None, summary: Summary | None, num_draft, temperature):
-    """One ``all_gather_object`` round, then raise on every rank if any check failed anywhere.
+def agree(
+    group, error: Exception | None, summary: Summary | None, num_draft, temperature
+) -> list[Summary]:
+    """One ``all_gather_object`` round, then raise on every rank if any check failed anywhere;
+    return every rank's summary, in rank order.
 
     ``error`` is whatever the rank's local phase raised (any exception, not only argument
     errors): every rank raises it, as the same type, prefixed by the rank that found it."""
@@ -168,6 +172,7 @@ def agree(group, error: Exception | None, summary: Summary | None, num_draft, te
     _check_tiling(summaries)
     _check_same(summaries)
     _check_global_values(summaries, num_draft, temperature)
+    return summaries
 
 
 def _check_tiling(summaries: list[Summary]) -> None:

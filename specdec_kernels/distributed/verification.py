@@ -61,11 +61,16 @@ def verify_greedy(
     validate : bool
         Check values and the agreement of the ranks (shards tiling ``[0, vocab_size)``, the same
         drafts everywhere) with one ``all_gather_object`` round; an error found on any rank, of
-        any type, is raised on every rank. With ``False`` nothing is exchanged beyond the op's
-        own round and a structural error raises only where it is found (the other ranks then
-        wait in the collective until the group's timeout). Every rank must pass the same
-        ``validate``: it decides whether the agreement round takes place, so this one thing
-        cannot be checked (ranks that differ wait or fail in mismatched collectives).
+        any type, is raised on every rank. That agreement round is the validation itself:
+        the global checks (tiling, the same arguments on every rank, a position with no finite
+        logit on any shard, draft rows summing to 1 over all shards) need every rank's
+        partial results, so checking them across a group *is* a collective, and it is the one
+        collective ``validate`` adds. The verification collectives (the op's own rounds) are
+        the same for both settings. With ``False`` nothing is exchanged beyond those and a
+        structural error raises only where it is found (the other ranks then wait in the
+        collective until the group's timeout). Every rank must pass the same ``validate``: it
+        decides whether the agreement round takes place, so this one thing cannot be checked
+        (ranks that differ wait or fail in mismatched collectives).
 
     Returns
     -------
@@ -115,29 +120,32 @@ def verify_greedy(
     return Verification(tokens, accepted, emitted)
 
 
-def _agreed_plan(temp, topk, topp, vocab_size):
-    """``(all_greedy, top_k, top_p, top_k_bound)`` decided from the ``[B]`` control values alone
-    (``validate=True``: every rank holds the same values, so every rank takes the same
-    collectives whatever form its arguments came in). A filter that keeps everything is off
-    (``None``); ``top_k_bound`` is the ``k`` every row shares, else ``None``. Synchronises."""
-    all_greedy = bool((temp == 0).all())
-    bound = None
-    if topk is not None:
-        topk = torch.where(topk >= vocab_size, 0, topk)  # k >= V keeps everything: off
-        if not bool(topk.any()):
-            topk = None
-        elif bool((topk == topk[0]).all()):
-            bound = int(topk[0])
-    if topp is not None and bool((topp == 1).all()):
-        topp = None
-    return all_greedy, topk, topp, bound
-
-
-def _host_plan(temperature, top_k, temp, topk, topp):
-    """The plan of ``validate=False`` from the arguments' host forms (no synchronisation): a
-    scalar ``temperature=0`` is all greedy, a scalar ``top_k`` bounds every row's."""
+def _host_plan(temperature, top_k, topk, topp):
+    """Which verification collectives run, from the arguments' host forms alone (no
+    synchronisation, so the same for both ``validate`` settings): ``(all_greedy, top_k off,
+    top_p off, top_k_bound)``. A scalar ``temperature=0`` is all greedy (the greedy round
+    only), a scalar ``top_k`` bounds every row's (the candidate all-gather); a filter passed as
+    ``None`` (or a scalar that keeps everything) is off."""
     all_greedy = isinstance(temperature, numbers.Real) and temperature == 0
     bound = top_k if isinstance(top_k, numbers.Integral) and topk is not None else None
+    return all_greedy, topk is None, topp is None, bound
+
+
+def _plan_of(plan, topk, topp, b, device):
+    """``(all_greedy, top_k, top_p, top_k_bound)`` for this rank under ``plan`` (rank 0's host
+    plan, see :func:`_host_plan`): a filter ``plan`` turns off is ``None`` (the agreement
+    showed that every rank's values keep everything then); one it keeps gets this rank's
+    values, or the ``[B]`` tensor of "off" (``top_k = 0``, ``top_p = 1``) where this rank
+    passed ``None`` for them."""
+    all_greedy, k_off, p_off, bound = plan
+    if k_off:
+        topk = None
+    elif topk is None:
+        topk = torch.zeros(b, dtype=torch.int64, device=device)
+    if p_off:
+        topp = None
+    elif topp is None:
+        topp = torch.ones(b, dtype=torch.float32, device=device)
     return all_greedy, topk, topp, bound
 
 
@@ -220,15 +228,17 @@ def verify_sampling(
     group, validate
         As in :func:`verify_greedy`; ``validate`` also checks (globally) that the draft
         probabilities of every live position sum to 1 over all shards, and that every rank
-        passes ``draft_probs_shard`` or every rank passes ``None``. Which collectives run is
-        decided, with ``validate=True``, from the agreed values: equivalent forms (``0.0`` or
-        ``torch.zeros(B)``, ``5`` or ``torch.full((B,), 5)``, ``None``, ``0`` or
-        ``torch.zeros(B)`` for an off ``top_k``, ``None``, ``1.0`` or ``torch.ones(B)`` for an
-        off ``top_p``, an int seed or its per-row seeds) may differ across ranks, and a
-        ``[B]`` tensor whose rows are all greedy or share one ``top_k`` takes the scalar's
-        cheaper rounds. With ``validate=False`` the host forms decide (a scalar
-        ``temperature=0`` runs the greedy round only, a scalar ``top_k`` the candidate
-        all-gather) and nothing synchronises: every rank must then pass the same forms too.
+        passes ``draft_probs_shard`` or every rank passes ``None``. Which verification
+        collectives run is decided, for both settings, from the host forms of the arguments
+        (no synchronisation): a scalar ``temperature=0`` runs the greedy round only, a scalar
+        ``top_k`` the candidate all-gather, a filter passed as ``None`` (or a scalar that keeps
+        everything) none of its rounds; ``[B]`` tensors run the general rounds, whatever their
+        values. With ``validate=True`` the forms of rank 0 decide, shared in the agreement
+        round, so equivalent forms (``0.0`` or ``torch.zeros(B)``, ``5`` or
+        ``torch.full((B,), 5)``, ``None``, ``0`` or ``torch.zeros(B)`` for an off ``top_k``,
+        ``None``, ``1.0`` or ``torch.ones(B)`` for an off ``top_p``, an int seed or its per-row
+        seeds) may differ across ranks; with ``validate=False`` every rank must pass the same
+        forms. Either way a call with rank 0's forms runs the same collectives.
 
     Returns
     -------
@@ -252,7 +262,7 @@ def verify_sampling(
     [[1, 2]]
     >>> dist.destroy_process_group()
     """
-    error = summary = None
+    error = summary = plan = None
     temp = topk = topp = nd = None
     try:
         b, k, vr, nd = _structure(
@@ -263,6 +273,7 @@ def verify_sampling(
             _checks.renamed(check.check_draft_probs, draft_probs_shard, b, k, vr, device)
         check.check_seed(seed, b, device)
         temp, topk, topp = check.sampling_controls(b, device, temperature, top_k, top_p)
+        plan = _host_plan(temperature, top_k, topk, topp)
         if validate:
             _checks.local_value_checks(
                 logits_shard,
@@ -282,15 +293,14 @@ def verify_sampling(
             summary = _checks.summarise(
                 logits_shard, vocab_start, vocab_size, digest, draft_probs_shard
             )
+            summary.plan = plan
     except Exception as exc:  # any local failure is raised on every rank by the agreement
         if not validate:
             raise
         error = exc
-    if validate:
-        _checks.agree(group, error, summary, nd, temp)
-        all_greedy, topk, topp, bound = _agreed_plan(temp, topk, topp, vocab_size)
-    else:
-        all_greedy, topk, topp, bound = _host_plan(temperature, top_k, temp, topk, topp)
+    if validate:  # the agreement round: validation itself (see the docstring)
+        plan = _checks.agree(group, error, summary, nd, temp)[0].plan  # rank 0's host plan
+    all_greedy, topk, topp, bound = _plan_of(plan, topk, topp, b, device)
     draft_tokens = draft_tokens.contiguous()
     if all_greedy:
         tokens, accepted, emitted = verify_greedy_shard(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from specdec_kernels._dispatch import check_backend
 from specdec_kernels.decoding import Decoder, HFAdapter, ModelDrafter, Sampling
 from specdec_kernels.decoding.core import _verifiable
 from specdec_kernels.verification import verify_sampling
@@ -36,6 +37,8 @@ def speculative_generate(
     pad_token_id: int | None = None,
     seed: int | None = None,
     max_speculative_tokens: int = 8,
+    *,
+    backend: str | None = None,
 ) -> torch.Tensor:
     """Lossless batched speculative decoding with two Hugging Face causal LMs.
 
@@ -65,6 +68,10 @@ def speculative_generate(
         Makes sampling reproducible. With the same seed, a ``CausalLM`` pair in
         ``sk.SpeculativeGenerator`` and the same pair converted with ``to_hf()`` here give the
         same tokens (one loop, one seed function).
+    backend : {None, "triton", "native", "reference"}
+        The implementation of the verification ops, as their ``backend``
+        (:func:`specdec_kernels.verify_greedy`); ``None`` (default): their automatic choice.
+        A bad name raises ``ValueError`` before any work.
 
     Returns
     -------
@@ -82,6 +89,7 @@ def speculative_generate(
     ...             padding=True)  # doctest: +SKIP
     >>> out = speculative_generate(target, draft, **batch, max_new_tokens=32)  # doctest: +SKIP
     """
+    check_backend(backend)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(
             f"input_ids must be a non-empty [B, T] tensor, got "
@@ -114,6 +122,7 @@ def speculative_generate(
         num_speculative_tokens,
         max_speculative_tokens=max_speculative_tokens,
         cost_ratio=cost,
+        backend=backend,
     )
     sampling = Sampling(temperature if do_sample else 0.0, top_k, top_p)
     result = decoder.run(prompts, max_new_tokens, sampling, eos_token_id=eos_token_id, seed=seed)
@@ -131,6 +140,8 @@ def speculative_sampling(
     candidate_length,
     new_logits,
     assistant_ensemble_weight: float | None = None,
+    *,
+    backend: str | None = None,
 ):
     """Drop-in for ``transformers.generation.utils._speculative_sampling`` on
     :func:`sk.verify_sampling` (Leviathan et al. 2023, algorithm 1).
@@ -147,6 +158,9 @@ def speculative_sampling(
         ``[1, gamma + 1, V]``: the target's processed logits.
     assistant_ensemble_weight : None
         Only ``None`` / ``1.0`` (exact speculative sampling) is supported.
+    backend : {None, "triton", "native", "reference"}
+        Keyword-only, not in the upstream signature: the verification op's ``backend``
+        (:func:`specdec_kernels.verify_sampling`); ``None`` (default): its automatic choice.
 
     Returns
     -------
@@ -159,6 +173,7 @@ def speculative_sampling(
     The random draws come from ``torch``'s global generator (like the function it replaces), so
     ``torch.manual_seed`` makes them reproducible.
     """
+    check_backend(backend)
     if assistant_ensemble_weight is not None and assistant_ensemble_weight != 1.0:
         raise ValueError(
             "speculative_sampling: assistant_ensemble_weight (a lossy variant) is not supported"
@@ -168,7 +183,12 @@ def speculative_sampling(
     q = candidate_logits.float().softmax(-1)  # [B, gamma, V]
     seed = int(torch.randint(0, 2**62, (1,)).item())
     ver = verify_sampling(
-        _verifiable(new_logits[:, : gamma + 1]), drafts, q, temperature=1.0, seed=seed
+        _verifiable(new_logits[:, : gamma + 1]),
+        drafts,
+        q,
+        temperature=1.0,
+        seed=seed,
+        backend=backend,
     )
     n = ver.num_accepted
     if n.numel() == 1:

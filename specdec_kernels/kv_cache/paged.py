@@ -40,13 +40,14 @@ class PagedKVCache:
 
     Bookkeeping lives on the cache's device: ``lengths`` ``[rows]`` int64, ``block_tables``
     ``[rows, max_blocks_per_row]`` int32 and the free list (a stack of block ids and its
-    height); allocation and freeing are a few small tensor ops, so with ``validate=False`` no
-    verb synchronises and nothing is uploaded per call. Every verb replaces ``lengths`` and
-    ``block_tables`` (it never mutates them), so tensors read earlier keep their values.
-    Which blocks were freed is therefore a device tensor; with ``validate=True`` (which
-    synchronises anyway) :meth:`rollback` and :meth:`compact` return it as ``list[list[int]]``,
-    with ``validate=False`` as the tensor itself (convert with :meth:`freed_lists`). Row
-    management (:meth:`add_rows`, :meth:`remove_rows`) keeps the live row ids on the host;
+    height); allocation and freeing are a few small tensor ops, so with ``validate=False``
+    :meth:`write` and :meth:`advance` never synchronise and nothing is uploaded per call. Every
+    verb replaces ``lengths`` and ``block_tables`` (it never mutates them), so tensors read
+    earlier keep their values. :meth:`rollback` and :meth:`compact` return, per row, the
+    ``list[int]`` of block ids they freed, whatever ``validate`` says (``validate`` decides
+    only whether values are checked, never a return type): building the lists reads the freed
+    ids from the device once (one sync, also with ``validate=False``). Row management
+    (:meth:`add_rows`, :meth:`remove_rows`) keeps the live row ids on the host;
     :attr:`num_free_blocks` and :meth:`remove_rows`' return value read the device (one sync).
 
     Parameters
@@ -82,13 +83,9 @@ class PagedKVCache:
     >>> paged.lengths, paged.num_free_blocks
     (tensor([1, 3]), 1)
 
-    Without validation nothing synchronises; the freed ids stay on the device, ``-1``-padded:
+    Without validation the values are not checked; the result has the same type:
 
-    >>> freed = paged.rollback(torch.tensor([0, 2]), validate=False)
-    >>> freed
-    tensor([[-1, -1, -1],
-            [ 3, -1, -1]], dtype=torch.int32)
-    >>> PagedKVCache.freed_lists(freed)
+    >>> paged.rollback(torch.tensor([0, 2]), validate=False)
     [[], [3]]
     """
 
@@ -179,9 +176,9 @@ class PagedKVCache:
 
     @staticmethod
     def freed_lists(freed: torch.Tensor) -> list[list[int]]:
-        """The ``[rows, max_blocks_per_row]`` tensor of freed block ids that ``rollback`` and
-        ``compact`` return with ``validate=False`` (ids left-aligned, ``-1`` after them) as the
-        ``list[list[int]]`` they return with ``validate=True`` (reads the device: one sync)."""
+        """A ``[rows, max_blocks_per_row]`` tensor of freed block ids (ids left-aligned, ``-1``
+        after them) as the ``list[list[int]]`` that ``rollback`` and ``compact`` return (reads
+        the device: one sync)."""
         return [[i for i in row if i >= 0] for row in freed.tolist()]
 
     def _layer(self, op: str, layer: int) -> int:
@@ -237,12 +234,11 @@ class PagedKVCache:
         self._num_free = self._num_free + count.sum()
         return freed
 
-    def _shrink_to(self, lengths: torch.Tensor, validate: bool):
+    def _shrink_to(self, lengths: torch.Tensor) -> list[list[int]]:
         """Commit ``lengths`` (no longer than before), free whole blocks past them, and return
-        the freed ids the way the verbs do (lists when validating, else the tensor)."""
+        the freed ids per row (the same type whatever ``validate`` said)."""
         self._lengths = lengths
-        freed = self._release(self._blocks_for(lengths))
-        return self.freed_lists(freed) if validate else freed
+        return self.freed_lists(self._release(self._blocks_for(lengths)))
 
     # -- rows ----------------------------------------------------------------------------------
     def add_rows(self, n: int) -> torch.Tensor:
@@ -385,9 +381,7 @@ class PagedKVCache:
         self._lengths = new
 
     @documents_validate
-    def rollback(
-        self, n: int | torch.Tensor, *, validate: bool = True
-    ) -> list[list[int]] | torch.Tensor:
+    def rollback(self, n: int | torch.Tensor, *, validate: bool = True) -> list[list[int]]:
         """Drop the last ``n`` committed tokens per live row and free whole blocks past the new
         length. A few small tensor ops; no data is copied or cleared.
 
@@ -400,11 +394,9 @@ class PagedKVCache:
 
         Returns
         -------
-        list[list[int]] or Tensor
-            Per live row, the ids of the blocks given back to the free list, in logical order.
-            With ``validate=False``: a ``[rows, max_blocks_per_row]`` int32 tensor on the cache's
-            device, each row's freed ids left-aligned, then ``-1`` (:meth:`freed_lists` turns it
-            into the lists).
+        list[list[int]]
+            Per live row, the ids of the blocks given back to the free list, in logical order
+            (for both ``validate`` settings; reading them is one sync).
 
         Raises
         ------
@@ -422,7 +414,7 @@ class PagedKVCache:
                 )
         else:
             new = torch.minimum(new.clamp(min=0), self._owned() * self.block_size)
-        return self._shrink_to(new, validate)
+        return self._shrink_to(new)
 
     @documents_validate
     def compact(
@@ -432,7 +424,7 @@ class PagedKVCache:
         start: int | torch.Tensor,
         *,
         validate: bool = True,
-    ) -> list[list[int]] | torch.Tensor:
+    ) -> list[list[int]]:
         """:meth:`KVCache.compact <specdec_kernels.KVCache.compact>` through the block tables
         (same arguments and checks), then whole blocks past each row's new length go back to
         the free list.
@@ -448,8 +440,9 @@ class PagedKVCache:
 
         Returns
         -------
-        list[list[int]] or Tensor
-            The blocks freed, as :meth:`rollback` returns them.
+        list[list[int]]
+            The blocks freed, as :meth:`rollback` returns them (for both ``validate``
+            settings).
         """
         src, keep, first = check_compact(
             "compact", src_positions, num_keep, start, self._lengths, self.device, validate
@@ -458,7 +451,7 @@ class PagedKVCache:
         new = bounded(first, self._capacity()) + bounded(keep, self._capacity())
         if not validate:
             new = torch.minimum(new.clamp(min=0), self._owned() * self.block_size)
-        return self._shrink_to(new, validate)
+        return self._shrink_to(new)
 
     # -- extras --------------------------------------------------------------------------------
     def positions(self, num_new: int) -> torch.Tensor:
