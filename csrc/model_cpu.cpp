@@ -179,9 +179,9 @@ bool cpu_has_dpbf16() { return false; }
 #endif
 
 void check_float(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
               " must be float32 or bfloat16, got ", t.scalar_type());
-  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor, got ", t.device());
 }
 
 }  // namespace
@@ -190,16 +190,16 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias) {
   check_float(x, "x");
   check_float(weight, "weight");
-  TORCH_CHECK(weight.dim() == 2, "weight must be [N, C], got shape ", weight.sizes());
-  TORCH_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "x must be [..., C] with C = ",
+  TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be [N, C], got shape ", weight.sizes());
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.size(-1) == weight.size(1), "x must be [..., C] with C = ",
               weight.size(1), " (weight [N, C] = ", weight.sizes(), "), got shape ", x.sizes());
-  TORCH_CHECK(x.scalar_type() == weight.scalar_type(), "x (", x.scalar_type(),
+  TORCH_CHECK_TYPE(x.scalar_type() == weight.scalar_type(), "x (", x.scalar_type(),
               ") and weight (", weight.scalar_type(), ") must have the same dtype");
   const int64_t N = weight.size(0), C = weight.size(1);
   if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == N, "bias must be [N] with N = ", N,
+    TORCH_CHECK_VALUE(bias->dim() == 1 && bias->size(0) == N, "bias must be [N] with N = ", N,
                 ", got shape ", bias->sizes());
-    TORCH_CHECK(bias->scalar_type() == x.scalar_type(), "bias must have x's dtype ",
+    TORCH_CHECK_TYPE(bias->scalar_type() == x.scalar_type(), "bias must have x's dtype ",
                 x.scalar_type(), ", got ", bias->scalar_type());
   }
   auto out_sizes = x.sizes().vec();
@@ -351,19 +351,19 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
 at::Tensor rowinv_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& mask) {
   check_float(q, "q");
-  TORCH_CHECK(q.dim() == 4, "q must be [B, H, T, D], got shape ", q.sizes());
-  TORCH_CHECK(k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
+  TORCH_CHECK_VALUE(q.dim() == 4, "q must be [B, H, T, D], got shape ", q.sizes());
+  TORCH_CHECK_VALUE(k.dim() == 4 && v.dim() == 4 && k.sizes() == v.sizes(),
               "k and v must both be [B, H, L, D], got shapes ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
+  TORCH_CHECK_VALUE(k.size(0) == q.size(0) && k.size(1) == q.size(1) && k.size(3) == q.size(3),
               "k [B, H, L, D] = ", k.sizes(), " does not match q [B, H, T, D] = ", q.sizes());
-  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+  TORCH_CHECK_TYPE(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
               "q, k and v must have one dtype, got ", q.scalar_type(), ", ", k.scalar_type(),
               ", ", v.scalar_type());
-  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
+  TORCH_CHECK_VALUE(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1,
               "q, k and v need stride 1 in D");
-  TORCH_CHECK(q.size(3) % kLanes == 0, "rowinv_attention: the head size D must be a multiple of ",
+  TORCH_CHECK_VALUE(q.size(3) % kLanes == 0, "rowinv_attention: the head size D must be a multiple of ",
               kLanes, ", got ", q.size(3));
-  TORCH_CHECK(mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == q.size(0) &&
+  TORCH_CHECK_VALUE(mask.scalar_type() == at::kBool && mask.dim() == 4 && mask.size(0) == q.size(0) &&
                   (mask.size(1) == 1 || mask.size(1) == q.size(1)) && mask.size(2) == q.size(2) &&
                   mask.size(3) == k.size(2),
               "mask must be bool [B, 1 or H, T, L] = [", q.size(0), ", 1, ", q.size(2), ", ",

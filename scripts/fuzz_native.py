@@ -260,6 +260,31 @@ def accept_reject(z: Garbage) -> None:
     torch.ops.specdec.native_accept_reject(d, v)
 
 
+def rowinv_linear(z: Garbage) -> None:
+    M, C, N = z.size(0, 9), z.size(0, 70), z.size(0, 40)
+    dtype = z.r.choice([torch.float32, torch.bfloat16, torch.float16, torch.float64])
+    x = z.floats(z.maybe_wrong_shape([M, C]), dtype)
+    if z.chance(0.3):
+        x = x.t() if x.dim() == 2 else x  # non-contiguous rows
+    w = z.floats(z.maybe_wrong_shape([N, C]), z.r.choice([dtype, dtype, torch.float32]))
+    b = z.floats(z.maybe_wrong_shape([N]), dtype) if z.chance(0.6) else None
+    torch.ops.specdec.rowinv_linear(x, w, b)
+
+
+def rowinv_attention(z: Garbage) -> None:
+    B, H, T, L = z.size(0, 3), z.size(0, 3), z.size(0, 6), z.size(0, 40)
+    D = z.r.choice([16, 32, 64, 8, 0, 17])
+    dtype = z.r.choice([torch.float32, torch.bfloat16, torch.float16])
+    q = z.floats(z.maybe_wrong_shape([B, H, T, D]), dtype)
+    k = z.floats(z.maybe_wrong_shape([B, H, L, D]), dtype)
+    v = z.floats(z.maybe_wrong_shape([B, H, L, D]), z.r.choice([dtype, dtype, torch.float32]))
+    shape = z.maybe_wrong_shape([B, z.r.choice([1, H]), T, L])
+    mask = z.ints(shape, 0, 2).bool() if z.chance(0.9) else z.ints(shape, 0, 2)
+    if z.chance(0.3) and mask.dim() == 4 and mask.shape[1] == 1 and H > 1:
+        mask = mask.expand(-1, H, -1, -1)  # broadcast (stride 0) head dim
+    torch.ops.specdec.rowinv_attention(q, k, v, mask)
+
+
 CALLS = {
     "native_kv_write_": lambda z: kv_write(z, paged=False, native=True),
     "native_paged_kv_write_": lambda z: kv_write(z, paged=True, native=True),
@@ -272,6 +297,8 @@ CALLS = {
     "native_verify_ex (flat)": lambda z: verify(z, flat=True),
     "native_verify_tree": verify_tree,
     "native_accept_reject": accept_reject,
+    "rowinv_linear": rowinv_linear,
+    "rowinv_attention": rowinv_attention,
 }
 
 

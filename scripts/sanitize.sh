@@ -20,7 +20,8 @@
 #        LD_PRELOAD="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)"
 #        ASAN_OPTIONS=detect_leaks=0   (CPython and torch keep allocations alive on purpose)
 #        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-#      tests/test_native.py tests/test_kv_cache.py tests/test_kv_cache_property.py, then
+#      tests/test_native.py tests/test_kv_cache.py tests/test_kv_cache_property.py
+#      tests/test_model_kernels.py, then
 #      scripts/fuzz_native.py (garbage arguments to every torch.ops.specdec native op and to the
 #      cache verbs with validate=False: each call must return or raise a Python exception).
 #   A sanitizer report aborts the process, so the job exits non-zero on the first one.
@@ -92,7 +93,7 @@ print(c.__file__)"
 echo "== sanitize: native and KV-cache tests =="
 start=${SECONDS}
 run -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_kv_cache.py \
-  tests/test_kv_cache_property.py
+  tests/test_kv_cache_property.py tests/test_model_kernels.py
 echo "tests took $((SECONDS - start)) s"
 
 echo "== sanitize: fuzz the native ops (${CALLS} calls, seed ${SEED}) =="

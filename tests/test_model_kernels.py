@@ -67,18 +67,18 @@ def test_attention_matches_sdpa_and_ignores_other_queries(dtype, atol, rtol):
 
 def test_bad_arguments_name_what_is_wrong():
     w = torch.randn(4, 8)
-    with pytest.raises(RuntimeError, match="x must be"):
+    with pytest.raises(ValueError, match="x must be"):
         op.rowinv_linear(torch.randn(2, 7), w, None)
-    with pytest.raises(RuntimeError, match="same dtype"):
+    with pytest.raises(TypeError, match="same dtype"):
         op.rowinv_linear(torch.randn(2, 8).bfloat16(), w, None)
-    with pytest.raises(RuntimeError, match="float32 or bfloat16"):
+    with pytest.raises(TypeError, match="float32 or bfloat16"):
         op.rowinv_linear(torch.randn(2, 8).double(), w.double(), None)
-    with pytest.raises(RuntimeError, match="bias must be"):
+    with pytest.raises(ValueError, match="bias must be"):
         op.rowinv_linear(torch.randn(2, 8), w, torch.randn(3))
     q = torch.randn(1, 1, 2, 16)
-    with pytest.raises(RuntimeError, match="mask must be bool"):
+    with pytest.raises(ValueError, match="mask must be bool"):
         op.rowinv_attention(q, q, q, torch.ones(1, 1, 2, 3, dtype=torch.bool))
-    with pytest.raises(RuntimeError, match="multiple of 16"):
+    with pytest.raises(ValueError, match="multiple of 16"):
         op.rowinv_attention(
             q[..., :8], q[..., :8], q[..., :8], torch.ones(1, 1, 2, 2, dtype=torch.bool)
         )
