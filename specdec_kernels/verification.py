@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import resolve_backend, warn_once
+from specdec_kernels._dispatch import resolve_backend
+from specdec_kernels._warnings import warn_once
 from specdec_kernels.reference import accept_reject as ref_accept_reject
 from specdec_kernels.reference import layout as ref_layout
 from specdec_kernels.reference import rng
@@ -298,7 +299,7 @@ class _FlatInputs(NamedTuple):
     probs_row_start: Tensor  # [B] int64: row of request b's first draft in draft_probs
 
 
-def _flat_inputs(
+def flat_inputs(
     target_logits,
     draft_tokens,
     draft_probs,
@@ -421,7 +422,7 @@ def verify_greedy(
     [[1, 2, -1], [2, -1, -1]]
     """
     if cu_num_draft_tokens is not None:
-        flat = _flat_inputs(
+        flat = flat_inputs(
             target_logits,
             draft_tokens,
             None,
@@ -569,7 +570,7 @@ def verify_sampling(
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of seed and generator, got both")
     if cu_num_draft_tokens is not None:
-        flat = _flat_inputs(
+        flat = flat_inputs(
             target_logits,
             draft_tokens,
             draft_probs,
@@ -795,10 +796,10 @@ def accept_reject(
     if draft_tokens.shape != verifier_tokens.shape:
         raise ValueError(
             f"draft_tokens and verifier_tokens must have the same shape, got "
-            f"{check._shape(draft_tokens)} and {check._shape(verifier_tokens)}"
+            f"{check.shape_str(draft_tokens)} and {check.shape_str(verifier_tokens)}"
         )
     if draft_tokens.dim() not in (1, 2):
-        raise ValueError(f"draft_tokens must be [K] or [B, K], got {check._shape(draft_tokens)}")
+        raise ValueError(f"draft_tokens must be [K] or [B, K], got {check.shape_str(draft_tokens)}")
     if draft_tokens.device != verifier_tokens.device:
         raise ValueError(
             f"draft_tokens is on {draft_tokens.device} but verifier_tokens is on "

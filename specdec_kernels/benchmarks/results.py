@@ -128,7 +128,7 @@ def git_commit() -> str:
         ).stdout
         return sha + ("+dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        from specdec_kernels import __version__
+        from specdec_kernels._version import __version__
 
         return f"v{__version__}"
 

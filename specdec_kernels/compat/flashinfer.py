@@ -145,7 +145,7 @@ def chain_speculative_sampling(
             require(name, buf, 1, (torch.int32, torch.int64), device)
             check.require_shape(name, buf, (b,), "[B]")
         counters.append(buf)
-    seeds = _seeds(b, device, generator, seed, offset)
+    seeds = row_seeds(b, device, generator, seed, offset)
     drafts = draft_token_ids.contiguous()
 
     tokens, emitted, _ = torch.ops.specdec.verify_ex(
@@ -188,7 +188,7 @@ def _passes_after(q, drafts, target_probs, seeds, emitted) -> Tensor:
     return (passed & after).sum(dim=-1)
 
 
-def _seeds(b: int, device, generator, seed, offset) -> Tensor:
+def row_seeds(b: int, device, generator, seed, offset) -> Tensor:
     """``[B]`` int64 per-row seeds from FlashInfer's ``generator`` / ``seed`` / ``offset``."""
     if seed is None or offset is None:
         return rng.seeds_for_batch(b, device, None, generator)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_kernels.models.causal_lm import TreeAttention
+from specdec_kernels.tree_verification import verify_tree_greedy, verify_tree_sampling
 from specdec_kernels.verification import verify_greedy, verify_sampling
 
 
@@ -141,15 +142,13 @@ class TreeProposal:
         return ver._replace(tokens=ver.tokens[:, :w], accepted_nodes=ver.accepted_nodes[:, :w])
 
     def _verify(self, logits, sampling, seeds):
-        import specdec_kernels as sk  # the tree ops; lazily (this module loads under sk)
-
         if sampling.greedy:
-            return sk.verify_tree_greedy(
+            return verify_tree_greedy(
                 logits, self.tokens, self.parents, num_nodes=self.num_nodes, validate=False
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
         # sampled ones come with the distributions they were drawn from
-        return sk.verify_tree_sampling(
+        return verify_tree_sampling(
             logits,
             self.tokens,
             self.parents,
