@@ -9,6 +9,24 @@ The Python functions here check arguments, turn scalars into per-row tensors, pi
 vLLM's flattened layout (``cu_num_draft_tokens=``), probability inputs (the drop-in adapters of
 :mod:`specdec_kernels.compat`) and typical acceptance go through one more op,
 ``torch.ops.specdec.verify_ex``, whose kernels read the flat rows through per-row offsets.
+
+Vocabulary (vLLM's rejection sampler's, used for chains and trees throughout the package, in
+docstrings, comments and local names; public argument names keep their own):
+
+*accepted*
+    the draft tokens the target keeps: the longest prefix of a row's ``k_b`` drafts (a path of
+    a tree) that passes verification, ``num_accepted[b]`` of them, ``0 <= num_accepted <= k_b``.
+*recovered*
+    the token the target supplies at the first rejection: sampled from the residual
+    ``norm(max(0, p - q))`` (the target's argmax in greedy verification, a draw from ``p`` in
+    typical acceptance or where the residual has no mass).
+*bonus*
+    the token the target supplies after all ``k_b`` drafts were accepted (at a tree's leaf):
+    sampled from (greedy: the argmax of) the target's distribution at position ``k_b``.
+*emitted*
+    what a row outputs per step: the accepted drafts, then exactly one recovered or bonus token,
+    ``num_emitted = num_accepted + 1``. Code that treats the recovered and the bonus token alike
+    names it ``recovered_or_bonus``.
 """
 
 from __future__ import annotations
@@ -38,7 +56,7 @@ class Verification(NamedTuple):
     ----------
     tokens : Tensor
         `[B, K+1]` int64. Row ``b`` holds ``num_emitted[b]`` tokens left-aligned (the accepted
-        draft tokens, then the correction or bonus token), then ``-1``.
+        draft tokens, then the recovered or bonus token), then ``-1``.
     num_accepted : Tensor
         `[B]` int64, ``0 <= num_accepted[b] <= num_draft_tokens[b]``.
     num_emitted : Tensor
@@ -486,10 +504,10 @@ def verify_sampling(
     ``p_j`` the target distribution at position ``j`` (``softmax(logits / temperature)`` filtered by
     top-k then top-p, as transformers' warpers do) and ``q_j`` the draft's, draft token ``x_j`` is
     accepted with probability ``min(1, p_j(x_j) / q_j(x_j))``, in order; at the first rejection the
-    extra token is drawn from ``norm(max(0, p_j - q_j))``, after ``k_b`` acceptances from
-    ``p_{k_b}``. The emitted tokens are distributed exactly as tokens sampled from the target one
-    at a time. No ``[B, K+1, V]`` probability tensor is materialised by the Triton and native
-    backends.
+    recovered token is drawn from ``norm(max(0, p_j - q_j))``, after ``k_b`` acceptances the bonus
+    token from ``p_{k_b}``. The emitted tokens are distributed exactly as tokens sampled from the
+    target one at a time. No ``[B, K+1, V]`` probability tensor is materialised by the Triton and
+    native backends.
 
     Parameters
     ----------
@@ -670,13 +688,13 @@ def verify_typical(
 
     ``H(p) = -sum_x p(x) log p(x)``, in order, stopping at the first rejection; no draft
     probabilities are needed and no random number decides acceptance. At the first rejection
-    ``j`` the extra token is sampled from ``p_j``, after ``k_b`` acceptances from ``p_{k_b}``
+    ``j`` the recovered token is sampled from ``p_j``, after ``k_b`` acceptances from ``p_{k_b}``
     (the exponential race of :func:`verify_sampling`, same counters: with the same seed the bonus
     token equals :func:`verify_sampling`'s). The output is not distributed as the target's.
 
     Differences from vLLM V0 (deliberate): the entropy is the exact one (vLLM V0 and Medusa's
     code use ``log(p + 1e-5)``, which lowers ``H`` of flat distributions by up to about
-    ``1e-5 * V``); the extra token is drawn here, from the filtered ``p_j`` with this package's
+    ``1e-5 * V``); the recovered token is drawn here, from the filtered ``p_j`` with this package's
     counters (vLLM V0 takes the token its target sampler already drew at that position, also a
     draw from ``p_j``); ``temperature=0`` rows are exactly :func:`verify_greedy`'s; per-row seeds
     as in :func:`verify_sampling`.

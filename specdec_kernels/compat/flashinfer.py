@@ -49,8 +49,8 @@ def chain_speculative_sampling(
     made; ``draft_probs`` is read in place too.
 
     Upstream semantics kept: ``output_token_ids`` int32 `[B, n+1]`, the accepted draft tokens
-    then the extra token, then ``-1``; ``output_emitted_draft_token_num[b]`` = the accepted
-    prefix length (the tokens actually used); ``output_accepted_token_num[b]`` counts every
+    then the recovered or bonus token, then ``-1``; ``output_emitted_draft_token_num[b]`` = the
+    accepted prefix length (the tokens actually used); ``output_accepted_token_num[b]`` counts every
     position whose accept test passes, also after the first rejection (it measures draft /
     target alignment, not tokens used); both counters are *added* to the given buffers in place
     (``+=``) and returned; fresh zero buffers are used when None. ``seed`` and ``offset`` are used
@@ -75,7 +75,7 @@ def chain_speculative_sampling(
     * The kernels use ``target_probs`` rows renormalised (``p / sum(p)``; identical for rows
       that sum to 1), in float32 whatever the input dtype (float32, bfloat16, float16 accepted);
       the accepted counter's tests after the first rejection use ``p(x)`` as given.
-    * When the residual ``max(0, p - q)`` has no mass the extra token is drawn from ``p``
+    * When the residual ``max(0, p - q)`` has no mass the recovered token is drawn from ``p``
       (upstream returns its last valid index).
     * ``deterministic`` is accepted and ignored: the kernels are always deterministic.
     * Values are not validated (no host synchronisation, as upstream); bad values never cause

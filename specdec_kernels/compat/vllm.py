@@ -202,7 +202,7 @@ def rejection_sample(
             0.0,
             backend,
         )
-    # Every draft accepted: the extra token is the caller's bonus token, not the kernels' draw
+    # Every draft accepted: the bonus token is the caller's bonus token, not the kernels' draw
     # (they read some other request's row there: clamped in bounds, and discarded here).
     positions = torch.arange(max_spec_len + 1, device=device)
     at_bonus = (positions[None, :] == accepted[:, None]) & (accepted == flat.num_draft_tokens)[
