@@ -1,13 +1,14 @@
-"""Measurements kept between processes: where they live, how they are read and written, and the
-one timed model pass they are made of. A leaf module (it imports nothing of the package), shared
-by :mod:`specdec_kernels.adaptive` (pass costs) and :mod:`specdec_kernels.models.bundled` (the
-fastest dtype).
+"""Measurements kept between processes: where they live, how they are read and written, the CPU
+they are keyed by, and the one timed model pass they are made of. A leaf module (it imports
+nothing of the package), shared by :mod:`specdec_kernels.adaptive` (pass costs),
+:mod:`specdec_kernels.models.bundled` (the fastest dtype) and the benchmarks' machine record.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import time
 
 import torch
@@ -21,6 +22,19 @@ def cache_path() -> str:
         os.path.expanduser("~"), ".cache", "specdec_kernels"
     )
     return os.path.join(root, "pass_costs.json")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``'s first ``model name``, else what ``platform``
+    says): part of every cache key, and the ``cpu`` of a benchmark row's machine."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            names = [ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")]
+        if names:
+            return names[0]
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def read_json(path: str) -> dict:

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_kernels._cache import cache_path, pass_ms, read_json, write_json  # noqa: F401
+from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented from here)
+    cache_path,
+    cpu_name,
+    pass_ms,
+    read_json,
+    write_json,
+)
 
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
@@ -321,16 +327,13 @@ def _fingerprint(target, draft) -> str:
             weights=hashlib.sha1(weights.numpy().tobytes()).hexdigest(),
         )
 
-    from specdec_kernels.benchmarks.results import machine
-
-    info = machine(next(target.parameters()).device)
     key = dict(
         target=describe(target),
         draft=describe(draft),
         threads=torch.get_num_threads(),
         torch=torch.__version__,
         package=__version__,
-        cpu=info.get("cpu"),
+        cpu=cpu_name(),
     )
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

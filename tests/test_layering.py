@@ -1,16 +1,17 @@
 """The package's import graph, read from the source with ``ast`` (nothing is imported).
 
-The layers, lowest first; a module imports only from its own layer or the ones below it::
+The layers, lowest first (:data:`LAYERS`); a module imports only from its own layer or the
+ones below it::
 
-    _warnings, _validate, reference            leaves: no specdec_kernels import but each other
-    _extension, _dispatch                      loads _C; picks the backend
-    ops                                        Triton kernels and launchers
-    verification, tree_verification, kv_cache  the custom ops
-    models, decoding, distributed, compat      models, the loop's parts, adapters
-    adaptive, generation, integrations         the loop and its faces
-    benchmarks, cli, __main__                  entry points
+    _warnings, _version, _cache, _validate, reference, _C    leaves
+    _extension, _dispatch                                   loads _C; picks the backend
+    ops                                                     Triton kernels and launchers
+    verification, tree_verification, kv_cache               the custom ops
+    models, decoding, distributed, compat, adaptive, ngram  models, the loop's parts, adapters
+    generation, integrations                                the loop and its faces
+    benchmarks, cli, __main__, the package face             entry points; __init__
 
-Three rules are checked, on every import, at module level or inside a function alike:
+Four rules are checked, on every import, at module level or inside a function alike:
 
 (a) No submodule imports the package face (``import specdec_kernels``, or ``from specdec_kernels
     import name`` where ``name`` is not a submodule) except the entry points ``cli``,
@@ -18,8 +19,10 @@ Three rules are checked, on every import, at module level or inside a function a
 (b) No import cycle between modules (an edge is ``a`` importing module ``b``; ``from p import m``
     with ``m`` a submodule of ``p`` is an edge to ``p.m``; a package's ``__init__`` is the node
     ``p``, and a module's implicit import of its parent packages is not an edge).
-(c) No ``from X import _private`` where ``X`` lives in another top-level room (subpackage or
-    top-level module) than the importer: a name used across rooms is public.
+(c) No ``from X import _private`` and no ``alias._private`` (``alias`` bound to a module) where
+    ``X`` lives in another top-level room (subpackage or top-level module) than the importer:
+    a name used across rooms is public. Private *modules* (``_validate``) may be imported.
+(d) No edge from a room to a room of a higher layer; every room has a layer.
 """
 
 import ast
@@ -31,6 +34,16 @@ PKG = "specdec_kernels"
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), PKG)
 ENTRY_POINTS = {"cli", "__main__", "benchmarks"}
 EXTENSIONS = {f"{PKG}._C"}  # compiled: a leaf of the graph
+LAYERS = [
+    {"_warnings", "_version", "_cache", "_validate", "reference", "_C"},
+    {"_extension", "_dispatch"},
+    {"ops"},
+    {"verification", "tree_verification", "kv_cache"},
+    {"models", "decoding", "distributed", "compat", "adaptive", "ngram"},
+    {"generation", "integrations"},
+    {"benchmarks", "cli", "__main__", ""},  # "": the package face (__init__)
+]
+LAYER = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 
 
 def _modules() -> dict[str, str]:
@@ -191,6 +204,19 @@ def private_imports() -> list[str]:
     return sorted(set(bad))
 
 
+def upward_edges() -> list[str]:
+    bad = []
+    for m, targets in _edges().items():
+        if _room(m) not in LAYER:
+            bad.append(f"{MODULES[m]}: room {_room(m)!r} has no layer in LAYERS")
+            continue
+        for t in targets:
+            if LAYER.get(_room(t), -1) > LAYER[_room(m)]:
+                up = f"layer {LAYER[_room(m)]} imports layer {LAYER[_room(t)]}"
+                bad.append(f"{MODULES[m]}: {m} -> {t} ({up})")
+    return sorted(bad)
+
+
 def test_graph_is_read():
     assert f"{PKG}.verification" in MODULES and f"{PKG}.ops" in MODULES
     assert f"{PKG}.verification" in _edges()[PKG]
@@ -208,11 +234,16 @@ def test_no_private_name_across_rooms():
     assert private_imports() == []
 
 
+def test_no_import_up_the_layers():
+    assert upward_edges() == []
+
+
 @pytest.mark.parametrize(
     "source, rule",
     [
         ("import specdec_kernels as sk\n", face_imports),
         ("from specdec_kernels.verification import _private\n", private_imports),
+        ("from specdec_kernels import generation\n", upward_edges),
     ],
 )
 def test_rules_catch_a_planted_violation(tmp_path, monkeypatch, source, rule):

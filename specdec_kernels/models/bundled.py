@@ -119,14 +119,13 @@ def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -
     """
     import json
 
-    from specdec_kernels._cache import cache_path, pass_ms, read_json, write_json
-    from specdec_kernels.benchmarks.results import machine
+    from specdec_kernels._cache import cache_path, cpu_name, pass_ms, read_json, write_json
 
     probe = load(DTYPE_CANDIDATES[0])
     key = "dtype:" + json.dumps(
         dict(
             config=repr(probe.config),
-            cpu=machine(torch.device(device)).get("cpu"),
+            cpu=cpu_name(),
             threads=torch.get_num_threads(),
             torch=torch.__version__,
         ),
