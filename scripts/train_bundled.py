@@ -183,7 +183,7 @@ class Trainer:
 
 def acceptance_table(target, draft, text: str) -> dict:
     """Held-out greedy acceptance rate and mean accepted per pass at K = 1, 2, 4, 8."""
-    from specdec_kernels.models.bundled import evaluate_acceptance
+    from specdec_kernels.benchmarks.acceptance import evaluate_acceptance
 
     table = {}
     for k in (1, 2, 4, 8):

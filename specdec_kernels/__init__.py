@@ -23,6 +23,7 @@ from specdec_kernels import (  # noqa: E402
     models,
 )
 from specdec_kernels._extension import extension_available  # noqa: E402
+from specdec_kernels._version import __version__  # noqa: E402,F401
 from specdec_kernels.generation import (  # noqa: E402
     GenerationOutput,
     GenerationStats,
@@ -45,8 +46,6 @@ from specdec_kernels.verification import (  # noqa: E402
     verify_sampling,
     verify_typical,
 )
-
-__version__ = "0.1.0"
 
 __all__ = [
     "GenerationOutput",

@@ -26,24 +26,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import threading
-import warnings
 
 import torch
 
+from specdec_kernels._warnings import warn_once  # noqa: F401  (also imported from here)
+
 BACKENDS = ("triton", "native", "reference")
 _ENV_VAR = "SPECDEC_BACKEND"
-_lock = threading.Lock()
-_warned: set[str] = set()
-
-
-def warn_once(key: str, message: str) -> None:
-    """Emit ``message`` as a ``RuntimeWarning`` the first time ``key`` is seen in this process."""
-    with _lock:
-        if key in _warned:
-            return
-        _warned.add(key)
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 @functools.cache

@@ -26,7 +26,7 @@ import threading
 
 import torch
 
-from specdec_kernels._dispatch import warn_once
+from specdec_kernels._warnings import warn_once
 from specdec_kernels.reference import kv_cache as _ref
 
 __all__ = ["SCHEMAS", "extension_available", "force_fallback", "load_error", "native_ops_available"]

@@ -15,7 +15,7 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INT_DTYPES = (torch.int32, torch.int64)
 
 
-def _shape(t: torch.Tensor) -> str:
+def shape_str(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
@@ -41,7 +41,7 @@ def require_device(name: str, t: torch.Tensor, device: torch.device) -> None:
 def require_shape(name: str, t: torch.Tensor, expected: tuple, labels: str) -> None:
     if tuple(t.shape) != tuple(expected):
         want = "[" + ", ".join(str(s) for s in expected) + "]"
-        raise ValueError(f"{name} must have shape {labels} = {want}, got {_shape(t)}")
+        raise ValueError(f"{name} must have shape {labels} = {want}, got {shape_str(t)}")
 
 
 def check_logits(target_logits, rows: str = "K+1") -> tuple[int, int, int]:
@@ -50,13 +50,13 @@ def check_logits(target_logits, rows: str = "K+1") -> tuple[int, int, int]:
     require_tensor("target_logits", target_logits)
     if target_logits.dim() != 3:
         raise ValueError(
-            f"target_logits must have shape [B, {rows}, V] (3 dims), got {_shape(target_logits)}"
+            f"target_logits must have shape [B, {rows}, V] (3 dims), got {shape_str(target_logits)}"
         )
     require_dtype("target_logits", target_logits, FLOAT_DTYPES)
     b, k1, v = target_logits.shape
     if k1 < 1 or v < 1:
         raise ValueError(
-            f"target_logits must have {rows} >= 1 and V >= 1, got {_shape(target_logits)}"
+            f"target_logits must have {rows} >= 1 and V >= 1, got {shape_str(target_logits)}"
         )
     if target_logits.stride(-1) != 1 and v > 1:
         raise ValueError(
@@ -185,7 +185,7 @@ def check_logit_values(target_logits: torch.Tensor) -> None:
     marks a masked token (transformers' warpers produce them) and is valid."""
     bad = torch.isnan(target_logits) | (target_logits == float("inf"))
     if bool(bad.any()):
-        row, pos, tok = _first(bad)
+        row, pos, tok = first_index(bad)
         raise ValueError(
             f"target_logits must not hold NaN or +inf (-inf masks a token), got "
             f"target_logits[{row}, {pos}, {tok}] = "
@@ -193,7 +193,7 @@ def check_logit_values(target_logits: torch.Tensor) -> None:
         )
     empty = ~torch.isfinite(target_logits).any(dim=-1)
     if bool(empty.any()):
-        row, pos = _first(empty)
+        row, pos = first_index(empty)
         raise ValueError(
             f"target_logits[{row}, {pos}] has no finite entry (every token is "
             f"masked with -inf): there is nothing to emit"
@@ -211,7 +211,7 @@ def check_temperature_range(target_logits: torch.Tensor, temperature: torch.Tens
     temp = temperature.float()
     overflow = (temp > 0) & torch.isinf(biggest / torch.where(temp > 0, temp, 1.0))
     if bool(overflow.any()):
-        (row,) = _first(overflow)
+        (row,) = first_index(overflow)
         raise ValueError(
             f"temperature[{row}] = {float(temperature[row]):.3g} is so small that "
             f"logits / temperature overflows float32 (max |logit| in row {row} is "
@@ -219,7 +219,7 @@ def check_temperature_range(target_logits: torch.Tensor, temperature: torch.Tens
         )
 
 
-def _first(mask: torch.Tensor) -> tuple:
+def first_index(mask: torch.Tensor) -> tuple:
     return tuple(int(i) for i in mask.nonzero()[0])
 
 
@@ -237,7 +237,7 @@ def check_values(
     k = k1 - 1
     bad_nd = (num_draft_tokens < 0) | (num_draft_tokens > k)
     if bool(bad_nd.any()):
-        (row,) = _first(bad_nd)
+        (row,) = first_index(bad_nd)
         raise ValueError(
             f"num_draft_tokens must lie in [0, K] = [0, {k}], got "
             f"num_draft_tokens[{row}] = {int(num_draft_tokens[row])}"
@@ -245,7 +245,7 @@ def check_values(
     live = torch.arange(k, device=draft_tokens.device)[None, :] < num_draft_tokens[:, None]
     bad_ids = live & ((draft_tokens < 0) | (draft_tokens >= v))
     if bool(bad_ids.any()):
-        row, pos = _first(bad_ids)
+        row, pos = first_index(bad_ids)
         raise ValueError(
             f"draft_tokens[{row}, {pos}] = {int(draft_tokens[row, pos])} is outside "
             f"[0, V) with V = {v} (positions < num_draft_tokens[{row}] = "
@@ -262,7 +262,7 @@ def check_values(
             (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})"),
         ):
             if bool(bad.any()):
-                row, pos = _first(bad)
+                row, pos = first_index(bad)
                 raise ValueError(
                     f"draft_probs[{row}, {pos}] {what}: sum = {float(sums[row, pos]):.6g}, "
                     f"min = {float(draft_probs[row, pos].min()):.6g}"
@@ -277,7 +277,7 @@ def check_control_values(temperature=None, top_k=None, top_p=None) -> None:
     if temperature is not None:
         bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
         if bool(bad.any()):
-            (row,) = _first(bad)
+            (row,) = first_index(bad)
             raise ValueError(
                 "temperature must be finite and >= 0, got "
                 f"temperature[{row}] = {float(temperature[row])}"
@@ -285,12 +285,12 @@ def check_control_values(temperature=None, top_k=None, top_p=None) -> None:
     if top_k is not None:
         bad = top_k < 0
         if bool(bad.any()):
-            (row,) = _first(bad)
+            (row,) = first_index(bad)
             raise ValueError(f"top_k must be >= 0 (0 = off), got top_k[{row}] = {int(top_k[row])}")
     if top_p is not None:
         bad = ~((top_p > 0) & (top_p <= 1))
         if bool(bad.any()):
-            (row,) = _first(bad)
+            (row,) = first_index(bad)
             raise ValueError(f"top_p must be in (0, 1], got top_p[{row}] = {float(top_p[row])}")
 
 
@@ -314,13 +314,13 @@ def check_flat_structure(
     if target_logits.dim() != 2:
         raise ValueError(
             f"with cu_num_draft_tokens, {name} must have shape {rows_label} (2 dims), "
-            f"got {_shape(target_logits)}"
+            f"got {shape_str(target_logits)}"
         )
     v = target_logits.shape[1]
     if v < 1 or (v > 1 and target_logits.stride(1) != 1):
         raise ValueError(
             f"{name} must have V >= 1 and stride 1 in its last dim, got shape "
-            f"{_shape(target_logits)}, strides {tuple(target_logits.stride())}"
+            f"{shape_str(target_logits)}, strides {tuple(target_logits.stride())}"
         )
     device = target_logits.device
     require_tensor("draft_tokens", draft_tokens)
@@ -328,7 +328,7 @@ def check_flat_structure(
     if draft_tokens.dim() != 1:
         raise ValueError(
             f"with cu_num_draft_tokens, draft_tokens must have shape [num_tokens], got "
-            f"{_shape(draft_tokens)}"
+            f"{shape_str(draft_tokens)}"
         )
     if draft_tokens.device != device:
         raise ValueError(f"draft_tokens is on {draft_tokens.device} but {name} is on {device}")
@@ -336,7 +336,7 @@ def check_flat_structure(
     require_dtype("cu_num_draft_tokens", cu_num_draft_tokens, INT_DTYPES)
     if cu_num_draft_tokens.dim() != 1:
         raise ValueError(
-            f"cu_num_draft_tokens must have shape [B], got {_shape(cu_num_draft_tokens)}"
+            f"cu_num_draft_tokens must have shape [B], got {shape_str(cu_num_draft_tokens)}"
         )
     if cu_num_draft_tokens.device != device:
         raise ValueError(
@@ -349,7 +349,7 @@ def check_flat_structure(
         raise ValueError(
             f"{name} must have shape {rows_label} = [{rows}, {v}] (num_tokens = "
             f"{t} from draft_tokens, B = {b} from cu_num_draft_tokens), got "
-            f"{_shape(target_logits)}"
+            f"{shape_str(target_logits)}"
         )
     if max_spec_len is not None and (
         isinstance(max_spec_len, bool)
@@ -386,7 +386,7 @@ def check_flat_counts(cu_num_draft_tokens, num_tokens: int, max_spec_len: int) -
     counts = torch.diff(cu, prepend=cu.new_zeros(1))
     bad = (counts < 0) | (counts > max_spec_len)
     if bool(bad.any()):
-        (row,) = _first(bad)
+        (row,) = first_index(bad)
         raise ValueError(
             f"cu_num_draft_tokens must be non-decreasing with steps in [0, max_spec_len] = "
             f"[0, {max_spec_len}], got cu_num_draft_tokens[{row}] = {int(cu[row])} "
@@ -405,27 +405,27 @@ def check_flat_values(target_logits, draft_tokens, draft_probs=None) -> None:
     v = target_logits.shape[1]
     bad = (draft_tokens < 0) | (draft_tokens >= v)
     if bool(bad.any()):
-        (i,) = _first(bad)
+        (i,) = first_index(bad)
         raise ValueError(
             f"draft_tokens[{i}] = {int(draft_tokens[i])} is outside [0, V) with V = {v}"
         )
     bad = torch.isnan(target_logits) | (target_logits == float("inf"))
     if bool(bad.any()):
-        row, tok = _first(bad)
+        row, tok = first_index(bad)
         raise ValueError(
             f"target_logits must not hold NaN or +inf (-inf masks a token), got "
             f"target_logits[{row}, {tok}] = {float(target_logits[row, tok])}"
         )
     empty = ~torch.isfinite(target_logits).any(dim=-1)
     if bool(empty.any()):
-        (row,) = _first(empty)
+        (row,) = first_index(empty)
         raise ValueError(f"target_logits[{row}] has no finite entry: there is nothing to emit")
     if draft_probs is not None:
         tol = probs_tolerance(draft_probs.dtype)
         sums = draft_probs.float().sum(dim=-1)
         bad = (draft_probs < 0).any(dim=-1) | ((sums - 1).abs() > tol) | ~torch.isfinite(sums)
         if bool(bad.any()):
-            (row,) = _first(bad)
+            (row,) = first_index(bad)
             raise ValueError(
                 f"draft_probs[{row}] must be non-negative and sum to 1 (tolerance {tol:.3g}), "
                 f"got sum = {float(sums[row]):.6g}, min = {float(draft_probs[row].min()):.6g}"
@@ -439,7 +439,7 @@ def check_probability_values(name: str, probs: torch.Tensor) -> None:
     sums = probs.float().sum(dim=-1)
     bad = (probs < 0).any(dim=-1) | ~torch.isfinite(sums) | ((sums - 1).abs() > tol)
     if bool(bad.any()):
-        index = _first(bad)
+        index = first_index(bad)
         where = ", ".join(str(i) for i in index)
         raise ValueError(
             f"{name}[{where}] must be non-negative and sum to 1 (tolerance {tol:.3g} for "
@@ -493,7 +493,7 @@ def check_parents(parents: torch.Tensor, num_nodes: torch.Tensor) -> None:
     b, n = parents.shape
     bad_nn = (num_nodes < 1) | (num_nodes > n)
     if bool(bad_nn.any()):
-        (row,) = _first(bad_nn)
+        (row,) = first_index(bad_nn)
         raise ValueError(
             f"num_nodes must lie in [1, N] = [1, {n}] (the root is a node), got "
             f"num_nodes[{row}] = {int(num_nodes[row])}"
@@ -502,7 +502,7 @@ def check_parents(parents: torch.Tensor, num_nodes: torch.Tensor) -> None:
         return
     bad_root = parents[:, 0] != -1
     if bool(bad_root.any()):
-        (row,) = _first(bad_root)
+        (row,) = first_index(bad_root)
         raise ValueError(
             f"parents[{row}, 0] must be -1 (node 0 is the root), got {int(parents[row, 0])}"
         )
@@ -510,7 +510,7 @@ def check_parents(parents: torch.Tensor, num_nodes: torch.Tensor) -> None:
     live = (nodes >= 1) & (nodes < num_nodes[:, None])
     bad = live & ((parents < 0) | (parents >= nodes))
     if bool(bad.any()):
-        row, node = _first(bad)
+        row, node = first_index(bad)
         raise ValueError(
             f"parents[{row}, {node}] = {int(parents[row, node])} is not a node before node "
             f"{node}: a real node's parent must lie in [0, {node}) (nodes are in topological "
@@ -536,7 +536,7 @@ def check_tree_values(
     real = nodes < num_nodes[:, None]  # [B, N]
     bad_ids = real & (nodes >= 1) & ((tree_tokens < 0) | (tree_tokens >= v))
     if bool(bad_ids.any()):
-        row, node = _first(bad_ids)
+        row, node = first_index(bad_ids)
         raise ValueError(
             f"tree_tokens[{row}, {node}] = {int(tree_tokens[row, node])} is outside [0, V) "
             f"with V = {v} (nodes 1 .. num_nodes[{row}] - 1 = {int(num_nodes[row]) - 1} must be "
@@ -559,7 +559,7 @@ def check_tree_values(
             (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})"),
         ):
             if bool(bad.any()):
-                row, node = _first(bad)
+                row, node = first_index(bad)
                 raise ValueError(
                     f"draft_probs[{row}, {node}] (the proposal of node {node}'s children) "
                     f"{what}: sum = {float(sums[row, node]):.6g}, "
@@ -568,7 +568,7 @@ def check_tree_values(
     if temperature is not None:
         bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
         if bool(bad.any()):
-            (row,) = _first(bad)
+            (row,) = first_index(bad)
             raise ValueError(
                 "temperature must be finite and >= 0, got "
                 f"temperature[{row}] = {float(temperature[row])}"
@@ -577,10 +577,10 @@ def check_tree_values(
     if top_k is not None:
         bad = top_k < 0
         if bool(bad.any()):
-            (row,) = _first(bad)
+            (row,) = first_index(bad)
             raise ValueError(f"top_k must be >= 0 (0 = off), got top_k[{row}] = {int(top_k[row])}")
     if top_p is not None:
         bad = ~((top_p > 0) & (top_p <= 1))
         if bool(bad.any()):
-            (row,) = _first(bad)
+            (row,) = first_index(bad)
             raise ValueError(f"top_p must be in (0, 1], got top_p[{row}] = {float(top_p[row])}")

@@ -21,6 +21,14 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented from here)
+    cache_path,
+    cpu_name,
+    pass_ms,
+    read_json,
+    write_json,
+)
+
 
 def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Expected tokens per target pass, ``(1 - alpha**(k+1)) / (1 - alpha)`` (``k+1`` at 1).
@@ -279,28 +287,6 @@ class PassCosts:
         )
 
 
-def _pass_ms(model, batch: int, tokens: int, context: int, repeats: int) -> float:
-    import time
-
-    device = next(model.parameters()).device
-    cache = model.new_cache(batch, context + tokens + 1)
-    x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
-    with torch.inference_mode():
-        model.hidden_states(
-            torch.zeros(batch, context, dtype=torch.int64, device=device), cache, context
-        )
-        cache.advance(context)
-        times = []
-        for _ in range(repeats + 1):  # the first call warms up
-            t0 = time.perf_counter()
-            model(x, cache, kv_len=context + tokens, validate=False)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-    times = sorted(times[1:])
-    return times[len(times) // 4] * 1e3  # the lower quartile: other work only ever adds time
-
-
 def _step_ms(batch: int, k: int, vocab: int, device, dtype, repeats: int) -> float:
     """The verification op's time for a ``[batch, k+1, vocab]`` greedy step (the loop's fixed
     cost beside the two models' passes)."""
@@ -325,7 +311,7 @@ def _fingerprint(target, draft) -> str:
     import hashlib
     import json
 
-    import specdec_kernels
+    from specdec_kernels._version import __version__
 
     def describe(m):
         p = next(m.parameters())
@@ -341,32 +327,18 @@ def _fingerprint(target, draft) -> str:
             weights=hashlib.sha1(weights.numpy().tobytes()).hexdigest(),
         )
 
-    from specdec_kernels.benchmarks.results import machine
-
-    info = machine(next(target.parameters()).device)
     key = dict(
         target=describe(target),
         draft=describe(draft),
         threads=torch.get_num_threads(),
         torch=torch.__version__,
-        package=getattr(specdec_kernels, "__version__", "?"),
-        cpu=info.get("cpu"),
+        package=__version__,
+        cpu=cpu_name(),
     )
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
 _MEMORY: dict[str, PassCosts] = {}
-
-
-def cache_path() -> str:
-    """Where measured :class:`PassCosts` are kept between processes:
-    ``$SPECDEC_CACHE_DIR/pass_costs.json`` (default ``~/.cache/specdec_kernels``)."""
-    import os
-
-    root = os.environ.get("SPECDEC_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "specdec_kernels"
-    )
-    return os.path.join(root, "pass_costs.json")
 
 
 def measure_pass_costs(
@@ -397,10 +369,8 @@ def measure_pass_costs(
     key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}"
     if key in _MEMORY:
         return _MEMORY[key]
-    from specdec_kernels.models.bundled import _read_json, _write_json
-
     if cache:
-        stored = _read_json(cache_path())
+        stored = read_json(cache_path())
         if isinstance(stored.get(key), dict):
             try:
                 _MEMORY[key] = PassCosts.from_dict(stored[key])
@@ -416,20 +386,20 @@ def measure_pass_costs(
     rows, prev = [], [0.0] * len(tokens)
     for b in batch:
         row = list(
-            itertools.accumulate((_pass_ms(target, b, t, context, repeats) for t in tokens), max)
+            itertools.accumulate((pass_ms(target, b, t, context, repeats) for t in tokens), max)
         )
         prev = [max(x, y) for x, y in zip(row, prev)]
         rows.append(tuple(prev))
     target_ms = tuple(rows)
     draft_ms = tuple(
-        itertools.accumulate((_pass_ms(draft, b, 1, context, repeats) for b in batch), max)
+        itertools.accumulate((pass_ms(draft, b, 1, context, repeats) for b in batch), max)
     )
     p = next(target.parameters())
     step = _step_ms(1, min(max_k, 4), target.vocab_size, p.device, p.dtype, repeats)
     costs = PassCosts(tuple(batch), tuple(tokens), target_ms, draft_ms, step)
     _MEMORY[key] = costs
     if cache:
-        stored = _read_json(cache_path())
+        stored = read_json(cache_path())
         stored[key] = costs.to_dict()
-        _write_json(cache_path(), stored)
+        write_json(cache_path(), stored)
     return costs

@@ -490,7 +490,7 @@ def _parents_args(parents, num_nodes, validate: bool):
     check.require_tensor("parents", parents)
     check.require_dtype("parents", parents, check.INT_DTYPES)
     if parents.dim() != 2:
-        raise ValueError(f"parents must have shape [B, N] (2 dims), got {check._shape(parents)}")
+        raise ValueError(f"parents must have shape [B, N] (2 dims), got {check.shape_str(parents)}")
     b, n = parents.shape
     nn = check.num_nodes_tensor(num_nodes, b, n, parents.device)
     if num_nodes is not None and nn.device != parents.device:

@@ -9,6 +9,24 @@ The Python functions here check arguments, turn scalars into per-row tensors, pi
 vLLM's flattened layout (``cu_num_draft_tokens=``), probability inputs (the drop-in adapters of
 :mod:`specdec_kernels.compat`) and typical acceptance go through one more op,
 ``torch.ops.specdec.verify_ex``, whose kernels read the flat rows through per-row offsets.
+
+Vocabulary (vLLM's rejection sampler's, used for chains and trees throughout the package, in
+docstrings, comments and local names; public argument names keep their own):
+
+*accepted*
+    the draft tokens the target keeps: the longest prefix of a row's ``k_b`` drafts (a path of
+    a tree) that passes verification, ``num_accepted[b]`` of them, ``0 <= num_accepted <= k_b``.
+*recovered*
+    the token the target supplies at the first rejection: sampled from the residual
+    ``norm(max(0, p - q))`` (the target's argmax in greedy verification, a draw from ``p`` in
+    typical acceptance or where the residual has no mass).
+*bonus*
+    the token the target supplies after all ``k_b`` drafts were accepted (at a tree's leaf):
+    sampled from (greedy: the argmax of) the target's distribution at position ``k_b``.
+*emitted*
+    what a row outputs per step: the accepted drafts, then exactly one recovered or bonus token,
+    ``num_emitted = num_accepted + 1``. Code that treats the recovered and the bonus token alike
+    names it ``recovered_or_bonus``.
 """
 
 from __future__ import annotations
@@ -21,7 +39,8 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import resolve_backend, warn_once
+from specdec_kernels._dispatch import resolve_backend
+from specdec_kernels._warnings import warn_once
 from specdec_kernels.reference import accept_reject as ref_accept_reject
 from specdec_kernels.reference import layout as ref_layout
 from specdec_kernels.reference import rng
@@ -37,7 +56,7 @@ class Verification(NamedTuple):
     ----------
     tokens : Tensor
         `[B, K+1]` int64. Row ``b`` holds ``num_emitted[b]`` tokens left-aligned (the accepted
-        draft tokens, then the correction or bonus token), then ``-1``.
+        draft tokens, then the recovered or bonus token), then ``-1``.
     num_accepted : Tensor
         `[B]` int64, ``0 <= num_accepted[b] <= num_draft_tokens[b]``.
     num_emitted : Tensor
@@ -298,7 +317,7 @@ class _FlatInputs(NamedTuple):
     probs_row_start: Tensor  # [B] int64: row of request b's first draft in draft_probs
 
 
-def _flat_inputs(
+def flat_inputs(
     target_logits,
     draft_tokens,
     draft_probs,
@@ -421,7 +440,7 @@ def verify_greedy(
     [[1, 2, -1], [2, -1, -1]]
     """
     if cu_num_draft_tokens is not None:
-        flat = _flat_inputs(
+        flat = flat_inputs(
             target_logits,
             draft_tokens,
             None,
@@ -485,10 +504,10 @@ def verify_sampling(
     ``p_j`` the target distribution at position ``j`` (``softmax(logits / temperature)`` filtered by
     top-k then top-p, as transformers' warpers do) and ``q_j`` the draft's, draft token ``x_j`` is
     accepted with probability ``min(1, p_j(x_j) / q_j(x_j))``, in order; at the first rejection the
-    extra token is drawn from ``norm(max(0, p_j - q_j))``, after ``k_b`` acceptances from
-    ``p_{k_b}``. The emitted tokens are distributed exactly as tokens sampled from the target one
-    at a time. No ``[B, K+1, V]`` probability tensor is materialised by the Triton and native
-    backends.
+    recovered token is drawn from ``norm(max(0, p_j - q_j))``, after ``k_b`` acceptances the bonus
+    token from ``p_{k_b}``. The emitted tokens are distributed exactly as tokens sampled from the
+    target one at a time. No ``[B, K+1, V]`` probability tensor is materialised by the Triton and
+    native backends.
 
     Parameters
     ----------
@@ -569,7 +588,7 @@ def verify_sampling(
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of seed and generator, got both")
     if cu_num_draft_tokens is not None:
-        flat = _flat_inputs(
+        flat = flat_inputs(
             target_logits,
             draft_tokens,
             draft_probs,
@@ -669,13 +688,13 @@ def verify_typical(
 
     ``H(p) = -sum_x p(x) log p(x)``, in order, stopping at the first rejection; no draft
     probabilities are needed and no random number decides acceptance. At the first rejection
-    ``j`` the extra token is sampled from ``p_j``, after ``k_b`` acceptances from ``p_{k_b}``
+    ``j`` the recovered token is sampled from ``p_j``, after ``k_b`` acceptances from ``p_{k_b}``
     (the exponential race of :func:`verify_sampling`, same counters: with the same seed the bonus
     token equals :func:`verify_sampling`'s). The output is not distributed as the target's.
 
     Differences from vLLM V0 (deliberate): the entropy is the exact one (vLLM V0 and Medusa's
     code use ``log(p + 1e-5)``, which lowers ``H`` of flat distributions by up to about
-    ``1e-5 * V``); the extra token is drawn here, from the filtered ``p_j`` with this package's
+    ``1e-5 * V``); the recovered token is drawn here, from the filtered ``p_j`` with this package's
     counters (vLLM V0 takes the token its target sampler already drew at that position, also a
     draw from ``p_j``); ``temperature=0`` rows are exactly :func:`verify_greedy`'s; per-row seeds
     as in :func:`verify_sampling`.
@@ -795,10 +814,10 @@ def accept_reject(
     if draft_tokens.shape != verifier_tokens.shape:
         raise ValueError(
             f"draft_tokens and verifier_tokens must have the same shape, got "
-            f"{check._shape(draft_tokens)} and {check._shape(verifier_tokens)}"
+            f"{check.shape_str(draft_tokens)} and {check.shape_str(verifier_tokens)}"
         )
     if draft_tokens.dim() not in (1, 2):
-        raise ValueError(f"draft_tokens must be [K] or [B, K], got {check._shape(draft_tokens)}")
+        raise ValueError(f"draft_tokens must be [K] or [B, K], got {check.shape_str(draft_tokens)}")
     if draft_tokens.device != verifier_tokens.device:
         raise ValueError(
             f"draft_tokens is on {draft_tokens.device} but verifier_tokens is on "

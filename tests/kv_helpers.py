@@ -9,7 +9,7 @@ import torch
 
 from specdec_kernels._extension import extension_available, force_fallback
 
-from conftest import DEVICES, assert_same  # noqa: F401  (re-exported for the KV tests)
+from helpers import DEVICES, assert_same  # noqa: F401  (re-exported for the KV tests)
 
 
 @contextlib.contextmanager

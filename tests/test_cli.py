@@ -7,15 +7,9 @@ import sys
 import pytest
 import torch
 
+from specdec_kernels.benchmarks.acceptance import evaluate_acceptance
 from specdec_kernels.cli import main, render
-from specdec_kernels.models.bundled import (
-    EOS_ID,
-    decode,
-    encode,
-    evaluate_acceptance,
-    heldout_text,
-    load_bundled,
-)
+from specdec_kernels.models.bundled import EOS_ID, decode, encode, heldout_text, load_bundled
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The bundled pairs' stated greedy acceptance (docs/generation.md) on each pair's shipped

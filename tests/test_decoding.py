@@ -5,12 +5,13 @@ import random
 
 import pytest
 import torch
-from test_generation import ragged_prompts, tiny_pair
 
 import specdec_kernels as sk
 from specdec_kernels.decoding import CausalLMAdapter, Decoder, ModelDrafter, Sampling
 from specdec_kernels.decoding.core import swap_remove_order
 from specdec_kernels.reference import rng
+
+from helpers import ragged_prompts, tiny_pair
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -12,75 +12,21 @@ from specdec_kernels.models import CausalLM, CausalLMConfig
 from specdec_kernels.models.bundled import heldout_text
 from specdec_kernels.ngram import ngram_draft
 
-VOCAB = 37
-
+from helpers import (
+    VOCAB,
+    assert_row_is_batch_invariant,
+    assert_rows_equal,
+    ragged_prompts,
+    reference,
+    tiny_pair,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny_pair(vocab=VOCAB, n_positions=96, dtype=torch.float64, seed=0):
-    """A 3-layer target and a 1-layer draft that shares the target's embeddings, first layer and
-    head, so that acceptance is neither 0 nor 1. Float64 keeps argmax ties away, so batched and
-    per-row decoding agree exactly."""
-    torch.manual_seed(seed)
-    target = CausalLM(
-        CausalLMConfig(
-            vocab_size=vocab,
-            n_positions=n_positions,
-            n_embd=32,
-            n_layer=3,
-            n_head=2,
-            tie_word_embeddings=False,
-        )
-    )
-    for p in target.parameters():  # larger weights than GPT-2's init: less degenerate outputs
-        p.data.mul_(2.0) if p.dim() >= 2 else None
-    draft = CausalLM(
-        CausalLMConfig(
-            vocab_size=vocab,
-            n_positions=n_positions,
-            n_embd=32,
-            n_layer=1,
-            n_head=2,
-            tie_word_embeddings=False,
-        )
-    )
-    shared = {
-        k: v
-        for k, v in target.state_dict().items()
-        if not k.startswith("transformer.h.") or k.startswith("transformer.h.0.")
-    }
-    draft.load_state_dict(shared)
-    return target.to(dtype).eval(), draft.to(dtype).eval()
 
 
 @pytest.fixture(scope="module")
 def pair():
     return tiny_pair()
-
-
-def ragged_prompts(batch, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    lengths = [1 + (7 * b + 3) % 23 for b in range(batch)]
-    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
-
-
-def reference(target, prompts, max_new_tokens, eos=None):
-    """The target's own greedy decoding, one row at a time."""
-    return [
-        autoregressive_generate(target, [p], max_new_tokens, eos_token_id=eos).sequences[0]
-        for p in prompts
-    ]
-
-
-def assert_rows_equal(got, want):
-    for b, (g, w) in enumerate(zip(got, want)):
-        if g != w:
-            i = next((i for i, (x, y) in enumerate(zip(g, w)) if x != y), min(len(g), len(w)))
-            raise AssertionError(
-                f"row {b} differs first at index {i}: got {g[i : i + 8]} "
-                f"(len {len(g)}), want {w[i : i + 8]} (len {len(w)})"
-            )
 
 
 # ---------------------------------------------------------------- losslessness
@@ -221,26 +167,6 @@ def test_sampling_seeded_reproducible(pair):
     assert a.sequences != gen.generate(prompts, 12).sequences
 
 
-def assert_row_is_batch_invariant(gen, prompts, **kwargs):
-    """Row ``a = prompts[0]`` gives the same tokens alone and with other rows (its index in the
-    caller's batch, which keys its seeds, fixed at 0), and row ``a`` at caller index 3 the same
-    tokens whatever its companions: rows that never retire early, or rows that retire after
-    the first pass (at the context) so that ``a`` moves to another slot of the live batch, and
-    a longer batch."""
-    a, *others = prompts
-    alone = gen.generate([a], **kwargs).sequences[0]
-    assert_rows_equal([gen.generate([a] + others[:3], **kwargs).sequences[0]], [alone])
-    at3 = gen.generate(others[:3] + [a], **kwargs).sequences[3]
-    full = [
-        [t % VOCAB for t in range(94 + b)] for b in range(3)
-    ]  # context 96: done by the first pass
-    moved = gen.generate(full + [a] + others[3:5], **kwargs).sequences[3]
-    assert_rows_equal([moved], [at3])
-    longer = gen.generate(others[2:5] + [a] + others, **kwargs).sequences[3]
-    assert_rows_equal([longer], [at3])
-    return alone
-
-
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_rows_are_batch_invariant_with_a_sampling_draft(pair, temperature):
     """A row's tokens do not depend on which rows share its batch, its slot in the live batch
@@ -270,7 +196,7 @@ def test_a_draft_opposed_to_the_target_stays_lossless(shape):
     gives chi-square 115 (chain) and 302 (tree) against a critical value of 62."""
     import copy
 
-    from test_statistics import chi_square_check
+    from helpers import chi_square_check
 
     target, _ = tiny_pair(vocab=16, n_positions=8, dtype=torch.float32, seed=3)
     with torch.no_grad():

@@ -28,6 +28,7 @@ from kv_helpers import (
     no_host_sync,
     random_values,
 )
+from op_registry import kv_args
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 IMPLS = ["native", "fallback"]
@@ -424,40 +425,6 @@ def test_ops_reject_bad_metadata(impl_name):
 
 # ============================================================================================
 # Registration
-def _op_args(device="cpu"):
-    g = torch.Generator().manual_seed(1)
-    cache = random_values((2, 2, 3, 3, 7, 5), torch.float32, generator=g)
-    paged = random_values((2, 2, 7, 3, 3, 5), torch.float32, generator=g)
-    k = random_values((3, 3, 2, 5), torch.float32, generator=g)
-    v = random_values((3, 3, 2, 5), torch.float32, generator=g)
-    tables = torch.tensor([[4, 1, -1], [0, 6, 2], [3, -1, -1]], dtype=torch.int32)
-    args = {
-        "kv_write_": (cache, 1, k, v, torch.tensor([0, 5, 2])),
-        "kv_compact_": (
-            cache,
-            torch.tensor([[3, 2, 4], [6, 5, 0], [1, 1, 9]]),
-            torch.tensor([3, 2, 0]),
-            torch.tensor([1, 4, 0]),
-        ),
-        "paged_kv_write_": (paged, 0, k, v, tables, torch.tensor([2, 7, 0])),
-        "paged_kv_compact_": (
-            paged,
-            tables,
-            torch.tensor([[5, 2, 3], [8, 4, 0], [0, 0, 0]]),
-            torch.tensor([2, 3, 1]),
-            torch.tensor([2, 3, 0]),
-        ),
-    }
-    return {
-        name: tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in t)
-        for name, t in args.items()
-    }
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", list(_extension.SCHEMAS))
-def test_opcheck(name, impl, device):
-    torch.library.opcheck(getattr(torch.ops.specdec, name).default, _op_args(device)[name])
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -517,7 +484,7 @@ def test_fake_kernels_propagate_under_torch_compile_tracing():
     with FakeTensorMode() as mode:
         args = {
             n: tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in t)
-            for n, t in _op_args().items()
+            for n, t in kv_args().items()
         }
         for name, a in args.items():
             getattr(torch.ops.specdec, name)(*a)

@@ -84,14 +84,6 @@ def test_bad_arguments_name_what_is_wrong():
         )
 
 
-def test_opcheck():
-    x, w, b = torch.randn(3, 32), torch.randn(5, 32), torch.randn(5)
-    torch.library.opcheck(op.rowinv_linear.default, (x, w, b))
-    q = torch.randn(1, 2, 3, 16)
-    mask = torch.ones(1, 1, 3, 3, dtype=torch.bool).tril()
-    torch.library.opcheck(op.rowinv_attention.default, (q, q, q, mask))
-
-
 def _model(dtype):
     cfg = CausalLMConfig(vocab_size=61, n_positions=64, n_embd=64, n_layer=2, n_head=2)
     model = CausalLM(cfg).to(dtype).eval()

@@ -12,10 +12,9 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels import _dispatch
+from specdec_kernels import _dispatch, _warnings
 
-from conftest import assert_same, assert_verification_equal
-from helpers import make_draft_probs, make_inputs
+from helpers import assert_same, assert_verification_equal, make_draft_probs, make_inputs
 
 pytestmark = pytest.mark.skipif(
     not _dispatch.native_available(), reason="the C++ extension (native backend) is not built"
@@ -133,7 +132,7 @@ def test_adapter_checks_name_the_argument():
 
 def test_auto_backend_and_fallbacks(monkeypatch):
     cpu = torch.device("cpu")
-    monkeypatch.setattr(_dispatch, "_warned", set())  # the warnings below are one-time ones
+    monkeypatch.setattr(_warnings, "_warned", set())  # the warnings below are one-time ones
     monkeypatch.delenv("SPECDEC_BACKEND", raising=False)
     assert _dispatch.resolve_backend(None, cpu) == "native"
     assert _dispatch.resolve_backend("native", cpu) == "native"

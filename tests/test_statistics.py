@@ -31,10 +31,9 @@ from scipy import stats
 
 import specdec_kernels as sk
 
-from conftest import NATIVE, available
+from helpers import ALPHA, NATIVE, available, chi_square_check
 
 N = 1_000_000
-ALPHA = 1e-7
 Z_CRIT = stats.norm.isf(ALPHA / 2)  # ~5.33
 
 
@@ -53,43 +52,6 @@ def oracle_probs(logits, temperature, top_k, top_p):
         remove = remove_sorted.scatter(-1, order, remove_sorted)
         x = x.masked_fill(remove, -math.inf)
     return torch.softmax(x, dim=-1)
-
-
-def chi_square_check(observed_tokens, p, what):
-    v = p.numel()
-    counts = torch.bincount(observed_tokens, minlength=v).double()
-    n = int(counts.sum())
-    assert n > 1000, f"{what}: too few samples ({n}) for the test"
-    outside = counts[p == 0].sum()
-    assert outside == 0, f"{what}: {int(outside)} tokens emitted outside the target's support"
-    expected = p.double() * n
-    support = p > 0
-    exp_s, obs_s = expected[support], counts[support]
-    order = torch.argsort(exp_s)
-    exp_s, obs_s = exp_s[order], obs_s[order]
-    small = exp_s < 5  # merge rare tokens into one bin
-    if small.any():
-        exp_s = torch.cat([exp_s[~small], exp_s[small].sum()[None]])
-        obs_s = torch.cat([obs_s[~small], obs_s[small].sum()[None]])
-    df = len(exp_s) - 1
-    if df == 0:
-        return
-    stat = float(((obs_s - exp_s) ** 2 / exp_s).sum())
-    critical = stats.chi2.isf(ALPHA, df)
-    # power against a 2% bias: 0.02 of mass moved from the most likely token to the second
-    q = p.double()[support]
-    biased = q.clone()
-    first, second = torch.argsort(q, descending=True)[:2].tolist()
-    biased[first] -= 0.02
-    biased[second] += 0.02
-    lam = float(n * ((biased - q) ** 2 / q).sum())
-    power = stats.ncx2.sf(critical, df, lam)
-    print(f"{what}: n={n} chi2={stat:.1f} critical={critical:.1f} power(2% bias)={power:.4f}")
-    assert power >= 0.99, f"{what}: the test is too weak (power {power:.3f} with n={n})"
-    assert stat < critical, (
-        f"{what}: chi-square {stat:.1f} >= {critical:.1f} (df={df}, n={n}); "
-        f"observed {obs_s.tolist()} expected {[round(e, 1) for e in exp_s.tolist()]}"
-    )
 
 
 def acceptance_check(hits, trials, expected, what):

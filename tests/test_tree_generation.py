@@ -4,14 +4,6 @@ trees, sampling, bad arguments."""
 
 import pytest
 import torch
-from test_generation import (
-    VOCAB,
-    assert_row_is_batch_invariant,
-    assert_rows_equal,
-    ragged_prompts,
-    reference,
-    tiny_pair,
-)
 
 import specdec_kernels as sk
 from specdec_kernels.decoding import (
@@ -23,7 +15,16 @@ from specdec_kernels.decoding import (
 )
 from specdec_kernels.models import TreeAttention
 
-from conftest import ALL_BACKENDS, available
+from helpers import (
+    ALL_BACKENDS,
+    VOCAB,
+    assert_row_is_batch_invariant,
+    assert_rows_equal,
+    available,
+    ragged_prompts,
+    reference,
+    tiny_pair,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,7 +11,7 @@ from scipy import stats
 
 import specdec_kernels as sk
 
-from conftest import NATIVE, assert_same
+from helpers import NATIVE, assert_same, native_tree_case, random_draft_probs, random_trees
 
 MODES = ["deterministic", "independent", "without_replacement"]
 FILTERS = [(None, None), (3, None), (None, 0.8), (20, 0.9)]
@@ -23,37 +23,6 @@ TRITON_SLOW = pytest.param("triton", marks=pytest.mark.slow)
 
 
 # --- inputs ----------------------------------------------------------------------------------
-
-
-def random_trees(b, n, v, seed=0, ragged=True, match=0.6, scale=3.0, dtype=torch.float32):
-    """Random trees with garbage in their padding nodes, and logits whose argmax after a node is
-    often one of its children's tokens. Returns ``(logits, tree_tokens, parents, num_nodes)``."""
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(b, n, v, generator=g) * scale
-    nn = torch.randint(1, n + 1, (b,), generator=g) if ragged else torch.full((b,), n)
-    parents = torch.zeros(b, n, dtype=torch.int64)
-    for i in range(1, n):
-        parents[:, i] = torch.randint(0, i, (b,), generator=g)
-    parents[:, 0] = -1
-    target = logits.argmax(-1)
-    rows = torch.arange(b)
-    tokens = torch.randint(0, v, (b, n), generator=g)
-    hit = torch.rand(b, n, generator=g) < match
-    for i in range(1, n):
-        tokens[:, i] = torch.where(hit[:, i], target[rows, parents[:, i]], tokens[:, i])
-    pad = torch.arange(n)[None, :] >= nn[:, None]
-    garbage_parents = torch.randint(-5, n + 5, (b, n), generator=g)
-    garbage_tokens = torch.randint(-7, v + 7, (b, n), generator=g)
-    parents = torch.where(pad, garbage_parents, parents)
-    tokens = torch.where(pad, garbage_tokens, tokens)
-    tokens[:, 0] = -1
-    logits = torch.where(pad[:, :, None], torch.randn(b, n, v, generator=g) * 50, logits)
-    return logits.to(dtype), tokens, parents, nn
-
-
-def random_draft_probs(b, n, v, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.softmax(torch.randn(b, n, v, generator=g) * 2, dim=-1)
 
 
 def chain_parents(b, k):
@@ -129,8 +98,11 @@ def check_result_against_oracle(out, expected, what):
 
 def check_consistent(out, tokens, parents, v, what):
     """Invariants of any result: ids in range, the path is a chain of parent links, the
-    accepted tokens are the path's tree tokens, num_emitted = num_accepted + 1."""
-    assert_same(out.num_emitted, out.num_accepted + 1, f"{what} num_emitted")
+    accepted tokens are the path's tree tokens, the counts are those of the non-padding
+    entries (the path has the root and the accepted nodes, the tokens one more than those)."""
+    emitted = (out.tokens >= 0).sum(-1)
+    assert_same(out.num_emitted, emitted, f"{what} num_emitted")
+    assert_same(out.num_accepted + 1, (out.accepted_nodes >= 0).sum(-1), f"{what} path")
     for b in range(out.tokens.shape[0]):
         a = int(out.num_accepted[b])
         path = out.accepted_nodes[b, : a + 1].tolist()
@@ -138,7 +110,7 @@ def check_consistent(out, tokens, parents, v, what):
         for d in range(1, a + 1):
             assert int(parents[b, path[d]]) == path[d - 1], f"{what} row {b}: path {path}"
             assert int(out.tokens[b, d - 1]) == int(tokens[b, path[d]]), f"{what} row {b}"
-        assert 0 <= int(out.tokens[b, a]) < v, f"{what} row {b}: extra {out.tokens[b, a]}"
+        assert 0 <= int(out.tokens[b, a]) < v, f"{what} row {b}: recovered/bonus {out.tokens[b, a]}"
         assert (out.tokens[b, a + 1 :] == -1).all() and (out.accepted_nodes[b, a + 1 :] == -1).all()
 
 
@@ -435,33 +407,6 @@ def test_validate_false_with_garbage_stays_in_bounds(backend):
     assert ((out.num_accepted >= 0) & (out.num_accepted < n)).all()
 
 
-@pytest.mark.parametrize("backend", ["reference", TRITON_SLOW, NATIVE])
-def test_custom_ops_pass_opcheck(backend):
-    logits, tokens, parents, nn = random_trees(3, 5, 11, seed=2)
-    q = random_draft_probs(3, 5, 11)
-    temp = torch.tensor([0.0, 0.7, 1.0])
-    seeds = torch.tensor([1, 2, 3])
-    torch.library.opcheck(
-        torch.ops.specdec.verify_tree_greedy.default, (logits, tokens, parents, nn, backend)
-    )
-    torch.library.opcheck(
-        torch.ops.specdec.verify_tree_sampling.default,
-        (
-            logits,
-            tokens,
-            parents,
-            q,
-            nn,
-            1,
-            temp,
-            None,
-            None,
-            seeds,
-            backend,
-        ),
-    )
-
-
 # --- statistical losslessness --------------------------------------------------------------------
 #
 # One fixed "language model" of depth 3 over V = 6 tokens: p(. | prefix) depends only on the
@@ -741,23 +686,10 @@ NATIVE_ONLY = pytest.mark.skipif(
 )
 
 
-def _native_case(b=6, n=9, v=2003):
-    logits, tokens, parents, nn = random_trees(b, n, v, seed=12, scale=1.5, dtype=torch.bfloat16)
-    q = random_draft_probs(b, n, v, seed=4)
-    kw = dict(
-        num_nodes=nn,
-        seed=torch.arange(b) * 13 + 1,
-        temperature=torch.tensor([0.0, 0.7, 1.0, 1.3, 1.0, 0.9])[:b],
-        top_k=torch.tensor([0, 7, 50, 0, 3, 100])[:b],
-        top_p=torch.tensor([0.9, 1.0, 0.7, 0.5, 1.0, 0.95])[:b],
-    )
-    return logits, tokens, parents, q, kw
-
-
 @NATIVE_ONLY
 def test_native_result_does_not_depend_on_the_thread_count():
     """One thread walks rows; more threads than rows split each node's vocabulary chunks."""
-    logits, tokens, parents, q, kw = _native_case()
+    logits, tokens, parents, q, kw = native_tree_case()
     threads = torch.get_num_threads()
     try:
         for mode in MODES:
@@ -779,9 +711,10 @@ _CAPABILITY_SCRIPT = """
 import sys, torch
 sys.path.insert(0, {tests!r})
 import specdec_kernels as sk
-from test_verify_tree import _native_case, MODES
+from helpers import native_tree_case
+MODES = {modes!r}
 print(torch.backends.cpu.get_cpu_capability())
-logits, tokens, parents, q, kw = _native_case(v=1001)
+logits, tokens, parents, q, kw = native_tree_case(v=1001)
 for mode in MODES:
     a = sk.verify_tree_sampling(logits, tokens, parents, q, draft_mode=mode, backend="native", **kw)
     b = sk.verify_tree_sampling(logits, tokens, parents, q, draft_mode=mode, backend="reference",
@@ -802,7 +735,7 @@ def test_native_every_cpu_capability_build_matches_the_reference(capability):
 
     tests = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run(
-        [sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests)],
+        [sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests, modes=MODES)],
         env=dict(os.environ, ATEN_CPU_CAPABILITY=capability),
         capture_output=True,
         text=True,
@@ -818,7 +751,7 @@ def test_native_every_cpu_capability_build_matches_the_reference(capability):
 
 @NATIVE_ONLY
 def test_native_adapter_checks_name_the_argument():
-    logits, tokens, parents, q, kw = _native_case(b=2, n=4, v=11)
+    logits, tokens, parents, q, kw = native_tree_case(b=2, n=4, v=11)
     nn, temp, seeds = kw["num_nodes"], kw["temperature"], kw["seed"]
     op = torch.ops.specdec.native_verify_tree
     with pytest.raises(ValueError, match=r"parents must have shape \[B, N\] = \[2, 4\]"):

@@ -14,7 +14,7 @@ import specdec_kernels as sk
 from specdec_kernels.ops import _common
 from specdec_kernels.reference import rng
 
-from conftest import ALL_BACKENDS, NATIVE, assert_same
+from helpers import ALL_BACKENDS, NATIVE, assert_same
 
 BACKENDS = ALL_BACKENDS
 SEED = 858079  # its race uniform for token 2 at position 0 was exactly 1.0 with 24-bit uniforms

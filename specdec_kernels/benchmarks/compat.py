@@ -54,7 +54,7 @@ def setup_flashinfer(b: int, k: int, v: int, device) -> dict[str, Callable]:
     nd = torch.full((b,), k, dtype=torch.int64, device=device)
     ones = torch.ones(b, device=device)
     backend = resolve_backend(None, device)
-    seeds = flashinfer._seeds(b, device, None, seed, offset)  # the adapter's: the same walk
+    seeds = flashinfer.row_seeds(b, device, None, seed, offset)  # the adapter's: the same walk
 
     def core():
         return torch.ops.specdec.verify_ex(
@@ -171,7 +171,7 @@ def setup_sglang_sampling(b: int, k: int, v: int, device) -> dict[str, Callable]
     u, u_final = torch.rand(b, n, generator=g).to(device), torch.rand(b, generator=g).to(device)
     parents = sglang.parents_from_lists(nxt, sib)
     logits = torch.log(probs)
-    seed = sglang._seeds_from_uniforms(u[:, 0], u_final)  # the adapter's: the same walk
+    seed = sglang.seeds_from_uniforms(u[:, 0], u_final)  # the adapter's: the same walk
 
     def core():  # the tree op on logits given (the adapter also takes the log)
         return sk.verify_tree_sampling(logits, cand, parents, seed=seed, validate=False)

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from specdec_kernels._cache import cpu_name
+
 QUANTILES = (0.5, 0.2, 0.8)  # median, then the 20% and 80% quantiles (triton.testing's order)
 
 
@@ -128,7 +130,7 @@ def git_commit() -> str:
         ).stdout
         return sha + ("+dirty" if dirty.strip() else "")
     except (OSError, subprocess.SubprocessError):
-        from specdec_kernels import __version__
+        from specdec_kernels._version import __version__
 
         return f"v{__version__}"
 
@@ -140,18 +142,11 @@ def machine(device: torch.device) -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
     }
-    try:
-        with open("/proc/cpuinfo") as fh:
-            names = [ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")]
-        if names:
-            info["cpu"] = names[0]
-    except OSError:
-        pass
     if hasattr(os, "getloadavg"):
         info["loadavg_1m"] = round(os.getloadavg()[0], 2)
     if device.type == "cuda":

@@ -14,7 +14,7 @@ def require(name: str, t, dims: int, dtypes, device: torch.device | None = None)
     check.require_tensor(name, t)
     check.require_dtype(name, t, dtypes)
     if t.dim() != dims:
-        raise ValueError(f"{name} must have {dims} dims, got shape {check._shape(t)}")
+        raise ValueError(f"{name} must have {dims} dims, got shape {check.shape_str(t)}")
     if device is not None and t.device != device:
         raise ValueError(f"{name} is on {t.device} but the probabilities are on {device}")
     return t
@@ -35,7 +35,7 @@ def mixed_seeds(seed: Tensor, offset: Tensor, rows: Tensor | None) -> Tensor:
     o_lo = rng.fmix32(o & rng.MASK32)
     o_hi = (o >> 32) & rng.MASK32
     if rows is not None:
-        o_hi = o_hi ^ rng._mul32(rows & rng.MASK32, rng.GOLDEN)
+        o_hi = o_hi ^ rng.mul32(rows & rng.MASK32, rng.GOLDEN)
     lo = rng.fmix32((s & rng.MASK32) ^ o_lo)
     hi = rng.fmix32(((s >> 32) & rng.MASK32) ^ rng.fmix32(o_hi))
     return (hi << 31) ^ lo

@@ -51,8 +51,8 @@ def chain_speculative_sampling(
     made; ``draft_probs`` is read in place too.
 
     Upstream semantics kept: ``output_token_ids`` int32 `[B, n+1]`, the accepted draft tokens
-    then the extra token, then ``-1``; ``output_emitted_draft_token_num[b]`` = the accepted
-    prefix length (the tokens actually used); ``output_accepted_token_num[b]`` counts every
+    then the recovered or bonus token, then ``-1``; ``output_emitted_draft_token_num[b]`` = the
+    accepted prefix length (the tokens actually used); ``output_accepted_token_num[b]`` counts every
     position whose accept test passes, also after the first rejection (it measures draft /
     target alignment, not tokens used); both counters are *added* to the given buffers in place
     (``+=``) and returned; fresh zero buffers are used when None. ``seed`` and ``offset`` are used
@@ -77,7 +77,7 @@ def chain_speculative_sampling(
     * The kernels use ``target_probs`` rows renormalised (``p / sum(p)``; identical for rows
       that sum to 1), in float32 whatever the input dtype (float32, bfloat16, float16 accepted);
       the accepted counter's tests after the first rejection use ``p(x)`` as given.
-    * When the residual ``max(0, p - q)`` has no mass the extra token is drawn from ``p``
+    * When the residual ``max(0, p - q)`` has no mass the recovered token is drawn from ``p``
       (upstream returns its last valid index).
     * ``deterministic`` is accepted and ignored: the kernels are always deterministic.
     * Values are not validated (no host synchronisation, as upstream); bad values never cause
@@ -152,7 +152,7 @@ def chain_speculative_sampling(
             require(name, buf, 1, (torch.int32, torch.int64), device)
             check.require_shape(name, buf, (b,), "[B]")
         counters.append(buf)
-    seeds = _seeds(b, device, generator, seed, offset)
+    seeds = row_seeds(b, device, generator, seed, offset)
     drafts = draft_token_ids.contiguous()
 
     tokens, emitted, _ = torch.ops.specdec.verify_ex(
@@ -195,7 +195,7 @@ def _passes_after(q, drafts, target_probs, seeds, emitted) -> Tensor:
     return (passed & after).sum(dim=-1)
 
 
-def _seeds(b: int, device, generator, seed, offset) -> Tensor:
+def row_seeds(b: int, device, generator, seed, offset) -> Tensor:
     """``[B]`` int64 per-row seeds from FlashInfer's ``generator`` / ``seed`` / ``offset``."""
     if seed is None or offset is None:
         return rng.seeds_for_batch(b, device, None, generator)

@@ -251,7 +251,7 @@ def tree_speculative_sampling_target_only(
                 f"thresholds below 1 is not supported, got {value}"
             )
     parents = parents_from_lists(retrive_next_token, retrive_next_sibling)
-    seeds = _seeds_from_uniforms(uniform_samples[:, 0], final)
+    seeds = seeds_from_uniforms(uniform_samples[:, 0], final)
     logits = torch.log(target_probs.float())  # [B, N, V] temporary (see the docstring)
     out = _tree_sampling(
         logits,
@@ -353,7 +353,7 @@ def _write(predicts, accept_index, accept_token_num, rindex, nodes, accepted, pa
     predicts.copy_(ext[:-1])
 
 
-def _seeds_from_uniforms(first: Tensor, final: Tensor) -> Tensor:
+def seeds_from_uniforms(first: Tensor, final: Tensor) -> Tensor:
     """``[B]`` int64 seeds from the bits of two float32 uniforms per row."""
     a = first.float().contiguous().view(torch.int32).to(torch.int64) & rng.MASK32
     c = final.float().contiguous().view(torch.int32).to(torch.int64) & rng.MASK32

@@ -23,7 +23,7 @@ from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import require
 from specdec_kernels.reference import rng
-from specdec_kernels.verification import MODE_GREEDY, MODE_SAMPLING, _flat_inputs
+from specdec_kernels.verification import MODE_GREEDY, MODE_SAMPLING, flat_inputs
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "rejection_sample"]
 
@@ -144,7 +144,7 @@ def rejection_sample(
     check.require_device("bonus_token_ids", bonus, device)
     bonus = bonus.reshape(b).to(torch.int64)
     all_greedy = bool(sampling_metadata.all_greedy)
-    flat = _flat_inputs(
+    flat = flat_inputs(
         target_probs,
         draft_token_ids,
         None if all_greedy else draft_probs,
@@ -209,7 +209,7 @@ def rejection_sample(
             0.0,
             backend,
         )
-    # Every draft accepted: the extra token is the caller's bonus token, not the kernels' draw
+    # Every draft accepted: the bonus token is the caller's bonus token, not the kernels' draw
     # (they read some other request's row there: clamped in bounds, and discarded here).
     positions = torch.arange(max_spec_len + 1, device=device)
     at_bonus = (positions[None, :] == accepted[:, None]) & (accepted == flat.num_draft_tokens)[

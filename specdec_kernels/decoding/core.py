@@ -405,9 +405,9 @@ class Decoder:
         else:
             prop = ChainProposal(torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev), k)
         if prop.draft_probs is not None:
-            prop.draft_probs = _verifiable(prop.draft_probs)
+            prop.draft_probs = verifiable(prop.draft_probs)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
-        logits = _verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V(_r)]
+        logits = verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V(_r)]
         # a target sharded over the vocabulary verifies its V_r columns with its own ops
         ops = getattr(self.target, "verify_ops", None)
         ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend)
@@ -487,7 +487,7 @@ class Decoder:
         return DecodeResult(seqs, from_draft, stats)
 
 
-def _verifiable(x: torch.Tensor | None) -> torch.Tensor | None:
+def verifiable(x: torch.Tensor | None) -> torch.Tensor | None:
     """``x`` as the verification ops take it: float32/bfloat16/float16 pass through, other
     floats (float64 test models) are cast to float32."""
     if x is None or x.dtype in (torch.float32, torch.bfloat16, torch.float16):

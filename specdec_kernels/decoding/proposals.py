@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_kernels.models.causal_lm import TreeAttention
+from specdec_kernels.tree_verification import verify_tree_greedy, verify_tree_sampling
 from specdec_kernels.verification import verify_greedy, verify_sampling
 
 
@@ -145,10 +146,8 @@ class TreeProposal:
         return self._verify(logits, sampling, seeds, backend)
 
     def _verify(self, logits, sampling, seeds, backend):
-        import specdec_kernels as sk  # the tree ops; lazily (this module loads under sk)
-
         if sampling.greedy:
-            return sk.verify_tree_greedy(
+            return verify_tree_greedy(
                 logits,
                 self.tokens,
                 self.parents,
@@ -159,7 +158,7 @@ class TreeProposal:
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
         # sampled ones come with the distributions they were drawn from
-        return sk.verify_tree_sampling(
+        return verify_tree_sampling(
             logits,
             self.tokens,
             self.parents,

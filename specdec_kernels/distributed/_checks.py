@@ -64,7 +64,7 @@ def local_value_checks(logits_shard, draft_tokens, num_draft, vocab_start, vocab
     k = k1 - 1
     bad = (num_draft < 0) | (num_draft > k)
     if bool(bad.any()):
-        (row,) = check._first(bad)
+        (row,) = check.first_index(bad)
         raise ValueError(
             f"num_draft_tokens must lie in [0, K] = [0, {k}], got "
             f"num_draft_tokens[{row}] = {int(num_draft[row])}"
@@ -72,14 +72,14 @@ def local_value_checks(logits_shard, draft_tokens, num_draft, vocab_start, vocab
     live = torch.arange(k, device=draft_tokens.device)[None, :] < num_draft[:, None]
     bad = live & ((draft_tokens < 0) | (draft_tokens >= vocab_size))
     if bool(bad.any()):
-        row, pos = check._first(bad)
+        row, pos = check.first_index(bad)
         raise ValueError(
             f"draft_tokens[{row}, {pos}] = {int(draft_tokens[row, pos])} is outside "
             f"[0, vocab_size) = [0, {vocab_size})"
         )
     bad = torch.isnan(logits_shard) | (logits_shard == float("inf"))
     if bool(bad.any()):
-        row, pos, tok = check._first(bad)
+        row, pos, tok = check.first_index(bad)
         raise ValueError(
             f"logits must not hold NaN or +inf (-inf masks a token), got logits[{row}, {pos}, "
             f"{tok + vocab_start}] = {float(logits_shard[row, pos, tok])}"
@@ -88,13 +88,13 @@ def local_value_checks(logits_shard, draft_tokens, num_draft, vocab_start, vocab
     if q is not None:
         bad = (q < 0).any(dim=-1) & live
         if bool(bad.any()):
-            row, pos = check._first(bad)
+            row, pos = check.first_index(bad)
             raise ValueError(f"draft_probs_shard[{row}, {pos}] has negative entries")
     temperature, top_k, top_p = rows.get("temperature"), rows.get("top_k"), rows.get("top_p")
     if temperature is not None:
         bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
         if bool(bad.any()):
-            (row,) = check._first(bad)
+            (row,) = check.first_index(bad)
             raise ValueError(f"temperature must be finite and >= 0, got {temperature.tolist()}")
     if top_k is not None and bool((top_k < 0).any()):
         raise ValueError(f"top_k must be >= 0 (0 = off), got {top_k.tolist()}")
@@ -207,7 +207,7 @@ def _check_same(summaries: list[Summary]) -> None:
 def _check_global_values(summaries: list[Summary], num_draft, temperature) -> None:
     any_finite = torch.stack([s.any_finite for s in summaries]).any(dim=0)
     if not bool(any_finite.all()):
-        row, pos = check._first(~any_finite)
+        row, pos = check.first_index(~any_finite)
         raise ValueError(
             f"logits[{row}, {pos}] has no finite entry on any rank (every token is masked "
             f"with -inf): there is nothing to emit"
@@ -219,7 +219,7 @@ def _check_global_values(summaries: list[Summary], num_draft, temperature) -> No
         tol = summaries[0].q_tolerance
         off = live & (~torch.isfinite(sums) | ((sums - 1).abs() > tol))
         if bool(off.any()):
-            row, pos = check._first(off)
+            row, pos = check.first_index(off)
             raise ValueError(
                 f"draft_probs[{row}, {pos}] (all shards together) does not sum to 1: "
                 f"sum = {float(sums[row, pos]):.6g}"
@@ -229,7 +229,7 @@ def _check_global_values(summaries: list[Summary], num_draft, temperature) -> No
         temp = temperature.float().cpu()
         overflow = (temp > 0) & torch.isinf(biggest / torch.where(temp > 0, temp, 1.0))
         if bool(overflow.any()):
-            (row,) = check._first(overflow)
+            (row,) = check.first_index(overflow)
             raise ValueError(
                 f"temperature[{row}] = {float(temp[row]):.3g} is so small that logits / "
                 f"temperature overflows float32; use temperature 0 for greedy decoding"

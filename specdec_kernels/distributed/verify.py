@@ -25,7 +25,7 @@ sums                   SUM of the kept mass ``Z``, and of             ``4 (N + B
                        ``exp(x_j - m)`` / ``q(x_j)`` of each draft    (``+ 4 B K`` with q)
                        token from the rank that owns it
 race                   MAX of packed keys of the residual and plain   ``16 B``
-                       race winners at each row's extra position
+                       race winners at each row's recovered/bonus position
 =====================  =============================================  ==================
 
 Greedy verification is the first round alone. Nothing depends on ``V``. Every number is
@@ -331,7 +331,7 @@ def verify_sampling_shard(
     accept = (u * q_draft < p_draft) & (q_draft > 0) & in_vocab
     num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
 
-    # the extra token: one MAX round of the residual and plain race winners
+    # the recovered or bonus token: one MAX round of the residual and plain race winners
     rows = torch.arange(b, device=device)
     p_extra = e[rows, num_accepted] / z[rows, num_accepted][:, None]  # [B, V_r]
     rejected = num_accepted < num_draft.to(torch.int64)
@@ -356,10 +356,14 @@ def verify_sampling_shard(
     (residual_best, plain_best), (residual_token, plain_token) = (
         t.unbind(-1) for t in unpack(_max(best, group))
     )
-    extra = torch.where(rejected & (residual_best > 0), residual_token, plain_token)  # [B]
+    recovered_or_bonus = torch.where(
+        rejected & (residual_best > 0), residual_token, plain_token
+    )  # [B]
 
-    padded = torch.cat([drafts.clamp(0, vocab_size - 1), extra[:, None]], dim=1)  # [B, K+1]
-    padded[rows, num_accepted] = extra
+    padded = torch.cat(
+        [drafts.clamp(0, vocab_size - 1), recovered_or_bonus[:, None]], dim=1
+    )  # [B, K+1]
+    padded[rows, num_accepted] = recovered_or_bonus
     tokens = emitted_tokens(padded, num_accepted)
 
     g_tokens, g_accepted = greedy_from_target(g_target, draft_tokens, num_draft)

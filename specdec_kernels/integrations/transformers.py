@@ -16,7 +16,7 @@ import torch
 
 from specdec_kernels._dispatch import check_backend
 from specdec_kernels.decoding import Decoder, HFAdapter, ModelDrafter, Sampling
-from specdec_kernels.decoding.core import _verifiable
+from specdec_kernels.decoding.core import verifiable
 from specdec_kernels.verification import verify_sampling
 
 __all__ = ["speculative_generate", "speculative_sampling"]
@@ -183,7 +183,7 @@ def speculative_sampling(
     q = candidate_logits.float().softmax(-1)  # [B, gamma, V]
     seed = int(torch.randint(0, 2**62, (1,)).item())
     ver = verify_sampling(
-        _verifiable(new_logits[:, : gamma + 1]),
+        verifiable(new_logits[:, : gamma + 1]),
         drafts,
         q,
         temperature=1.0,

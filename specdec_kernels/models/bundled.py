@@ -114,19 +114,18 @@ def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -
     """The dtype of :data:`DTYPE_CANDIDATES` in which ``load(dtype)`` (a ``CausalLM``) runs a
     one-token plus a five-token cached pass fastest on this machine, row-invariant kernels on
     where available (the passes of a speculative step); measured once and cached beside the pass
-    costs (:func:`specdec_kernels.adaptive.cache_path`), keyed by the model's config, the CPU,
+    costs (:func:`specdec_kernels._cache.cache_path`), keyed by the model's config, the CPU,
     the thread count and the torch version.
     """
     import json
 
-    from specdec_kernels.adaptive import _pass_ms, cache_path
-    from specdec_kernels.benchmarks.results import machine
+    from specdec_kernels._cache import cache_path, cpu_name, pass_ms, read_json, write_json
 
     probe = load(DTYPE_CANDIDATES[0])
     key = "dtype:" + json.dumps(
         dict(
             config=repr(probe.config),
-            cpu=machine(torch.device(device)).get("cpu"),
+            cpu=cpu_name(),
             threads=torch.get_num_threads(),
             torch=torch.__version__,
         ),
@@ -134,7 +133,7 @@ def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -
     )
     if key in _DTYPE_MEMORY:
         return _DTYPE_MEMORY[key]
-    stored = _read_json(cache_path()) if cache else {}
+    stored = read_json(cache_path()) if cache else {}
     if key in stored and stored[key] in _DTYPE_NAMES:
         _DTYPE_MEMORY[key] = _DTYPE_NAMES[stored[key]]
         return _DTYPE_MEMORY[key]
@@ -142,14 +141,14 @@ def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -
     for dt in DTYPE_CANDIDATES:
         model = probe if dt == probe.lm_head.weight.dtype else load(dt)
         model.row_invariant = row_invariant_available(model)
-        ms = _pass_ms(model, 1, 1, 64, repeats) + _pass_ms(model, 1, 5, 64, repeats)
+        ms = pass_ms(model, 1, 1, 64, repeats) + pass_ms(model, 1, 5, 64, repeats)
         if ms < best_ms:
             best, best_ms = dt, ms
     _DTYPE_MEMORY[key] = best
     if cache:
-        stored = _read_json(cache_path())
+        stored = read_json(cache_path())
         stored[key] = str(best).replace("torch.", "")
-        _write_json(cache_path(), stored)
+        write_json(cache_path(), stored)
     return best
 
 
@@ -157,63 +156,7 @@ _DTYPE_MEMORY: dict[str, torch.dtype] = {}
 _DTYPE_NAMES = {str(d).replace("torch.", ""): d for d in DTYPE_CANDIDATES}
 
 
-def _read_json(path: str) -> dict:
-    import json
-
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_json(path: str, data: dict) -> None:
-    import json
-
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(data, fh)
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only home: the in-process cache still holds it
-
-
 def heldout_text(name: str = "default") -> str:
     """The fixed held-out text (a stdlib file the pair was not trained on) shipped with it."""
     with open(os.path.join(pair_dir(name), "heldout.txt"), encoding="utf-8") as fh:
         return fh.read()
-
-
-def evaluate_acceptance(
-    target=None,
-    draft=None,
-    text: str | None = None,
-    *,
-    num_prompts: int = 8,
-    prompt_len: int = 64,
-    max_new_tokens: int = 64,
-    num_speculative_tokens: int = 4,
-):
-    """Greedy speculative decoding on prompts cut from held-out text; returns the stats.
-
-    ``num_prompts`` windows of ``prompt_len`` bytes, evenly spaced through ``text`` (default:
-    :func:`heldout_text`), continued for ``max_new_tokens`` tokens with ``K =
-    num_speculative_tokens``; the pair defaults to the bundled one.
-
-    Returns
-    -------
-    GenerationStats
-        ``acceptance_rate`` is the number ``tests/test_cli.py`` checks.
-    """
-    from specdec_kernels.generation import SpeculativeGenerator
-
-    if target is None or draft is None:
-        target, draft = load_bundled()
-    ids = encode(text if text is not None else heldout_text())
-    step = max(1, (len(ids) - prompt_len) // num_prompts)
-    prompts = [ids[i * step : i * step + prompt_len] for i in range(num_prompts)]
-    gen = SpeculativeGenerator(target, draft, num_speculative_tokens)
-    return gen.generate(prompts, max_new_tokens=max_new_tokens, eos_token_id=EOS_ID).stats

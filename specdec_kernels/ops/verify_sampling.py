@@ -112,13 +112,13 @@ def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):  # [B*(K+1)
 @triton.jit
 def _write_row(draft_ptr, stride_db,  # [B, K] draft token ids
                tokens_ptr, nacc_ptr,  # [B, K+1] int64 out, [B] int64 out
-               b, n_acc, extra, V, K,
+               b, n_acc, recovered_or_bonus, V, K,
                BLOCK_K: tl.constexpr):
-    """tokens[b] = accepted drafts, then the extra token, then -1."""
+    """tokens[b] = accepted drafts, then the recovered or bonus token, then -1."""
     offs = tl.arange(0, BLOCK_K)
     drafts = tl.load(draft_ptr + b * stride_db + offs, mask=offs < n_acc, other=-1).to(tl.int64)
-    extra = tl.minimum(tl.maximum(extra, 0), V - 1).to(tl.int64)
-    out = tl.where(offs < n_acc, drafts, tl.where(offs == n_acc, extra, -1))
+    recovered_or_bonus = tl.minimum(tl.maximum(recovered_or_bonus, 0), V - 1).to(tl.int64)
+    out = tl.where(offs < n_acc, drafts, tl.where(offs == n_acc, recovered_or_bonus, -1))
     tl.store(tokens_ptr + b * (K + 1) + offs, out, mask=offs < K + 1)
     tl.store(nacc_ptr + b, n_acc.to(tl.int64))
 # fmt: on
@@ -152,7 +152,7 @@ def _verify_row_kernel(
         top_p = tl.load(topp_ptr + b).to(tl.float32)
 
     j = 0
-    extra = 0
+    recovered_or_bonus = 0
     go_on = kb >= 0
     for _ in range(0, K + 1):  # each position accepts (and moves on) or stops the row
         if go_on:
@@ -197,7 +197,7 @@ def _verify_row_kernel(
             if accepted:
                 j += 1
             else:
-                extra = big_a
+                recovered_or_bonus = big_a
                 if not GREEDY_ONLY:
                     if greedy == 0:
                         stream = stream_key(key, j, PURPOSE_SAMPLE)
@@ -225,9 +225,9 @@ def _verify_row_kernel(
                             )
                             r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
                             p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
-                        extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+                        recovered_or_bonus = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
                 go_on = False
-    _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
+    _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, recovered_or_bonus, V, K, BLOCK_K)
 # fmt: on
 
 
@@ -396,7 +396,7 @@ def _split_decide_kernel(
     b = tl.program_id(0).to(tl.int64)
     kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
     j = 0
-    extra = 0
+    recovered_or_bonus = 0
     go_on = kb >= 0
     while go_on:
         pos = b * (K + 1) + j
@@ -422,7 +422,7 @@ def _split_decide_kernel(
         if accepted:
             j += 1
         else:
-            extra = big_a
+            recovered_or_bonus = big_a
             if not GREEDY_ONLY:
                 if greedy == 0:
                     r_best = tl.zeros([], tl.float32)
@@ -437,9 +437,9 @@ def _split_decide_kernel(
                         p_best, p_idx = merge_best(
                             p_best, p_idx, tl.load(race_pb_ptr + at), tl.load(race_pi_ptr + at)
                         )
-                    extra = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+                    recovered_or_bonus = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
             go_on = False
-    _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, extra, V, K, BLOCK_K)
+    _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, recovered_or_bonus, V, K, BLOCK_K)
 # fmt: on
 
 

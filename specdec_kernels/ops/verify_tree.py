@@ -282,17 +282,17 @@ def _verify_tree_kernel(
                 rej = tl.where(offs_n == sib, tl.where(in_vocab, x, -1), rej)
                 sib += 1
 
-    extra = a
+    recovered_or_bonus = a
     if not GREEDY_ONLY:
         if greedy == 0:
             row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
             stream = stream_key(key, depth, PURPOSE_SAMPLE)
-            extra = _race(
+            recovered_or_bonus = _race(
                 row, ws_row, V, temp, m, zp, kappa, stream, sib, rej, MODE, CHUNK, BLOCK, NCHUNK,
                 BLOCK_N,
             )
-    extra = tl.minimum(tl.maximum(extra, 0), V - 1).to(tl.int64)
-    out_tok = tl.where(offs_n == depth, extra, out_tok)
+    recovered_or_bonus = tl.minimum(tl.maximum(recovered_or_bonus, 0), V - 1).to(tl.int64)
+    out_tok = tl.where(offs_n == depth, recovered_or_bonus, out_tok)
     tl.store(tokens_ptr + b * N + offs_n, out_tok, mask=offs_n < N)
     tl.store(nodes_ptr + b * N + offs_n, out_node, mask=offs_n < N)
     tl.store(nacc_ptr + b, depth.to(tl.int64))

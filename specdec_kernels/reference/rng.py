@@ -44,7 +44,7 @@ PURPOSE_SAMPLE = 1  # the per-token uniforms of the exponential race at position
 PURPOSE_DRAFT = 2  # the drafter's race for the children of a depth-j node (decoding loop only)
 
 
-def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
+def mul32(h: torch.Tensor, c: int) -> torch.Tensor:
     """``(h * c) mod 2**32`` for ``0 <= h, c < 2**32`` held in int64.
 
     The full product can pass 2**63; PyTorch's int64 multiply wraps around in two's complement
@@ -57,9 +57,9 @@ def _mul32(h: torch.Tensor, c: int) -> torch.Tensor:
 def fmix32(h: torch.Tensor) -> torch.Tensor:
     """MurmurHash3 ``fmix32`` on int64 tensors holding uint32 values."""
     h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
+    h = mul32(h, 0x85EBCA6B)
     h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
+    h = mul32(h, 0xC2B2AE35)
     return h ^ (h >> 16)
 
 
@@ -76,7 +76,7 @@ def stream_key(key: torch.Tensor, position: torch.Tensor | int, purpose: int) ->
         pos = ((position & MASK32) * POS_MULT) & MASK32
     else:
         position = torch.as_tensor(position, dtype=torch.int64, device=key.device)
-        pos = _mul32(position & MASK32, POS_MULT)
+        pos = mul32(position & MASK32, POS_MULT)
     mixed = key + pos + ((purpose * PURPOSE_MULT) & MASK32)
     return fmix32(mixed & MASK32)
 
@@ -84,7 +84,7 @@ def stream_key(key: torch.Tensor, position: torch.Tensor | int, purpose: int) ->
 def uniform(stream: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
     """Float32 uniforms in ``[2**-24, 1 - 2**-24]`` for ``index`` (broadcast against ``stream``)."""
     index = torch.as_tensor(index, dtype=torch.int64, device=stream.device)
-    r = fmix32(stream ^ _mul32(index & MASK32, INDEX_MULT))
+    r = fmix32(stream ^ mul32(index & MASK32, INDEX_MULT))
     return unit_interval(fmix32((r + stream) & MASK32))
 
 
@@ -140,8 +140,8 @@ def step_seeds(seed: int, rows: torch.Tensor, positions: torch.Tensor) -> torch.
     (True, True)
     """
     s = torch.as_tensor(int(seed) & 0x7FFFFFFFFFFFFFFF, dtype=torch.int64, device=rows.device)
-    lo = fmix32((s & MASK32) ^ _mul32(rows.to(torch.int64) & MASK32, GOLDEN))
-    hi = fmix32(((s >> 32) ^ _mul32(positions.to(torch.int64) & MASK32, POS_MULT)) & MASK32)
+    lo = fmix32((s & MASK32) ^ mul32(rows.to(torch.int64) & MASK32, GOLDEN))
+    hi = fmix32(((s >> 32) ^ mul32(positions.to(torch.int64) & MASK32, POS_MULT)) & MASK32)
     return (hi << 31) ^ lo
 
 
@@ -158,7 +158,7 @@ def seeds_for_batch(
         return seed.to(device=device, dtype=torch.int64)
     if seed is not None:
         rows = torch.arange(batch_size, device=device, dtype=torch.int64)
-        return (int(seed) & 0x7FFFFFFFFFFFFFFF) ^ (_mul32(rows, GOLDEN) << 31) ^ rows
+        return (int(seed) & 0x7FFFFFFFFFFFFFFF) ^ (mul32(rows, GOLDEN) << 31) ^ rows
     gen_device = generator.device if generator is not None else device
     draws = torch.randint(
         0, 2**62, (batch_size,), generator=generator, device=gen_device, dtype=torch.int64

@@ -96,7 +96,7 @@ def verify_sampling(
 
     Draft token ``x_j`` is accepted when ``u_j * q_j(x_j) < p_j(x_j)`` with ``u_j`` the accept
     uniform of ``(seed, j)``: probability ``min(1, p/q)``, and never when ``p`` or ``q`` is 0.
-    At the first rejection ``J`` the extra token is ``argmax_x w(x) / E_x`` with
+    At the first rejection ``J`` the recovered token is ``argmax_x w(x) / E_x`` with
     ``w = max(0, p_J - q_J)`` and ``E_x = -log(u_x)`` exponential (:func:`rng.exponential`):
     the exponential race, which samples ``x`` with probability ``w(x) / sum w``. If ``w`` has
     no mass, ``w = p_J``. After ``k_b`` acceptances ``w = p_{k_b}`` (the bonus token).
@@ -123,7 +123,7 @@ def verify_sampling(
     accept = (u * q_draft < p_draft) & (q_draft > 0) & in_vocab
     num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
 
-    # The extra token: the residual race at the first rejection, or the bonus race.
+    # The recovered token (the residual race at the first rejection) or the bonus (the plain race).
     rows = torch.arange(b, device=device)
     p_extra = p[rows, num_accepted]  # [B, V]
     rejected = num_accepted < num_draft_tokens.to(torch.int64)
@@ -145,10 +145,10 @@ def verify_sampling(
     residual_best, residual_token = residual_score.max(dim=-1)
     plain_token = plain_score.argmax(dim=-1)
     use_residual = rejected & (residual_best > 0)
-    extra = torch.where(use_residual, residual_token, plain_token)  # [B]
+    recovered_or_bonus = torch.where(use_residual, residual_token, plain_token)  # [B]
 
-    padded = torch.cat([drafts.clamp(0, v - 1), extra[:, None]], dim=1)  # [B, K+1]
-    padded[rows, num_accepted] = extra
+    padded = torch.cat([drafts.clamp(0, v - 1), recovered_or_bonus[:, None]], dim=1)  # [B, K+1]
+    padded[rows, num_accepted] = recovered_or_bonus
     tokens = emitted_tokens(padded, num_accepted)
 
     # Rows with temperature 0 are greedy rows: exactly verify_greedy's answer.

@@ -104,9 +104,9 @@ class _Walk:
         self.cur = torch.where(accept, node, self.cur)
         self.sib = torch.where(accept, 0, self.sib)
 
-    def finish(self, extra: torch.Tensor):
+    def finish(self, recovered_or_bonus: torch.Tensor):
         """Write the recovered / bonus token; returns ``(tokens, num_accepted, accepted_nodes)``."""
-        self.tokens[self.rows, self.depth] = extra
+        self.tokens[self.rows, self.depth] = recovered_or_bonus
         return self.tokens, self.depth.clone(), self.path
 
 
@@ -221,6 +221,8 @@ def verify_tree_sampling(
     exponential = rng.exponential(race_uniforms(key, walk.depth, v))  # [B, V], > 0
     residual_best, residual_token = torch.where(r > 0, r / exponential, 0.0).max(dim=-1)
     plain_token = torch.where(p_cur > 0, p_cur / exponential, -1.0).argmax(dim=-1)
-    extra = torch.where((walk.sib > 0) & (residual_best > 0), residual_token, plain_token)
-    greedy_extra = target_logits[rows, walk.cur].argmax(dim=-1)
-    return walk.finish(torch.where(greedy_row, greedy_extra, extra))
+    recovered_or_bonus = torch.where(
+        (walk.sib > 0) & (residual_best > 0), residual_token, plain_token
+    )
+    greedy_recovered_or_bonus = target_logits[rows, walk.cur].argmax(dim=-1)
+    return walk.finish(torch.where(greedy_row, greedy_recovered_or_bonus, recovered_or_bonus))

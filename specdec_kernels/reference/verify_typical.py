@@ -41,10 +41,11 @@ def verify_typical(
 
     ``p_j`` is the filtered target distribution (:func:`filtered_probs`). Draft ``x_j`` is
     accepted when ``p_j(x_j) > min(posterior_threshold, posterior_alpha * exp(-H(p_j)))``, in
-    order, stopping at the first rejection (no random number is used). The extra token is drawn
-    from ``p_J`` at the first rejection ``J`` or from ``p_{k_b}`` after ``k_b`` acceptances, by the
-    exponential race of :mod:`.verify_sampling` with the same uniforms (so the bonus token is the
-    one :func:`verify_sampling` draws with the same seed). Rows with temperature 0 are greedy.
+    order, stopping at the first rejection (no random number is used). The recovered token is
+    drawn from ``p_J`` at the first rejection ``J``, the bonus token from ``p_{k_b}`` after ``k_b``
+    acceptances, both by the exponential race of :mod:`.verify_sampling` with the same uniforms
+    (so the bonus token is the one :func:`verify_sampling` draws with the same seed). Rows with
+    temperature 0 are greedy.
     Returns ``(tokens [B, K+1] int64, num_accepted [B] int64, num_emitted [B] int64)``.
     """
     b, k1, v = target_logits.shape
@@ -68,12 +69,12 @@ def verify_typical(
     num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
 
     rows = torch.arange(b, device=device)
-    p_extra = p[rows, num_accepted]  # [B, V]
+    p_next = p[rows, num_accepted]  # [B, V]
     exponential = rng.exponential(race_uniforms(rng.row_key(seeds), num_accepted, v))
-    extra = torch.where(p_extra > 0, p_extra / exponential, -1.0).argmax(dim=-1)  # [B]
+    recovered_or_bonus = torch.where(p_next > 0, p_next / exponential, -1.0).argmax(dim=-1)  # [B]
 
-    padded = torch.cat([safe, extra[:, None]], dim=1)  # [B, K+1]
-    padded[rows, num_accepted] = extra
+    padded = torch.cat([safe, recovered_or_bonus[:, None]], dim=1)  # [B, K+1]
+    padded[rows, num_accepted] = recovered_or_bonus
     tokens = emitted_tokens(padded, num_accepted)
 
     g_tokens, g_accepted, _ = verify_greedy(target_logits, draft_tokens, num_draft_tokens)

@@ -1,0 +1,253 @@
+"""Every ``torch.ops.specdec.*`` op, with sample arguments for ``torch.library.opcheck``.
+
+One :class:`Case` per (op, variant): the op's name in ``torch.ops.specdec``, a label, a builder of
+its arguments on a device, what it needs to run (``"extension"``: ``specdec_kernels._C``, the
+native entries, the native backend and the row-invariant model kernels; ``"triton_slow"``: a
+Triton variant that runs only with ``-m slow``), the devices it runs on and the context it runs
+in (the KV ops' native kernels or their forced fallback). The ``native_*`` entries are the C++
+CPU kernels behind the public ops, registered without a fake kernel (the public op that calls
+them has one), so only their schema and autograd registration are checked
+(:data:`NATIVE_UTILS`). ``test_custom_ops.py`` runs opcheck on
+each case and fails when an op registered in the ``specdec`` namespace has no case here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from specdec_kernels._extension import force_fallback
+
+from helpers import (
+    DEVICES,
+    flatten_layout,
+    make_draft_probs,
+    make_inputs,
+    random_draft_probs,
+    random_trees,
+)
+from kv_helpers import random_values
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str  # the name in torch.ops.specdec
+    label: str
+    args: Callable[[torch.device], tuple]
+    needs: str | None = None  # "extension" | "triton_slow" | None
+    devices: tuple = ("cpu",)
+    context: Callable[[], contextlib.AbstractContextManager] = field(default=contextlib.nullcontext)
+    utils: tuple | None = None  # opcheck's test_utils; None: all of them
+
+    @property
+    def id(self) -> str:
+        return f"{self.op}[{self.label}]"
+
+
+#: opcheck's checks that apply to an op without a fake kernel.
+NATIVE_UTILS = ("test_schema", "test_autograd_registration")
+
+
+def _native(op, label, args) -> Case:
+    return Case(op, label, args, "extension", utils=NATIVE_UTILS)
+
+
+def _on(device, *args) -> tuple:
+    return tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
+
+
+# ---------------------------------------------------------------- chain verification
+def _greedy(backend):
+    def args(device):
+        logits, drafts, _ = make_inputs(3, 4, 40, strided=True)
+        return _on(device, logits, drafts, torch.tensor([4, 2, 0]), backend)
+
+    return args
+
+
+def _sampling(backend, filters):
+    def args(device):
+        logits, _, _ = make_inputs(3, 4, 40)
+        q, drafts = make_draft_probs(3, 4, 40)
+        top_k = torch.tensor([0, 5, 40]) if filters else None
+        top_p = torch.tensor([0.9, 1.0, 0.5]) if filters else None
+        temperature = torch.tensor([1.0, 0.0, 0.7])
+        nd, seeds = torch.tensor([4, 3, 1]), torch.tensor([1, 2, 3])
+        return _on(device, logits, drafts, q, nd, temperature, top_k, top_p, seeds, backend)
+
+    return args
+
+
+def _accept_reject(backend):
+    def args(device):
+        a = torch.tensor([[1, 2, 3], [4, 5, 6]])
+        return _on(device, a, a.flip(1).contiguous(), backend)
+
+    return args
+
+
+def _verify_ex_inputs(mode):
+    """``verify_ex``'s first 14 arguments: greedy (0), flat-row sampling (1), typical (2)."""
+    from specdec_kernels.verification import MODE_SAMPLING
+
+    b, k, v = 3, 2, 40
+    logits, drafts, _ = make_inputs(b, k, v)
+    nd = torch.tensor([2, 0, 1])
+    flat = mode == MODE_SAMPLING
+    if flat:  # flat [num_tokens + B, V] probabilities with the row offsets
+        q, drafts = make_draft_probs(b, k, v)
+        target, _, q, cu = flatten_layout(torch.softmax(logits, -1), drafts, nd, q)
+        starts = (cu - nd, cu - nd + torch.arange(b))
+    else:
+        target, q, starts = logits, None, (None, None)
+    temperature, seeds = torch.tensor([1.0, 0.0, 0.7]), torch.tensor([1, 2, 3])
+    return (
+        target, drafts, q, nd, temperature, None, None, seeds, starts[1], starts[0], mode, flat,
+        0.09, 0.3,
+    )  # fmt: skip
+
+
+def _verify_ex(backend, mode):
+    return lambda device: _on(device, *_verify_ex_inputs(mode), backend)
+
+
+def _native_verify(device):
+    logits, drafts, nd = make_inputs(2, 3, 30, ragged=True)
+    return _on(device, logits, drafts, None, nd, None, None, None, None, True)
+
+
+def _native_verify_ex(mode):
+    def args(device):
+        (target, drafts, q, nd, temperature, top_k, top_p, seeds, logits_start, probs_start,
+         mode_, flat, threshold, alpha) = _verify_ex_inputs(mode)  # fmt: skip
+        return _on(
+            device, target, drafts, q, nd, temperature, top_k, top_p, seeds, mode == 0,
+            logits_start, probs_start, flat, mode == 2, threshold, alpha,
+        )  # fmt: skip
+
+    return args
+
+
+def _native_accept_reject(device):
+    return _accept_reject("native")(device)[:2]
+
+
+# ---------------------------------------------------------------- tree verification
+def _tree_inputs():
+    logits, tokens, parents, nn = random_trees(3, 5, 11, seed=2)
+    q = random_draft_probs(3, 5, 11)
+    return logits, tokens, parents, nn, q, torch.tensor([0.0, 0.7, 1.0]), torch.tensor([1, 2, 3])
+
+
+def _tree_greedy(backend):
+    def args(device):
+        logits, tokens, parents, nn, *_ = _tree_inputs()
+        return _on(device, logits, tokens, parents, nn, backend)
+
+    return args
+
+
+def _tree_sampling(backend):
+    def args(device):
+        logits, tokens, parents, nn, q, temp, seeds = _tree_inputs()
+        return _on(device, logits, tokens, parents, q, nn, 1, temp, None, None, seeds, backend)
+
+    return args
+
+
+def _native_verify_tree(device):
+    logits, tokens, parents, nn, q, temp, seeds = _tree_inputs()
+    return _on(device, logits, tokens, parents, q, nn, 1, temp, None, None, seeds, False)
+
+
+# ---------------------------------------------------------------- KV caches
+def kv_args(device="cpu") -> dict[str, tuple]:
+    """Sample arguments of the four public KV ops (the native ones take the same)."""
+    g = torch.Generator().manual_seed(1)
+    cache = random_values((2, 2, 3, 3, 7, 5), torch.float32, generator=g)
+    paged = random_values((2, 2, 7, 3, 3, 5), torch.float32, generator=g)
+    k = random_values((3, 3, 2, 5), torch.float32, generator=g)
+    v = random_values((3, 3, 2, 5), torch.float32, generator=g)
+    tables = torch.tensor([[4, 1, -1], [0, 6, 2], [3, -1, -1]], dtype=torch.int32)
+    args = {
+        "kv_write_": (cache, 1, k, v, torch.tensor([0, 5, 2])),
+        "kv_compact_": (
+            cache,
+            torch.tensor([[3, 2, 4], [6, 5, 0], [1, 1, 9]]),
+            torch.tensor([3, 2, 0]),
+            torch.tensor([1, 4, 0]),
+        ),
+        "paged_kv_write_": (paged, 0, k, v, tables, torch.tensor([2, 7, 0])),
+        "paged_kv_compact_": (
+            paged,
+            tables,
+            torch.tensor([[5, 2, 3], [8, 4, 0], [0, 0, 0]]),
+            torch.tensor([2, 3, 1]),
+            torch.tensor([2, 3, 0]),
+        ),
+    }
+    return {name: _on(device, *t) for name, t in args.items()}
+
+
+def _kv(name):
+    return lambda device: kv_args(device)[name]
+
+
+# ---------------------------------------------------------------- row-invariant model kernels
+def _rowinv_linear(device):
+    return _on(device, torch.randn(3, 32), torch.randn(5, 32), torch.randn(5))
+
+
+def _rowinv_attention(device):
+    q = torch.randn(1, 2, 3, 16)
+    return _on(device, q, q, q, torch.ones(1, 1, 3, 3, dtype=torch.bool).tril())
+
+
+# ---------------------------------------------------------------- the registry
+def _backends(make, *extra, triton="triton"):
+    """One case per backend: the native one needs the extension; ``triton="triton_slow"``
+    runs the Triton one only with ``-m slow``."""
+    return [
+        ("reference", make("reference", *extra), None),
+        ("triton", make("triton", *extra), "triton_slow" if triton == "triton_slow" else None),
+        ("native", make("native", *extra), "extension"),
+    ]
+
+
+def _cases() -> list[Case]:
+    cases = []
+    for label, args, needs in _backends(_greedy):
+        cases.append(Case("verify_greedy", label, args, needs))
+    for filters in (False, True):
+        for label, args, needs in _backends(_sampling, filters):
+            cases.append(Case("verify_sampling", f"{label}-filters={filters}", args, needs))
+    for label, args, needs in _backends(_accept_reject):
+        cases.append(Case("accept_reject", label, args, needs))
+    for mode in (0, 1, 2):  # greedy, sampling (flat rows, probabilities), typical
+        cases.append(Case("verify_ex", f"reference-mode={mode}", _verify_ex("reference", mode)))
+        ext = "extension"
+        cases.append(Case("verify_ex", f"native-mode={mode}", _verify_ex("native", mode), ext))
+        cases.append(_native("native_verify_ex", f"mode={mode}", _native_verify_ex(mode)))
+    cases.append(_native("native_verify", "greedy", _native_verify))
+    cases.append(_native("native_accept_reject", "", _native_accept_reject))
+    for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
+        cases.append(Case("verify_tree_greedy", label, args, needs))
+    for label, args, needs in _backends(_tree_sampling, triton="triton_slow"):
+        cases.append(Case("verify_tree_sampling", label, args, needs))
+    cases.append(_native("native_verify_tree", "independent", _native_verify_tree))
+    for name in ("kv_write_", "kv_compact_", "paged_kv_write_", "paged_kv_compact_"):
+        devices = tuple(DEVICES)
+        cases.append(Case(name, "native", _kv(name), "extension", devices))
+        cases.append(Case(name, "fallback", _kv(name), None, devices, force_fallback))
+        cases.append(_native("native_" + name, "", _kv(name)))
+    cases.append(Case("rowinv_linear", "bias", _rowinv_linear, "extension"))
+    cases.append(Case("rowinv_attention", "causal", _rowinv_attention, "extension"))
+    return cases
+
+
+CASES = _cases()
+#: The op names the registry covers.
+REGISTERED = {c.op for c in CASES}
