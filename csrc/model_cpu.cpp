@@ -231,7 +231,10 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   const float* w_f32 = bf16 ? nullptr : w.data_ptr<float>();
   const uint16_t* x_bf16 =
       dpbf16 ? reinterpret_cast<const uint16_t*>(xf.data_ptr<at::BFloat16>()) : nullptr;
-  at::parallel_for(0, tiles, 8, [&](int64_t lo, int64_t hi) {
+  // a task gets at least ~256k multiply-adds: a small layer (a draft's) runs on one thread,
+  // where waking the others would cost more than it saves
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * Cp * kRows));
+  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> tile(M * kRows);
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t n0 = t * kRows;
@@ -323,7 +326,9 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), ms = mask.strides();
   const int64_t mh = mask.size(1) == 1 ? 0 : ms[1];
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  at::parallel_for(0, B * H * T, 1, [&](int64_t lo, int64_t hi) {
+  // a task gets at least ~64k multiply-adds (two per key and element: scores, then values)
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, 2 * L * D));
+  at::parallel_for(0, B * H * T, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> qf(D), acc(D), score(L);
     std::vector<int64_t> keys(L);
     for (int64_t i = lo; i < hi; ++i) {

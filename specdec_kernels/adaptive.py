@@ -191,10 +191,12 @@ class PassCosts:
     points, the nearest edge beyond it), plus ``step_ms``, the loop's own work per step
     (verification, bookkeeping).
 
-    A step with ``K`` drafts costs ``target(B, K + 1) + K * draft(B) + step_ms``; ``K = 0`` is
-    the target alone (``target(B, 1) + step_ms``). On a GPU a ``K+1``-token pass costs about one
-    token's; on a CPU it does not, and the more so the larger the batch: the reason ``"auto"``
-    prices the live batch instead of assuming one slope for every batch size.
+    A step with ``K`` drafts costs ``target(B, K + 1) + K * (draft(B) + draft_step_ms) +
+    step_ms``, ``draft_step_ms`` being the loop's own work per draft token (drawing it, feeding
+    it back); ``K = 0`` is the target alone (``target(B, 1) + step_ms``). On a GPU a
+    ``K+1``-token pass costs about one token's; on a CPU it does not, and the more so the larger
+    the batch: the reason ``"auto"`` prices the live batch instead of assuming one slope for
+    every batch size.
 
     Examples
     --------
@@ -209,6 +211,7 @@ class PassCosts:
     target_ms: tuple[tuple[float, ...], ...]  # [len(batch)][len(tokens)]
     draft_ms: tuple[float, ...]  # [len(batch)]
     step_ms: float = 0.0
+    draft_step_ms: float = 0.0
 
     @classmethod
     def linear(cls, cost_ratio: float, verify_cost: float, max_k: int) -> PassCosts:
@@ -238,7 +241,9 @@ class PassCosts:
 
     def step_cost(self, batch: int, k: int) -> float:
         """Milliseconds of one step with ``k`` drafts per row for ``batch`` rows."""
-        return self.target(batch, k + 1) + k * self.draft(batch) + self.step_ms
+        return (
+            self.target(batch, k + 1) + k * (self.draft(batch) + self.draft_step_ms) + self.step_ms
+        )
 
     def best_k(self, alpha: torch.Tensor, max_k: int) -> int:
         """The ``K`` in ``0 .. max_k`` maximising the expected tokens of the batch per
@@ -274,6 +279,7 @@ class PassCosts:
             target_ms=[list(r) for r in self.target_ms],
             draft_ms=list(self.draft_ms),
             step_ms=self.step_ms,
+            draft_step_ms=self.draft_step_ms,
         )
 
     @classmethod
@@ -284,6 +290,7 @@ class PassCosts:
             tuple(tuple(r) for r in d["target_ms"]),
             tuple(d["draft_ms"]),
             float(d["step_ms"]),
+            float(d.get("draft_step_ms", 0.0)),
         )
 
 

@@ -102,14 +102,23 @@ def _demo_in_group(args) -> int:
 def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
     import contextlib
     import io
+    import os
 
     import torch
 
     import specdec_kernels as sk
     from specdec_kernels.models.bundled import EOS_ID, encode, load_bundled
+    from specdec_kernels.models.causal_lm import CausalLM
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads == "auto":
+        from specdec_kernels.models.bundled import fastest_threads, pair_dir
+
+        target_file = os.path.join(pair_dir(args.pair), "target.safetensors")
+        torch.set_num_threads(
+            1 if world_size > 1 else fastest_threads(lambda: CausalLM.load(target_file))
+        )
+    elif int(args.threads):
+        torch.set_num_threads(int(args.threads))
     k = args.num_speculative_tokens
     k = k if k == "auto" else int(k)
     dtype = args.dtype if args.dtype == "auto" else getattr(torch, args.dtype)
@@ -294,10 +303,9 @@ def main(argv=None) -> int:
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument(
         "--threads",
-        type=int,
-        default=1,
-        help="torch threads (default 1: the bundled models are too small to gain "
-        "from more; 0 keeps torch's default)",
+        default="auto",
+        help="torch threads (default auto: one or every core, whichever runs the target's "
+        "passes faster here, measured once; 0 keeps torch's default)",
     )
     d.add_argument(
         "--tp",
@@ -327,6 +335,8 @@ def main(argv=None) -> int:
             parser.error("--repeats must be positive")
         if args.tp < 1:
             parser.error("--tp must be >= 1")
+        if args.threads != "auto" and not str(args.threads).isdigit():
+            parser.error(f"--threads must be a non-negative int or 'auto', got {args.threads!r}")
     return args.func(args)
 
 

@@ -174,6 +174,7 @@ class SpeculativeGenerator:
         verify_cost = 0.0 if verify_cost is None else verify_cost
         if auto and costs is None and not blind and not ngram and _measurable(target, draft):
             costs = measure_pass_costs(target, draft, max_k=max_speculative_tokens)
+            costs = with_loop_costs(costs, target, draft)
         self.cost_ratio, self.costs = cost_ratio, costs
 
         def drafter():
@@ -240,6 +241,56 @@ class SpeculativeGenerator:
             progress=progress,
         )
         return GenerationOutput.from_result(result)
+
+
+_LOOP_MEMORY: dict[str, PassCosts] = {}
+
+
+def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> PassCosts:
+    """``costs`` with the decoding loop's own work measured in: per step (verification,
+    commit, the one host sync: ``step_ms``) and per draft token (drawing and feeding it:
+    ``draft_step_ms``), from short greedy runs of the loop at batch 1 (the difference of two
+    lengths, so the prefill cancels; the fastest of three), minus the model passes ``costs``
+    already prices. Measured once per pair like the pass costs, before any generation."""
+    import dataclasses
+    import json
+
+    from specdec_kernels._cache import cache_path, read_json, write_json
+
+    key = "loop:" + json.dumps(costs.to_dict(), sort_keys=True)
+    if key in _LOOP_MEMORY:
+        return _LOOP_MEMORY[key]
+    stored = read_json(cache_path()) if cache else {}
+    if isinstance(stored.get(key), dict):
+        _LOOP_MEMORY[key] = PassCosts.from_dict(stored[key])
+        return _LOOP_MEMORY[key]
+    ctx = min(target.max_seq_len or 256, draft.max_seq_len or 256)
+    if ctx < 24:  # too short a context to time anything: the pass costs alone
+        return costs
+    short, long_ = ctx // 24, ctx // 4  # new tokens of the two runs
+    prompt = [[(7 * i) % target.vocab_size for i in range(ctx // 8)]]
+
+    def per_step(k: int) -> float:
+        best = float("inf")
+        for _ in range(3):
+            walls, steps = [], []
+            for n in (short, long_):
+                drafter = ModelDrafter(CausalLMAdapter(draft)) if k else None
+                res = Decoder(adapter_for(target), drafter, max(k, 1) if k else 4).run(prompt, n)
+                walls.append(res.stats.wall_seconds * 1e3)
+                steps.append(res.stats.target_forwards)
+            best = min(best, (walls[1] - walls[0]) / max(steps[1] - steps[0], 1))
+        return best
+
+    step = max(0.0, per_step(0) - costs.target(1, 1))
+    drafted = per_step(2) - costs.target(1, 3) - 2 * costs.draft(1) - step
+    out = dataclasses.replace(costs, step_ms=step, draft_step_ms=max(0.0, drafted / 2))
+    _LOOP_MEMORY[key] = out
+    if cache:
+        stored = read_json(cache_path())
+        stored[key] = out.to_dict()
+        write_json(cache_path(), stored)
+    return out
 
 
 def _measurable(target, draft) -> bool:

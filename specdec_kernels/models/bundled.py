@@ -91,9 +91,11 @@ def load_bundled(
     paths = (os.path.join(folder, "target.safetensors"), os.path.join(folder, "draft.safetensors"))
     dtypes = [dtype, dtype if draft_dtype is None else draft_dtype]
     models = []
-    for path, dt in zip(paths, dtypes):
+    for path, dt, tokens in zip(paths, dtypes, ((1, 5), (1,))):
         if dt == "auto":
-            dt = fastest_dtype(lambda d, path=path: CausalLM.load(path, d, device), device)
+            dt = fastest_dtype(
+                lambda d, path=path: CausalLM.load(path, d, device), device, tokens=tokens
+            )
         model = CausalLM.load(path, dt, device)
         on = row_invariant_available(model) if row_invariant is None else row_invariant
         model.row_invariant = on
@@ -110,10 +112,13 @@ def row_invariant_available(model: CausalLM) -> bool:
 DTYPE_CANDIDATES = (torch.float32, torch.bfloat16)
 
 
-def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -> torch.dtype:
-    """The dtype of :data:`DTYPE_CANDIDATES` in which ``load(dtype)`` (a ``CausalLM``) runs a
-    one-token plus a five-token cached pass fastest on this machine, row-invariant kernels on
-    where available (the passes of a speculative step); measured once and cached beside the pass
+def fastest_dtype(
+    load, device="cpu", *, tokens=(1, 5), repeats: int = 7, cache: bool = True
+) -> torch.dtype:
+    """The dtype of :data:`DTYPE_CANDIDATES` in which ``load(dtype)`` (a ``CausalLM``) runs
+    cached passes of ``tokens`` tokens (default a one-token plus a five-token pass: a target's
+    passes in a speculative step; a draft's are ``(1,)``) fastest on this machine, row-invariant
+    kernels on where available; measured once and cached beside the pass
     costs (:func:`specdec_kernels._cache.cache_path`), keyed by the model's config, the CPU,
     the thread count and the torch version.
     """
@@ -125,6 +130,7 @@ def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -
     key = "dtype:" + json.dumps(
         dict(
             config=repr(probe.config),
+            tokens=list(tokens),
             cpu=cpu_name(),
             threads=torch.get_num_threads(),
             torch=torch.__version__,
@@ -141,13 +147,49 @@ def fastest_dtype(load, device="cpu", *, repeats: int = 7, cache: bool = True) -
     for dt in DTYPE_CANDIDATES:
         model = probe if dt == probe.lm_head.weight.dtype else load(dt)
         model.row_invariant = row_invariant_available(model)
-        ms = pass_ms(model, 1, 1, 64, repeats) + pass_ms(model, 1, 5, 64, repeats)
+        ms = sum(pass_ms(model, 1, t, 64, repeats) for t in tokens)
         if ms < best_ms:
             best, best_ms = dt, ms
     _DTYPE_MEMORY[key] = best
     if cache:
         stored = read_json(cache_path())
         stored[key] = str(best).replace("torch.", "")
+        write_json(cache_path(), stored)
+    return best
+
+
+def fastest_threads(load, *, repeats: int = 7, cache: bool = True) -> int:
+    """The torch thread count, one or every core (``os.cpu_count()``), at which ``load()`` (a
+    ``CausalLM``) runs a one-token plus a five-token cached pass at batch 1 fastest here;
+    measured once and cached like :func:`fastest_dtype`. Sets nothing: the caller calls
+    ``torch.set_num_threads`` with the result."""
+    import json
+
+    from specdec_kernels._cache import cache_path, cpu_name, pass_ms, read_json, write_json
+
+    cores = os.cpu_count() or 1
+    model = load()
+    key = "threads:" + json.dumps(
+        dict(config=repr(model.config), cpu=cpu_name(), cores=cores, torch=torch.__version__),
+        sort_keys=True,
+    )
+    stored = read_json(cache_path()) if cache else {}
+    if isinstance(stored.get(key), int):
+        return stored[key]
+    before = torch.get_num_threads()
+    model.row_invariant = row_invariant_available(model)
+    best, best_ms = 1, float("inf")
+    try:
+        for n in sorted({1, cores}):
+            torch.set_num_threads(n)
+            ms = pass_ms(model, 1, 1, 64, repeats) + pass_ms(model, 1, 5, 64, repeats)
+            if ms < best_ms:
+                best, best_ms = n, ms
+    finally:
+        torch.set_num_threads(before)
+    if cache:
+        stored = read_json(cache_path())
+        stored[key] = best
         write_json(cache_path(), stored)
     return best
 
