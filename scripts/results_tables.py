@@ -246,25 +246,37 @@ def demo_section() -> str | None:
 
 
 def readme_figure() -> str:
-    """The README's demo figure (between the demo-figure markers), from demo.json."""
-    rows = demo_rows()
-    if not rows:
+    """The README's demo figure (between the demo-figure markers), from demo.json: every run
+    of the latest run's commit and settings, as the median and range of each case's speedup."""
+    data = load("demo.json")
+    if not data:
         return "(no `specdec demo` figure recorded yet)"
-    r0 = rows[0]
-    cases = "; ".join(
-        f"{r['case']} (batch {r['batch_size']}) **{r['speedup']:.2f}x** "
-        f"({r['tokens_per_second']:.0f} vs {r['target_alone_tokens_per_second']:.0f} tokens/s, "
-        f"mean K {r['mean_k']:.1f})"
-        for r in rows
-    )
-    same = all(r.get("greedy_identical") for r in rows)
+    last = data[-1]
+    same = ("commit", "command", "threads", "target_dtype", "draft_dtype", "max_new_tokens")
+    rows = [r for r in data if all(r.get(k) == last.get(k) for k in same)]
+    runs = len({r["run_id"] for r in rows})
+    parts = []
+    for case in ("interactive", "batched"):
+        got = sorted(r["speedup"] for r in rows if r["case"] == case)
+        if not got:
+            continue
+        b = next(r["batch_size"] for r in rows if r["case"] == case)
+        mid = (
+            got[len(got) // 2]
+            if len(got) % 2
+            else (got[len(got) // 2 - 1] + got[len(got) // 2]) / 2
+        )
+        parts.append(f"{case} (batch {b}) **{mid:.2f}x** (median; {got[0]:.2f}-{got[-1]:.2f}x)")
+    identical = all(r.get("greedy_identical") for r in rows)
     return (
-        f"Measured by `{r0.get('command') or 'specdec demo'}` on {machine_text(r0.get('machine'))}"
-        f", {r0['date'][:10]}, target {r0['target_dtype']}, draft {r0['draft_dtype']}, "
-        f"{r0['threads']} thread(s): {cases}"
-        + ("; greedy output identical to the target's own." if same else ".")
+        f"Measured by `{last.get('command') or 'specdec demo'}`, {runs} runs from a fresh clone on "
+        f"{machine_text(last.get('machine'))} ({last['date'][:10]}, commit `{last['commit']}`; "
+        f"target {last['target_dtype']}, draft {last['draft_dtype']}, {last['threads']} "
+        f"threads, chosen by the demo): speedup over the target alone "
+        + "; ".join(parts)
+        + ("; greedy output identical to the target's own every time." if identical else ".")
         + " Generated from `bench/results/demo.json` by `scripts/results_tables.py`; other "
-        "machines give other figures (the demo prints its own)."
+        "machines give other figures, and the demo prints its own."
     )
 
 
