@@ -395,7 +395,7 @@ def test_draft_in_another_dtype_stays_lossless(pair):
 def test_backend_keyword_gives_identical_greedy_output(pair):
     """SpeculativeGenerator(backend=...): the reference, native and Triton verification ops
     give the same greedy output (the target's own greedy decoding), chains and K = 0."""
-    from conftest import ALL_BACKENDS, available
+    from helpers import ALL_BACKENDS, available
 
     target, draft = pair
     prompts = ragged_prompts(2, seed=5)  # few tokens: Triton runs in its interpreter on a CPU
