@@ -59,9 +59,12 @@ def write_json(path: str, data: dict) -> None:
         pass  # a read-only home: the in-process cache still holds it
 
 
-def pass_ms(model, batch: int, tokens: int, context: int, repeats: int) -> float:
-    """Milliseconds of one cached ``[batch, tokens]`` pass of ``model`` after ``context`` tokens
-    (the lower quartile of ``repeats`` timed calls)."""
+def pass_ms(
+    model, batch: int, tokens: int, context: int, repeats: int, quantile: float = 0.25
+) -> float:
+    """Milliseconds of one cached ``[batch, tokens]`` pass of ``model`` after ``context`` tokens:
+    the ``quantile`` of ``repeats`` timed calls (default the lower quartile: other work on the
+    machine only ever adds time)."""
     device = next(model.parameters()).device
     cache = model.new_cache(batch, context + tokens + 1)
     x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
@@ -78,4 +81,4 @@ def pass_ms(model, batch: int, tokens: int, context: int, repeats: int) -> float
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)
     times = sorted(times[1:])
-    return times[len(times) // 4] * 1e3  # the lower quartile: other work only ever adds time
+    return times[min(len(times) - 1, int(len(times) * quantile))] * 1e3

@@ -130,25 +130,9 @@ class Costs:
 
 
 def _median_pass_ms(model, tokens: int, context: int, repeats: int) -> float:
-    import time
+    from specdec_kernels._cache import pass_ms
 
-    device = next(model.parameters()).device
-    cache = model.new_cache(1, context + tokens)
-    x = torch.zeros(1, tokens, dtype=torch.int64, device=device)
-    with torch.inference_mode():
-        model.hidden_states(
-            torch.zeros(1, context, dtype=torch.int64, device=device), cache, context
-        )
-        cache.advance(context)
-        times = []
-        for _ in range(repeats + 1):  # the first call warms up
-            t0 = time.perf_counter()
-            model(x, cache, kv_len=context + tokens, validate=False)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-    times = sorted(times[1:])
-    return times[len(times) // 2] * 1e3
+    return pass_ms(model, 1, tokens, context, repeats, quantile=0.5)
 
 
 def measure_costs(target, draft, *, max_k: int = 8, context: int = 64, repeats: int = 7) -> Costs:
