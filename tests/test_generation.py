@@ -37,7 +37,10 @@ def test_greedy_lossless(pair, batch, k):
     prompts = ragged_prompts(batch)
     free = reference(target, prompts, 24)
     eos = free[-1][len(prompts[-1]) + 5]  # the last row emits it as its 6th token
-    out = sk.SpeculativeGenerator(target, draft, k).generate(
+    # "auto" with a fixed batch-blind cost model: measured costs may choose K = 0 for this
+    # tiny pair (then nothing is drafted); test_model_kernels covers the measured default
+    kw = dict(cost_ratio=0.05) if k == "auto" else {}
+    out = sk.SpeculativeGenerator(target, draft, k, **kw).generate(
         prompts, max_new_tokens=24, eos_token_id=eos
     )
     assert_rows_equal(out.sequences, reference(target, prompts, 24, eos))
@@ -443,3 +446,16 @@ def test_bad_backend_raises_before_any_work(pair, monkeypatch):
     for call in calls:
         with pytest.raises(ValueError, match=match):
             call()
+
+
+def test_out_of_range_host_controls_are_value_errors(pair):
+    """generate(top_k=2**70) or temperature=10**400 (Python ints past int64 / float range): a
+    ValueError naming the argument, not OverflowError from deep inside (issue 19, 6)."""
+    target, draft = pair
+    gen = sk.SpeculativeGenerator(target, draft, 2)
+    with pytest.raises(ValueError, match="top_k"):
+        gen.generate([[1, 2, 3]], 4, temperature=1.0, top_k=2**70)
+    with pytest.raises(ValueError, match="temperature"):
+        gen.generate([[1, 2, 3]], 4, temperature=10**400)
+    with pytest.raises(ValueError, match="temperature"):
+        gen.generate([[1, 2, 3]], 4, temperature=float("inf"))

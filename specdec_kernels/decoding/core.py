@@ -15,12 +15,14 @@ References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from specdec_kernels._dispatch import check_backend
+from specdec_kernels._validate import require_int64
 from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, expected_tokens
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
@@ -37,10 +39,16 @@ class Sampling:
     top_p: float | None = None
 
     def __post_init__(self):
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        try:
+            finite = math.isfinite(float(self.temperature))
+        except (OverflowError, TypeError, ValueError):
+            finite = False
+        if not finite or not self.temperature >= 0:
+            raise ValueError(f"temperature must be a finite float >= 0, got {self.temperature}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
             raise ValueError(f"top_k must be None or an int >= 0, got {self.top_k!r}")
+        if self.top_k is not None:
+            require_int64("top_k", self.top_k)
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
