@@ -245,6 +245,36 @@ def demo_section() -> str | None:
     )
 
 
+def row_invariant_section() -> str | None:
+    data = load("row_invariant.json")
+    if not data:
+        return None
+    rows = latest_run(data)
+    body = [
+        [
+            r["threads"],
+            r["dtype"],
+            r["batch_size"],
+            r["tokens"],
+            num(r["torch_ms"]),
+            num(r["row_invariant_ms"]),
+            num(r["ratio"]) + "x",
+        ]
+        for r in rows
+    ]
+    head = ["threads", "dtype", "B", "tokens", "torch ms", "row-invariant ms", "cost"]
+    return "\n\n".join(
+        [
+            "## What the row-invariant model kernels cost",
+            provenance(rows, "row_invariant.json", rows[0].get("command") or ""),
+            "One cached pass of the default target (64-token context) with `row_invariant` off "
+            "(torch's kernels) and on (bitwise the same logits whatever shares the pass); the "
+            f"median over {rows[0]['rounds']} interleaved rounds of 25 passes each.",
+            table(head, body),
+        ]
+    )
+
+
 def readme_figure() -> str:
     """The README's demo figure (between the demo-figure markers), from demo.json: every run
     of the latest run's commit and settings, as the median and range of each case's speedup."""
@@ -577,6 +607,7 @@ def kernel_resources_section() -> str | None:
 
 SECTIONS = (
     demo_section,
+    row_invariant_section,
     e2e_section,
     lambda: trees_section("e2e_trees.json"),
     lambda: trees_section("e2e_trees_t1.json"),

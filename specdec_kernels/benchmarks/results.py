@@ -185,9 +185,12 @@ def command_line() -> str:
     import shlex
     import sys
 
-    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    arg0 = sys.argv[0] if sys.argv and sys.argv[0] else "python"
+    prog = os.path.basename(arg0)
     if prog in ("specdec", "cli.py", "__main__.py"):
         prog = "specdec"
+    elif prog.endswith(".py"):  # a script: as run from the repository root
+        prog = "python " + os.path.relpath(arg0)
     return " ".join([prog] + [shlex.quote(a) for a in sys.argv[1:]])
 
 
