@@ -75,13 +75,6 @@ SPECDEC_INLINE float tree_sum(v16f acc) {
   return a[0];
 }
 
-inline float bf16_to_float(uint16_t bits) {
-  uint32_t u = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
 // out[m, r] = dot(x[m, :], w[r, :]) for every m < M and r < kRows.
 // x: [M, Cp] float32, rows zero-padded to Cp (a multiple of kLanes); w: kRows rows of Cp
 // elements (float or bfloat16 bits), zero-padded likewise; out: [M, kRows].

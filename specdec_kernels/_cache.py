@@ -82,3 +82,30 @@ def pass_ms(
             times.append(time.perf_counter() - t0)
     times = sorted(times[1:])
     return times[min(len(times) - 1, int(len(times) * quantile))] * 1e3
+
+
+_MEMORY: dict[str, object] = {}
+
+
+def remembered(key: str, measure, *, dump=lambda v: v, load=lambda v: v, cache: bool = True):
+    """``measure()``'s result for ``key``, measured at most once: kept in this process, and in
+    :func:`cache_path` (through ``dump`` / ``load`` to and from JSON) unless ``cache=False``.
+    A stored value that ``load`` rejects (``KeyError``, ``TypeError``, ``ValueError``) is
+    measured again."""
+    if key in _MEMORY:
+        return _MEMORY[key]
+    if cache:
+        stored = read_json(cache_path())
+        if key in stored:
+            try:
+                _MEMORY[key] = load(stored[key])
+                return _MEMORY[key]
+            except (KeyError, TypeError, ValueError):
+                pass
+    value = measure()
+    _MEMORY[key] = value
+    if cache:
+        stored = read_json(cache_path())
+        stored[key] = dump(value)
+        write_json(cache_path(), stored)
+    return value

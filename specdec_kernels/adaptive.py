@@ -7,7 +7,11 @@ and costs ``c*K + 1`` target-pass units, where ``c`` is the draft's cost per tok
 the target's. On a GPU the target pass over ``K+1`` tokens costs about one token's; on a CPU it
 does not, so the cost here is ``c*K + 1 + v*K`` with ``v`` the target's extra cost per verified
 token (``verify_cost``, 0 by default). ``best_num_draft_tokens`` picks the ``K`` that maximises
-the ratio; :func:`measure_costs` times ``c`` and ``v`` once on this machine.
+the ratio per row; :func:`measure_costs` times ``c`` and ``v`` once on this machine.
+
+The decoding loop's ``"auto"`` uses the batch-priced model instead: :class:`PassCosts` holds
+measured ``[B, T]`` target and ``[B, 1]`` draft passes (:func:`measure_pass_costs`), and
+:meth:`PassCosts.best_k` picks one ``K`` in ``0 .. max_k`` for the live batch.
 
 ``alpha`` is estimated per row as accepted drafts over the positions actually tried (every
 accepted one plus the first rejection of each pass): positions after a rejection were never
@@ -25,8 +29,7 @@ from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented
     cache_path,
     cpu_name,
     pass_ms,
-    read_json,
-    write_json,
+    remembered,
 )
 
 
@@ -329,9 +332,6 @@ def _fingerprint(target, draft) -> str:
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
 
-_MEMORY: dict[str, PassCosts] = {}
-
-
 def measure_pass_costs(
     target,
     draft,
@@ -358,39 +358,27 @@ def measure_pass_costs(
     PassCosts
     """
     key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}"
-    if key in _MEMORY:
-        return _MEMORY[key]
-    if cache:
-        stored = read_json(cache_path())
-        if isinstance(stored.get(key), dict):
-            try:
-                _MEMORY[key] = PassCosts.from_dict(stored[key])
-                return _MEMORY[key]
-            except (KeyError, TypeError, ValueError):
-                pass
-    batch = [1]
-    while batch[-1] * 2 <= max_batch:
-        batch.append(batch[-1] * 2)
-    tokens = sorted({1, 2, 3, 5, max_k + 1} & set(range(1, max_k + 2)))
-    # a pass never costs less with more tokens or more rows: the running maximum irons out
-    # a busy machine's dips
-    rows, prev = [], [0.0] * len(tokens)
-    for b in batch:
-        row = list(
-            itertools.accumulate((pass_ms(target, b, t, context, repeats) for t in tokens), max)
+
+    def measure() -> PassCosts:
+        batch = [1]
+        while batch[-1] * 2 <= max_batch:
+            batch.append(batch[-1] * 2)
+        tokens = sorted({1, 2, 3, 5, max_k + 1} & set(range(1, max_k + 2)))
+        # a pass never costs less with more tokens or more rows: the running maximum irons out
+        # a busy machine's dips
+        rows, prev = [], [0.0] * len(tokens)
+        for b in batch:
+            row = list(
+                itertools.accumulate((pass_ms(target, b, t, context, repeats) for t in tokens), max)
+            )
+            prev = [max(x, y) for x, y in zip(row, prev)]
+            rows.append(tuple(prev))
+        target_ms = tuple(rows)
+        draft_ms = tuple(
+            itertools.accumulate((pass_ms(draft, b, 1, context, repeats) for b in batch), max)
         )
-        prev = [max(x, y) for x, y in zip(row, prev)]
-        rows.append(tuple(prev))
-    target_ms = tuple(rows)
-    draft_ms = tuple(
-        itertools.accumulate((pass_ms(draft, b, 1, context, repeats) for b in batch), max)
-    )
-    p = next(target.parameters())
-    step = _step_ms(1, min(max_k, 4), target.vocab_size, p.device, p.dtype, repeats)
-    costs = PassCosts(tuple(batch), tuple(tokens), target_ms, draft_ms, step)
-    _MEMORY[key] = costs
-    if cache:
-        stored = read_json(cache_path())
-        stored[key] = costs.to_dict()
-        write_json(cache_path(), stored)
-    return costs
+        p = next(target.parameters())
+        step = _step_ms(1, min(max_k, 4), target.vocab_size, p.device, p.dtype, repeats)
+        return PassCosts(tuple(batch), tuple(tokens), target_ms, draft_ms, step)
+
+    return remembered(key, measure, dump=PassCosts.to_dict, load=PassCosts.from_dict, cache=cache)

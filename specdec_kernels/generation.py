@@ -243,27 +243,29 @@ class SpeculativeGenerator:
         return GenerationOutput.from_result(result)
 
 
-_LOOP_MEMORY: dict[str, PassCosts] = {}
-
-
 def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> PassCosts:
     """``costs`` with the decoding loop's own work measured in: per step (verification,
     commit, the one host sync: ``step_ms``) and per draft token (drawing and feeding it:
     ``draft_step_ms``), from short greedy runs of the loop at batch 1 (the difference of two
     lengths, so the prefill cancels; the fastest of three), minus the model passes ``costs``
     already prices. Measured once per pair like the pass costs, before any generation."""
-    import dataclasses
     import json
 
-    from specdec_kernels._cache import cache_path, read_json, write_json
+    from specdec_kernels._cache import remembered
 
     key = "loop:" + json.dumps(costs.to_dict(), sort_keys=True)
-    if key in _LOOP_MEMORY:
-        return _LOOP_MEMORY[key]
-    stored = read_json(cache_path()) if cache else {}
-    if isinstance(stored.get(key), dict):
-        _LOOP_MEMORY[key] = PassCosts.from_dict(stored[key])
-        return _LOOP_MEMORY[key]
+    return remembered(
+        key,
+        lambda: _measure_loop_costs(costs, target, draft),
+        dump=PassCosts.to_dict,
+        load=PassCosts.from_dict,
+        cache=cache,
+    )
+
+
+def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
+    import dataclasses
+
     ctx = min(target.max_seq_len or 256, draft.max_seq_len or 256)
     if ctx < 24:  # too short a context to time anything: the pass costs alone
         return costs
@@ -284,13 +286,7 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
 
     step = max(0.0, per_step(0) - costs.target(1, 1))
     drafted = per_step(2) - costs.target(1, 3) - 2 * costs.draft(1) - step
-    out = dataclasses.replace(costs, step_ms=step, draft_step_ms=max(0.0, drafted / 2))
-    _LOOP_MEMORY[key] = out
-    if cache:
-        stored = read_json(cache_path())
-        stored[key] = out.to_dict()
-        write_json(cache_path(), stored)
-    return out
+    return dataclasses.replace(costs, step_ms=step, draft_step_ms=max(0.0, drafted / 2))
 
 
 def _measurable(target, draft) -> bool:

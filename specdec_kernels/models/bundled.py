@@ -124,7 +124,7 @@ def fastest_dtype(
     """
     import json
 
-    from specdec_kernels._cache import cache_path, cpu_name, pass_ms, read_json, write_json
+    from specdec_kernels._cache import cpu_name, pass_ms, remembered
 
     probe = load(DTYPE_CANDIDATES[0])
     key = "dtype:" + json.dumps(
@@ -137,25 +137,24 @@ def fastest_dtype(
         ),
         sort_keys=True,
     )
-    if key in _DTYPE_MEMORY:
-        return _DTYPE_MEMORY[key]
-    stored = read_json(cache_path()) if cache else {}
-    if key in stored and stored[key] in _DTYPE_NAMES:
-        _DTYPE_MEMORY[key] = _DTYPE_NAMES[stored[key]]
-        return _DTYPE_MEMORY[key]
-    best, best_ms = DTYPE_CANDIDATES[0], float("inf")
-    for dt in DTYPE_CANDIDATES:
-        model = probe if dt == probe.lm_head.weight.dtype else load(dt)
-        model.row_invariant = row_invariant_available(model)
-        ms = sum(pass_ms(model, 1, t, 64, repeats) for t in tokens)
-        if ms < best_ms:
-            best, best_ms = dt, ms
-    _DTYPE_MEMORY[key] = best
-    if cache:
-        stored = read_json(cache_path())
-        stored[key] = str(best).replace("torch.", "")
-        write_json(cache_path(), stored)
-    return best
+
+    def measure() -> torch.dtype:
+        best, best_ms = DTYPE_CANDIDATES[0], float("inf")
+        for dt in DTYPE_CANDIDATES:
+            model = probe if dt == probe.lm_head.weight.dtype else load(dt)
+            model.row_invariant = row_invariant_available(model)
+            ms = sum(pass_ms(model, 1, t, 64, repeats) for t in tokens)
+            if ms < best_ms:
+                best, best_ms = dt, ms
+        return best
+
+    return remembered(
+        key,
+        measure,
+        dump=lambda dt: str(dt).replace("torch.", ""),
+        load=lambda name: _DTYPE_NAMES[name],
+        cache=cache,
+    )
 
 
 def fastest_threads(load, *, repeats: int = 7, cache: bool = True) -> int:
@@ -165,7 +164,7 @@ def fastest_threads(load, *, repeats: int = 7, cache: bool = True) -> int:
     ``torch.set_num_threads`` with the result."""
     import json
 
-    from specdec_kernels._cache import cache_path, cpu_name, pass_ms, read_json, write_json
+    from specdec_kernels._cache import cpu_name, pass_ms, remembered
 
     cores = os.cpu_count() or 1
     model = load()
@@ -173,28 +172,24 @@ def fastest_threads(load, *, repeats: int = 7, cache: bool = True) -> int:
         dict(config=repr(model.config), cpu=cpu_name(), cores=cores, torch=torch.__version__),
         sort_keys=True,
     )
-    stored = read_json(cache_path()) if cache else {}
-    if isinstance(stored.get(key), int):
-        return stored[key]
-    before = torch.get_num_threads()
-    model.row_invariant = row_invariant_available(model)
-    best, best_ms = 1, float("inf")
-    try:
-        for n in sorted({1, cores}):
-            torch.set_num_threads(n)
-            ms = pass_ms(model, 1, 1, 64, repeats) + pass_ms(model, 1, 5, 64, repeats)
-            if ms < best_ms:
-                best, best_ms = n, ms
-    finally:
-        torch.set_num_threads(before)
-    if cache:
-        stored = read_json(cache_path())
-        stored[key] = best
-        write_json(cache_path(), stored)
-    return best
+
+    def measure() -> int:
+        before = torch.get_num_threads()
+        model.row_invariant = row_invariant_available(model)
+        best, best_ms = 1, float("inf")
+        try:
+            for n in sorted({1, cores}):
+                torch.set_num_threads(n)
+                ms = pass_ms(model, 1, 1, 64, repeats) + pass_ms(model, 1, 5, 64, repeats)
+                if ms < best_ms:
+                    best, best_ms = n, ms
+        finally:
+            torch.set_num_threads(before)
+        return best
+
+    return remembered(key, measure, load=int, cache=cache)
 
 
-_DTYPE_MEMORY: dict[str, torch.dtype] = {}
 _DTYPE_NAMES = {str(d).replace("torch.", ""): d for d in DTYPE_CANDIDATES}
 
 
