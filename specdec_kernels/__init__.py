@@ -22,7 +22,6 @@ from specdec_kernels import (  # noqa: E402
     distributed,
     models,
 )
-from specdec_kernels._extension import extension_available  # noqa: E402
 from specdec_kernels._version import __version__  # noqa: E402,F401
 from specdec_kernels.generation import (  # noqa: E402
     GenerationOutput,
@@ -30,7 +29,7 @@ from specdec_kernels.generation import (  # noqa: E402
     SpeculativeGenerator,
     autoregressive_generate,
 )
-from specdec_kernels.kv_cache import KVCache, PagedKVCache  # noqa: E402
+from specdec_kernels.kv_cache import KVCache, PagedKVCache, extension_available  # noqa: E402
 from specdec_kernels.models import build, output_size  # noqa: E402
 from specdec_kernels.tree_verification import (  # noqa: E402
     TreeVerification,

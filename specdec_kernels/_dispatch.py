@@ -19,17 +19,33 @@ Backends (:data:`BACKENDS`):
 ``backend=None`` means: Triton for CUDA tensors; for CPU tensors the native kernels where the
 extension is built, else the reference; unless the environment variable ``SPECDEC_BACKEND`` names
 one.
+
+The routing table (:func:`kernel`) maps ``(op, backend)`` to the function that runs it; every
+custom op's body is one lookup there. Each op's kernels take the same arguments on every backend
+(the op's schema without ``backend``): the adapters below are the only code that knows how a
+backend's entry (``torch.ops.specdec.native_*``, a Triton launcher, a reference function) spells
+them. A backend without a kernel for an op runs the reference, with a one-time warning. The KV
+ops have no ``backend=``: :func:`kv_backend` picks ``"native"`` (C++, and CUDA in a CUDA build)
+where the extension has a kernel for the cache's device, else ``"reference"``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
+import threading
+from collections.abc import Callable
 
 import torch
 
-from specdec_kernels._warnings import warn_once  # noqa: F401  (also imported from here)
+from specdec_kernels import _extension
+from specdec_kernels._warnings import warn_once
+from specdec_kernels.reference import accept_reject as ref_accept_reject
+from specdec_kernels.reference import kv_cache as ref_kv
+from specdec_kernels.reference import verify_chain as ref_chain
+from specdec_kernels.reference import verify_tree as ref_tree
 
 BACKENDS = ("triton", "native", "reference")
 _ENV_VAR = "SPECDEC_BACKEND"
@@ -43,9 +59,7 @@ def triton_available() -> bool:
 
 def native_available() -> bool:
     """True when the extension ``specdec_kernels._C`` is loaded with its native verification
-    kernels (``torch.ops.specdec.native_verify``)."""
-    from specdec_kernels import _extension
-
+    kernels (``torch.ops.specdec.native_verify_ex``)."""
     return _extension.native_ops_available()
 
 
@@ -106,8 +120,6 @@ def _resolve_native(device: torch.device) -> str:
         )
         return fallback
     if not native_available():
-        from specdec_kernels import _extension
-
         warn_once(
             "no-native",
             "specdec_kernels: the native backend needs the C++ extension, "
@@ -146,3 +158,158 @@ def _resolve_triton(device: torch.device) -> str:
 def interpreter_active() -> bool:
     """True when Triton kernels run in Triton's interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# --- the routing table -----------------------------------------------------------------------
+# Chain kernels: (target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k,
+# top_p, seeds, logits_row_start, probs_row_start, mode, log_input, posterior_threshold,
+# posterior_alpha) -> (tokens, num_accepted). Tree kernels: (target_logits, tree_tokens, parents,
+# draft_probs, num_nodes, mode, temperature, top_k, top_p, seeds, greedy_only) -> (tokens,
+# num_accepted, accepted_nodes), all [B, N] wide. KV kernels: the public op's arguments -> None.
+
+
+def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, mode, log_input,
+                  threshold, alpha):  # fmt: skip
+    return torch.ops.specdec.native_verify_ex(
+        logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs,
+        log_input, mode == "typical", threshold, alpha,
+    )  # fmt: skip
+
+
+def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, mode, log_input,
+                  threshold, alpha):  # fmt: skip
+    from specdec_kernels.ops import verify_sampling  # imports triton: lazily
+
+    return verify_sampling.verify(
+        logits, drafts, probs, nd, temp, topk, topp, seeds, greedy_only=mode == "greedy",
+        logits_row_start=lrs, probs_row_start=prs, log_input=log_input,
+    )  # fmt: skip
+
+
+def _reference_chain(*args):
+    tokens, accepted, _ = ref_chain.verify_chain(*args)
+    return tokens, accepted
+
+
+def _native_tree(*args):
+    return torch.ops.specdec.native_verify_tree(*args)
+
+
+def _triton_tree(*args):
+    from specdec_kernels.ops import verify_tree  # imports triton: lazily
+
+    *head, greedy_only = args
+    return verify_tree.verify_tree(*head, greedy_only=greedy_only)
+
+
+def _reference_tree(logits, tokens, parents, probs, nn, mode, temp, topk, topp, seeds, greedy):
+    if greedy:
+        return ref_tree.verify_tree_greedy(logits, tokens, parents, nn)
+    return ref_tree.verify_tree_sampling(
+        logits, tokens, parents, probs, nn, mode, temp, topk, topp, seeds
+    )
+
+
+def _triton_accept_reject(draft_tokens, verifier_tokens):
+    from specdec_kernels.ops import accept_reject  # imports triton: lazily
+
+    return accept_reject.accept_reject(draft_tokens, verifier_tokens)
+
+
+def _native(name: str) -> Callable:
+    def run(*args):
+        return getattr(torch.ops.specdec, name)(*args)
+
+    run.__name__ = name
+    return run
+
+
+KV_OPS = ("kv_write_", "kv_compact_", "paged_kv_write_", "paged_kv_compact_")
+
+#: (op, backend) -> kernel. ``verify_typical`` is the chain op in typical mode.
+_TABLE: dict[tuple[str, str], Callable] = {
+    ("verify_chain", "native"): _native_chain,
+    ("verify_chain", "triton"): _triton_chain,
+    ("verify_chain", "reference"): _reference_chain,
+    ("verify_typical", "native"): _native_chain,
+    ("verify_typical", "reference"): _reference_chain,
+    ("verify_tree", "native"): _native_tree,
+    ("verify_tree", "triton"): _triton_tree,
+    ("verify_tree", "reference"): _reference_tree,
+    ("accept_reject", "native"): _native("native_accept_reject"),
+    ("accept_reject", "triton"): _triton_accept_reject,
+    ("accept_reject", "reference"): ref_accept_reject.accept_reject,
+    **{(name, "native"): _native("native_" + name) for name in KV_OPS},
+    **{(name, "reference"): getattr(ref_kv, name) for name in KV_OPS},
+}
+#: The extension's op behind each native kernel (an extension built before it has none).
+_NATIVE_ENTRY = {
+    "verify_chain": "native_verify_ex",
+    "verify_typical": "native_verify_ex",
+    "verify_tree": "native_verify_tree",
+    "accept_reject": "native_accept_reject",
+    **{name: "native_" + name for name in KV_OPS},
+}
+
+
+def kernel(op: str, backend: str) -> Callable:
+    """The kernel that runs ``op`` on a resolved ``backend`` (:func:`resolve_backend`, or
+    :func:`kv_backend` for the KV ops): the routing table's entry, or the reference's with a
+    one-time ``RuntimeWarning`` where that backend has no kernel for ``op``."""
+    impl = _TABLE.get((op, backend))
+    if impl is None:
+        warn_once(
+            f"{op}-{backend}",
+            f"specdec_kernels: {op} has no {backend} kernel yet; using the pure-PyTorch reference",
+        )
+        return _TABLE[(op, "reference")]
+    if backend == "native" and not hasattr(torch.ops.specdec, _NATIVE_ENTRY[op]):
+        warn_once(
+            f"{op}-stale-extension",
+            f"specdec_kernels: the loaded C++ extension predates the native {op} kernel "
+            f"(torch.ops.specdec.{_NATIVE_ENTRY[op]}; rebuild it); using the pure-PyTorch "
+            f"reference",
+        )
+        return _TABLE[(op, "reference")]
+    return impl
+
+
+_kv_forced = 0
+_kv_forced_lock = threading.Lock()
+
+
+def kv_backend(op: str, device: torch.device) -> str:
+    """``"native"`` where the extension has a kernel of the KV op ``op`` for ``device`` and
+    :func:`force_kv_reference` is not active, else ``"reference"`` (with a one-time warning
+    unless the reference was asked for)."""
+    if _kv_forced:
+        return "reference"
+    if device.type in _extension.native_devices():
+        return "native"
+    reason = _extension.load_error() or f"it has no kernel for {device.type} tensors"
+    warn_once(
+        f"kv-fallback-{op}-{device.type}",
+        f"specdec_kernels: torch.ops.specdec.{op} runs the pure-PyTorch fallback because "
+        f"{reason}; build the extension for the C++/CUDA kernels",
+    )
+    return "reference"
+
+
+def kv_reference_forced() -> bool:
+    """True inside :func:`force_kv_reference`."""
+    return _kv_forced > 0
+
+
+@contextlib.contextmanager
+def force_kv_reference():
+    """Run the KV-cache ops with the pure-PyTorch fallback inside the ``with`` block (no
+    warning). Process-wide: other threads calling the ops meanwhile get the fallback too.
+    Blocks nest."""
+    global _kv_forced
+    with _kv_forced_lock:
+        _kv_forced += 1
+    try:
+        yield
+    finally:
+        with _kv_forced_lock:
+            _kv_forced -= 1

@@ -5,7 +5,8 @@ A tree of candidates (Medusa, EAGLE-2/3, SpecInfer) is scored by the target in o
 pick the accepted path. The two verify ops are ``torch.library`` custom ops
 (``torch.ops.specdec.verify_tree_greedy`` / ``verify_tree_sampling``) with fakes of the same
 signature; the functions here check arguments, turn scalars into per-row tensors, pick the backend
-(:mod:`specdec_kernels._dispatch`) and call them. The specification is
+(:mod:`specdec_kernels._dispatch`) and call them; each op's body is one lookup in the routing table
+(:func:`specdec_kernels._dispatch.kernel`). The specification is
 :mod:`specdec_kernels.reference.verify_tree`.
 """
 
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import resolve_backend, warn_once
+from specdec_kernels._dispatch import kernel, resolve_backend
 from specdec_kernels.reference import rng
 from specdec_kernels.reference import verify_tree as ref_tree
 
@@ -51,21 +52,6 @@ class TreeVerification(NamedTuple):
 # --- custom ops ------------------------------------------------------------------------------
 
 
-def _native_tree(backend: str) -> bool:
-    """``backend == "native"`` and the loaded extension has the tree kernel (an extension built
-    before it falls back to the reference, with a one-time warning)."""
-    if backend != "native":
-        return False
-    if hasattr(torch.ops.specdec, "native_verify_tree"):
-        return True
-    warn_once(
-        "no-native-tree",
-        "specdec_kernels: the loaded C++ extension predates the native tree kernel "
-        "(rebuild it); tree verification falls back to the pure-PyTorch reference",
-    )
-    return False
-
-
 def _result(tokens: Tensor, accepted: Tensor, nodes: Tensor):
     return tokens, accepted, accepted + 1, nodes
 
@@ -74,29 +60,11 @@ def _result(tokens: Tensor, accepted: Tensor, nodes: Tensor):
 def _verify_tree_greedy_op(
     target_logits: Tensor, tree_tokens: Tensor, parents: Tensor, num_nodes: Tensor, backend: str
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    if _native_tree(backend):
-        tokens, accepted, nodes = torch.ops.specdec.native_verify_tree(
+    return _result(
+        *kernel("verify_tree", backend)(
             target_logits, tree_tokens, parents, None, num_nodes, 0, None, None, None, None, True
         )
-        return _result(tokens, accepted, nodes)
-    if backend == "triton":
-        from specdec_kernels.ops import verify_tree as triton_ops  # imports triton: lazily
-
-        tokens, accepted, nodes = triton_ops.verify_tree(
-            target_logits,
-            tree_tokens,
-            parents,
-            None,
-            num_nodes,
-            0,
-            None,
-            None,
-            None,
-            None,
-            greedy_only=True,
-        )
-        return _result(tokens, accepted, nodes)
-    return _result(*ref_tree.verify_tree_greedy(target_logits, tree_tokens, parents, num_nodes))
+    )
 
 
 def _fake_result(target_logits):
@@ -125,8 +93,8 @@ def _verify_tree_sampling_op(
     seeds: Tensor,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    if _native_tree(backend):
-        tokens, accepted, nodes = torch.ops.specdec.native_verify_tree(
+    return _result(
+        *kernel("verify_tree", backend)(
             target_logits,
             tree_tokens,
             parents,
@@ -138,55 +106,12 @@ def _verify_tree_sampling_op(
             top_p,
             seeds,
             False,
-        )
-        return _result(tokens, accepted, nodes)
-    if backend == "triton":
-        from specdec_kernels.ops import verify_tree as triton_ops  # imports triton: lazily
-
-        tokens, accepted, nodes = triton_ops.verify_tree(
-            target_logits,
-            tree_tokens,
-            parents,
-            draft_probs,
-            num_nodes,
-            mode,
-            temperature,
-            top_k,
-            top_p,
-            seeds,
-            greedy_only=False,
-        )
-        return _result(tokens, accepted, nodes)
-    return _result(
-        *ref_tree.verify_tree_sampling(
-            target_logits,
-            tree_tokens,
-            parents,
-            draft_probs,
-            num_nodes,
-            mode,
-            temperature,
-            top_k,
-            top_p,
-            seeds,
-        )
+        )  # fmt: skip
     )
 
 
 @_verify_tree_sampling_op.register_fake
-def _(
-    target_logits,
-    tree_tokens,
-    parents,
-    draft_probs,
-    num_nodes,
-    mode,
-    temperature,
-    top_k,
-    top_p,
-    seeds,
-    backend,
-):
+def _(target_logits, tree_tokens, parents, draft_probs, num_nodes, mode, *args):
     return _fake_result(target_logits)
 
 

@@ -1,14 +1,16 @@
 """Public verification ops: :func:`verify_greedy`, :func:`verify_sampling`, :func:`verify_typical`,
 :func:`accept_reject`.
 
-Each is a ``torch.library`` custom op (``torch.ops.specdec.*``) with a fake implementation of the
-same signature, so ``torch.compile(fullgraph=True)`` traces through it (with ``validate=False``).
+The three chain verifications are one ``torch.library`` custom op,
+``torch.ops.specdec.verify_chain`` (called by keyword through :func:`run_chain`), and
+:func:`accept_reject` is ``torch.ops.specdec.accept_reject``; each has a fake implementation of the
+same signature, so ``torch.compile(fullgraph=True)`` traces through them (with ``validate=False``).
 The Python functions here check arguments, turn scalars into per-row tensors, pick the backend
-(:mod:`specdec_kernels._dispatch`) and call the op.
-
-vLLM's flattened layout (``cu_num_draft_tokens=``), probability inputs (the drop-in adapters of
-:mod:`specdec_kernels.compat`) and typical acceptance go through one more op,
-``torch.ops.specdec.verify_ex``, whose kernels read the flat rows through per-row offsets.
+(:func:`specdec_kernels._dispatch.resolve_backend`) and call the op, whose body is one lookup in the
+routing table (:func:`specdec_kernels._dispatch.kernel`). The chain op takes every input form:
+padded ``[B, K+1, V]`` rows or vLLM's flattened layout (``cu_num_draft_tokens=``, read in place
+through per-row offsets), logits or probabilities (the drop-in adapters of
+:mod:`specdec_kernels.compat`).
 
 Vocabulary (vLLM's rejection sampler's, used for chains and trees throughout the package, in
 docstrings, comments and local names; public argument names keep their own):
@@ -39,14 +41,8 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import resolve_backend
-from specdec_kernels._warnings import warn_once
-from specdec_kernels.reference import accept_reject as ref_accept_reject
-from specdec_kernels.reference import layout as ref_layout
+from specdec_kernels._dispatch import kernel, resolve_backend
 from specdec_kernels.reference import rng
-from specdec_kernels.reference import verify_greedy as ref_greedy
-from specdec_kernels.reference import verify_sampling as ref_sampling
-from specdec_kernels.reference import verify_typical as ref_typical
 
 
 class Verification(NamedTuple):
@@ -68,114 +64,11 @@ class Verification(NamedTuple):
     num_emitted: Tensor
 
 
-# --- custom ops ------------------------------------------------------------------------------
+# --- the custom ops --------------------------------------------------------------------------
 
 
-@torch.library.custom_op("specdec::verify_greedy", mutates_args=())
-def _verify_greedy_op(
-    target_logits: Tensor, draft_tokens: Tensor, num_draft_tokens: Tensor, backend: str
-) -> tuple[Tensor, Tensor, Tensor]:
-    if backend == "native":
-        tokens, accepted = torch.ops.specdec.native_verify(
-            target_logits, draft_tokens, None, num_draft_tokens, None, None, None, None, True
-        )
-        return tokens, accepted, accepted + 1
-    if backend == "triton":
-        from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
-
-        tokens, accepted = triton_ops.verify(
-            target_logits,
-            draft_tokens,
-            None,
-            num_draft_tokens,
-            None,
-            None,
-            None,
-            None,
-            greedy_only=True,
-        )
-        return tokens, accepted, accepted + 1
-    return ref_greedy.verify_greedy(target_logits, draft_tokens, num_draft_tokens)
-
-
-@_verify_greedy_op.register_fake
-def _(target_logits, draft_tokens, num_draft_tokens, backend):
-    b, k1, _ = target_logits.shape
-    tokens = target_logits.new_empty((b, k1), dtype=torch.int64)
-    return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
-
-
-@torch.library.custom_op("specdec::verify_sampling", mutates_args=())
-def _verify_sampling_op(
-    target_logits: Tensor,
-    draft_tokens: Tensor,
-    draft_probs: Tensor | None,
-    num_draft_tokens: Tensor,
-    temperature: Tensor,
-    top_k: Tensor | None,
-    top_p: Tensor | None,
-    seeds: Tensor,
-    backend: str,
-) -> tuple[Tensor, Tensor, Tensor]:
-    if backend == "native":
-        tokens, accepted = torch.ops.specdec.native_verify(
-            target_logits,
-            draft_tokens,
-            draft_probs,
-            num_draft_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seeds,
-            False,
-        )
-        return tokens, accepted, accepted + 1
-    if backend == "triton":
-        from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
-
-        tokens, accepted = triton_ops.verify(
-            target_logits,
-            draft_tokens,
-            draft_probs,
-            num_draft_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seeds,
-            greedy_only=False,
-        )
-        return tokens, accepted, accepted + 1
-    return ref_sampling.verify_sampling(
-        target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p, seeds
-    )
-
-
-@_verify_sampling_op.register_fake
-def _(
-    target_logits,
-    draft_tokens,
-    draft_probs,
-    num_draft_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seeds,
-    backend,
-):
-    b, k1, _ = target_logits.shape
-    tokens = target_logits.new_empty((b, k1), dtype=torch.int64)
-    return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
-
-
-MODE_GREEDY, MODE_SAMPLING, MODE_TYPICAL = 0, 1, 2
-
-
-def _native_ex_available() -> bool:
-    return hasattr(torch.ops.specdec, "native_verify_ex")
-
-
-@torch.library.custom_op("specdec::verify_ex", mutates_args=())
-def _verify_ex_op(
+@torch.library.custom_op("specdec::verify_chain", mutates_args=())
+def _verify_chain_op(
     target_logits: Tensor,
     draft_tokens: Tensor,
     draft_probs: Tensor | None,
@@ -186,120 +79,73 @@ def _verify_ex_op(
     seeds: Tensor | None,
     logits_row_start: Tensor | None,
     probs_row_start: Tensor | None,
-    mode: int,
+    mode: str,
     log_input: bool,
     posterior_threshold: float,
     posterior_alpha: float,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Verification with the general input forms. ``target_logits`` is ``[B, K+1, V]``, or with
-    ``logits_row_start [B]`` a flattened ``[R, V]`` (position ``j`` of row ``b`` is row
-    ``logits_row_start[b] + j``, clamped into ``[0, R)``); ``draft_probs`` likewise with
-    ``probs_row_start``. ``log_input``: the inputs are probabilities (``x = log p``). ``mode``:
-    greedy / sampling / typical. ``draft_tokens [B, K]`` fixes ``B`` and ``K``."""
-    greedy_only = mode == MODE_GREEDY
-    if backend == "triton" and mode == MODE_TYPICAL:
-        warn_once(
-            "typical-triton",
-            "specdec_kernels: verify_typical has no Triton kernel yet; using the reference",
-        )
-        backend = "reference"
-    if backend == "native" and _native_ex_available():
-        tokens, accepted = torch.ops.specdec.native_verify_ex(
-            target_logits,
-            draft_tokens,
-            draft_probs,
-            num_draft_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seeds,
-            greedy_only,
-            logits_row_start,
-            probs_row_start,
-            log_input,
-            mode == MODE_TYPICAL,
-            posterior_threshold,
-            posterior_alpha,
-        )
-        return tokens, accepted, accepted + 1
-    if backend == "triton":
-        from specdec_kernels.ops import verify_sampling as triton_ops  # imports triton: lazily
-
-        tokens, accepted = triton_ops.verify(
-            target_logits,
-            draft_tokens,
-            draft_probs,
-            num_draft_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seeds,
-            greedy_only=greedy_only,
-            logits_row_start=logits_row_start,
-            probs_row_start=probs_row_start,
-            log_input=log_input,
-        )
-        return tokens, accepted, accepted + 1
-    k = draft_tokens.shape[1]
-    logits = target_logits
-    if logits_row_start is not None:
-        logits = ref_layout.gather_rows(logits, logits_row_start, k + 1)
-    logits = ref_layout.as_logits(logits, log_input)
-    probs = draft_probs
-    if probs is not None and probs_row_start is not None:
-        probs = ref_layout.gather_rows(probs, probs_row_start, k)
-    if greedy_only:
-        return ref_greedy.verify_greedy(logits, draft_tokens, num_draft_tokens)
-    if mode == MODE_TYPICAL:
-        return ref_typical.verify_typical(
-            logits,
-            draft_tokens,
-            num_draft_tokens,
-            temperature,
-            top_k,
-            top_p,
-            seeds,
-            posterior_threshold,
-            posterior_alpha,
-        )
-    return ref_sampling.verify_sampling(
-        logits, draft_tokens, probs, num_draft_tokens, temperature, top_k, top_p, seeds
-    )
+    """One verification step in every input form (:func:`run_chain` documents the arguments;
+    :func:`specdec_kernels.reference.verify_chain.verify_chain` is the specification)."""
+    op = "verify_typical" if mode == "typical" else "verify_chain"
+    tokens, accepted = kernel(op, backend)(
+        target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
+        seeds, logits_row_start, probs_row_start, mode, log_input, posterior_threshold,
+        posterior_alpha,
+    )  # fmt: skip
+    return tokens, accepted, accepted + 1
 
 
-@_verify_ex_op.register_fake
-def _(
-    target_logits,
-    draft_tokens,
-    draft_probs,
-    num_draft_tokens,
-    temperature,
-    top_k,
-    top_p,
-    seeds,
-    logits_row_start,
-    probs_row_start,
-    mode,
-    log_input,
-    posterior_threshold,
-    posterior_alpha,
-    backend,
-):
+@_verify_chain_op.register_fake
+def _(target_logits, draft_tokens, *args):
     b, k = draft_tokens.shape
     tokens = target_logits.new_empty((b, k + 1), dtype=torch.int64)
     return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
 
 
+def run_chain(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    *,
+    num_draft_tokens: Tensor,
+    mode: str,
+    backend: str,
+    draft_probs: Tensor | None = None,
+    temperature: Tensor | None = None,
+    top_k: Tensor | None = None,
+    top_p: Tensor | None = None,
+    seeds: Tensor | None = None,
+    logits_row_start: Tensor | None = None,
+    probs_row_start: Tensor | None = None,
+    log_input: bool = False,
+    posterior_threshold: float = 0.0,
+    posterior_alpha: float = 0.0,
+) -> Verification:
+    """``torch.ops.specdec.verify_chain`` by keyword: the one chain op behind
+    :func:`verify_greedy`, :func:`verify_sampling`, :func:`verify_typical` and the drop-in
+    adapters of :mod:`specdec_kernels.compat`. Checks nothing: its callers have.
+
+    ``target_logits`` is ``[B, K+1, V]``, or with ``logits_row_start [B]`` a flat ``[R, V]``
+    (position ``j`` of row ``b`` is row ``logits_row_start[b] + j``, clamped into ``[0, R)``);
+    ``draft_probs`` (``[B, K, V]`` or ``None``: one-hot drafts) likewise with
+    ``probs_row_start``. ``draft_tokens [B, K]`` (contiguous) fixes ``B`` and ``K``;
+    ``num_draft_tokens [B]`` int64. ``temperature``, ``top_k``, ``top_p``: ``[B]`` tensors or
+    ``None`` (off; ``temperature`` and ``seeds`` are read only by the sampling and typical modes).
+    ``mode``: ``"greedy"``, ``"sampling"`` or ``"typical"`` (with ``posterior_threshold`` and
+    ``posterior_alpha``). ``log_input``: the inputs are probabilities. ``backend``: resolved
+    (:func:`specdec_kernels._dispatch.resolve_backend`).
+    """
+    tokens, accepted, emitted = torch.ops.specdec.verify_chain(
+        target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
+        seeds, logits_row_start, probs_row_start, mode, log_input, float(posterior_threshold),
+        float(posterior_alpha), backend,
+    )  # fmt: skip
+    return Verification(tokens, accepted, emitted)
+
+
 @torch.library.custom_op("specdec::accept_reject", mutates_args=())
 def _accept_reject_op(draft_tokens: Tensor, verifier_tokens: Tensor, backend: str) -> Tensor:
-    if backend == "native":
-        return torch.ops.specdec.native_accept_reject(draft_tokens, verifier_tokens)
-    if backend == "triton":
-        from specdec_kernels.ops import accept_reject as triton_ops  # imports triton: lazily
-
-        return triton_ops.accept_reject(draft_tokens, verifier_tokens)
-    return ref_accept_reject.accept_reject(draft_tokens, verifier_tokens)
+    return kernel("accept_reject", backend)(draft_tokens, verifier_tokens)
 
 
 @_accept_reject_op.register_fake
@@ -449,24 +295,14 @@ def verify_greedy(
             num_draft_tokens,
             validate,
         )
-        tokens, accepted, emitted = torch.ops.specdec.verify_ex(
+        return run_chain(
             target_logits,
             flat.drafts,
-            None,
-            flat.num_draft_tokens,
-            None,
-            None,
-            None,
-            None,
-            flat.logits_row_start,
-            None,
-            MODE_GREEDY,
-            False,
-            0.0,
-            0.0,
-            resolve_backend(backend, target_logits.device),
+            num_draft_tokens=flat.num_draft_tokens,
+            logits_row_start=flat.logits_row_start,
+            mode="greedy",
+            backend=resolve_backend(backend, target_logits.device),
         )
-        return Verification(tokens, accepted, emitted)
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
@@ -474,10 +310,13 @@ def verify_greedy(
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     if validate:
         check.check_values(target_logits, draft_tokens, nd)
-    tokens, accepted, emitted = torch.ops.specdec.verify_greedy(
-        target_logits, draft_tokens, nd, resolve_backend(backend, device)
+    return run_chain(
+        target_logits,
+        draft_tokens,
+        num_draft_tokens=nd,
+        mode="greedy",
+        backend=resolve_backend(backend, device),
     )
-    return Verification(tokens, accepted, emitted)
 
 
 def verify_sampling(
@@ -606,24 +445,20 @@ def verify_sampling(
             check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
         seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
         greedy = isinstance(temperature, numbers.Real) and temperature == 0
-        tokens, accepted, emitted = torch.ops.specdec.verify_ex(
+        return run_chain(
             target_logits,
             flat.drafts,
-            draft_probs,
-            flat.num_draft_tokens,
-            temp,
-            topk,
-            topp,
-            seeds,
-            flat.logits_row_start,
-            flat.probs_row_start if draft_probs is not None else None,
-            MODE_GREEDY if greedy else MODE_SAMPLING,
-            False,
-            0.0,
-            0.0,
-            resolve_backend(backend, target_logits.device),
+            draft_probs=draft_probs,
+            num_draft_tokens=flat.num_draft_tokens,
+            temperature=temp,
+            top_k=topk,
+            top_p=topp,
+            seeds=seeds,
+            logits_row_start=flat.logits_row_start,
+            probs_row_start=flat.probs_row_start if draft_probs is not None else None,
+            mode="greedy" if greedy else "sampling",
+            backend=resolve_backend(backend, target_logits.device),
         )
-        return Verification(tokens, accepted, emitted)
 
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
@@ -639,19 +474,26 @@ def verify_sampling(
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
         if validate:
             check.check_values(target_logits, draft_tokens, nd)
-        tokens, accepted, emitted = torch.ops.specdec.verify_greedy(
-            target_logits, draft_tokens, nd, resolved
+        return run_chain(
+            target_logits, draft_tokens, num_draft_tokens=nd, mode="greedy", backend=resolved
         )
-        return Verification(tokens, accepted, emitted)
 
     temp, topk, topp = _controls(b, device, temperature, top_k, top_p, seed)
     if validate:
         check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
     seeds = rng.seeds_for_batch(b, device, seed, generator)
-    tokens, accepted, emitted = torch.ops.specdec.verify_sampling(
-        target_logits, draft_tokens, draft_probs, nd, temp, topk, topp, seeds, resolved
+    return run_chain(
+        target_logits,
+        draft_tokens,
+        draft_probs=draft_probs,
+        num_draft_tokens=nd,
+        temperature=temp,
+        top_k=topk,
+        top_p=topp,
+        seeds=seeds,
+        mode="sampling",
+        backend=resolved,
     )
-    return Verification(tokens, accepted, emitted)
 
 
 def _controls(b: int, device: torch.device, temperature, top_k, top_p, seed):
@@ -753,24 +595,19 @@ def verify_typical(
     if validate:
         check.check_values(target_logits, draft_tokens, nd, None, temp, topk, topp)
     seeds = rng.seeds_for_batch(b, device, seed, generator)
-    tokens, accepted, emitted = torch.ops.specdec.verify_ex(
+    return run_chain(
         target_logits,
         draft_tokens,
-        None,
-        nd,
-        temp,
-        topk,
-        topp,
-        seeds,
-        None,
-        None,
-        MODE_TYPICAL,
-        False,
-        float(posterior_threshold),
-        float(posterior_alpha),
-        resolved,
+        num_draft_tokens=nd,
+        temperature=temp,
+        top_k=topk,
+        top_p=topp,
+        seeds=seeds,
+        mode="typical",
+        posterior_threshold=posterior_threshold,
+        posterior_alpha=posterior_alpha,
+        backend=resolved,
     )
-    return Verification(tokens, accepted, emitted)
 
 
 def accept_reject(

@@ -7,7 +7,7 @@ import contextlib
 import pytest
 import torch
 
-from specdec_kernels._extension import extension_available, force_fallback
+from specdec_kernels.kv_cache import extension_available, force_fallback
 
 from helpers import DEVICES, assert_same  # noqa: F401  (re-exported for the KV tests)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specdec_kernels._extension import force_fallback
+from specdec_kernels.kv_cache import force_fallback
 
 from helpers import (
     DEVICES,
@@ -60,15 +60,17 @@ def _on(device, *args) -> tuple:
 
 
 # ---------------------------------------------------------------- chain verification
-def _greedy(backend):
+def _chain_greedy(backend):
     def args(device):
         logits, drafts, _ = make_inputs(3, 4, 40, strided=True)
-        return _on(device, logits, drafts, torch.tensor([4, 2, 0]), backend)
+        nd = torch.tensor([4, 2, 0])
+        return _on(device, logits, drafts, None, nd, *(None,) * 6, "greedy", False, 0.0, 0.0,
+                   backend)  # fmt: skip
 
     return args
 
 
-def _sampling(backend, filters):
+def _chain_sampling(backend, filters):
     def args(device):
         logits, _, _ = make_inputs(3, 4, 40)
         q, drafts = make_draft_probs(3, 4, 40)
@@ -76,7 +78,8 @@ def _sampling(backend, filters):
         top_p = torch.tensor([0.9, 1.0, 0.5]) if filters else None
         temperature = torch.tensor([1.0, 0.0, 0.7])
         nd, seeds = torch.tensor([4, 3, 1]), torch.tensor([1, 2, 3])
-        return _on(device, logits, drafts, q, nd, temperature, top_k, top_p, seeds, backend)
+        return _on(device, logits, drafts, q, nd, temperature, top_k, top_p, seeds, None, None,
+                   "sampling", False, 0.0, 0.0, backend)  # fmt: skip
 
     return args
 
@@ -89,14 +92,13 @@ def _accept_reject(backend):
     return args
 
 
-def _verify_ex_inputs(mode):
-    """``verify_ex``'s first 14 arguments: greedy (0), flat-row sampling (1), typical (2)."""
-    from specdec_kernels.verification import MODE_SAMPLING
-
+def _chain_inputs(mode):
+    """``verify_chain``'s first 14 arguments in the other input forms: flat-row probabilities
+    (``"sampling"``) and typical acceptance (``"typical"``)."""
     b, k, v = 3, 2, 40
     logits, drafts, _ = make_inputs(b, k, v)
     nd = torch.tensor([2, 0, 1])
-    flat = mode == MODE_SAMPLING
+    flat = mode == "sampling"
     if flat:  # flat [num_tokens + B, V] probabilities with the row offsets
         q, drafts = make_draft_probs(b, k, v)
         target, _, q, cu = flatten_layout(torch.softmax(logits, -1), drafts, nd, q)
@@ -110,22 +112,23 @@ def _verify_ex_inputs(mode):
     )  # fmt: skip
 
 
-def _verify_ex(backend, mode):
-    return lambda device: _on(device, *_verify_ex_inputs(mode), backend)
+def _chain_form(backend, mode):
+    return lambda device: _on(device, *_chain_inputs(mode), backend)
 
 
 def _native_verify(device):
     logits, drafts, nd = make_inputs(2, 3, 30, ragged=True)
-    return _on(device, logits, drafts, None, nd, None, None, None, None, True)
+    return _on(device, logits, drafts, None, nd, *(None,) * 4, True, None, None, False, False,
+               0.0, 0.0)  # fmt: skip
 
 
 def _native_verify_ex(mode):
     def args(device):
         (target, drafts, q, nd, temperature, top_k, top_p, seeds, logits_start, probs_start,
-         mode_, flat, threshold, alpha) = _verify_ex_inputs(mode)  # fmt: skip
+         mode_, flat, threshold, alpha) = _chain_inputs(mode)  # fmt: skip
         return _on(
-            device, target, drafts, q, nd, temperature, top_k, top_p, seeds, mode == 0,
-            logits_start, probs_start, flat, mode == 2, threshold, alpha,
+            device, target, drafts, q, nd, temperature, top_k, top_p, seeds, False,
+            logits_start, probs_start, flat, mode == "typical", threshold, alpha,
         )  # fmt: skip
 
     return args
@@ -219,19 +222,20 @@ def _backends(make, *extra, triton="triton"):
 
 def _cases() -> list[Case]:
     cases = []
-    for label, args, needs in _backends(_greedy):
-        cases.append(Case("verify_greedy", label, args, needs))
+    for label, args, needs in _backends(_chain_greedy):
+        cases.append(Case("verify_chain", f"greedy-{label}", args, needs))
     for filters in (False, True):
-        for label, args, needs in _backends(_sampling, filters):
-            cases.append(Case("verify_sampling", f"{label}-filters={filters}", args, needs))
+        for label, args, needs in _backends(_chain_sampling, filters):
+            cases.append(Case("verify_chain", f"sampling-{label}-filters={filters}", args, needs))
     for label, args, needs in _backends(_accept_reject):
         cases.append(Case("accept_reject", label, args, needs))
-    for mode in (0, 1, 2):  # greedy, sampling (flat rows, probabilities), typical
-        cases.append(Case("verify_ex", f"reference-mode={mode}", _verify_ex("reference", mode)))
-        ext = "extension"
-        cases.append(Case("verify_ex", f"native-mode={mode}", _verify_ex("native", mode), ext))
-        cases.append(_native("native_verify_ex", f"mode={mode}", _native_verify_ex(mode)))
-    cases.append(_native("native_verify", "greedy", _native_verify))
+    for mode in ("sampling", "typical"):  # flat rows of probabilities; typical acceptance
+        for backend in ("reference", "native"):
+            needs = "extension" if backend == "native" else None
+            label = f"{mode}-form-{backend}"
+            cases.append(Case("verify_chain", label, _chain_form(backend, mode), needs))
+        cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
+    cases.append(_native("native_verify_ex", "greedy", _native_verify))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
         cases.append(Case("verify_tree_greedy", label, args, needs))

@@ -4,8 +4,9 @@ The layers, lowest first (:data:`LAYERS`); a module imports only from its own la
 ones below it::
 
     _warnings, _version, _cache, _validate, reference, _C    leaves
-    _extension, _dispatch                                   loads _C; picks the backend
+    _extension                                              loads _C
     ops                                                     Triton kernels and launchers
+    _dispatch                                               picks the backend; the routing table
     verification, tree_verification, kv_cache               the custom ops
     models, decoding, distributed, compat, adaptive, ngram  models, the loop's parts, adapters
     generation, integrations                                the loop and its faces
@@ -36,8 +37,9 @@ ENTRY_POINTS = {"cli", "__main__", "benchmarks"}
 EXTENSIONS = {f"{PKG}._C"}  # compiled: a leaf of the graph
 LAYERS = [
     {"_warnings", "_version", "_cache", "_validate", "reference", "_C"},
-    {"_extension", "_dispatch"},
+    {"_extension"},
     {"ops"},
+    {"_dispatch"},
     {"verification", "tree_verification", "kv_cache"},
     {"models", "decoding", "distributed", "compat", "adaptive", "ngram"},
     {"generation", "integrations"},

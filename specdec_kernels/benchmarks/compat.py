@@ -2,7 +2,7 @@
 
 One setup function per entry point builds upstream-shaped inputs and returns two callables: the
 ``compat`` call exactly as an upstream user makes it, and the ``core`` call of the op it wraps on
-the same data and seeds (``torch.ops.specdec.verify_ex`` for FlashInfer / vLLM, the tree ops for
+the same data and seeds (``torch.ops.specdec.verify_chain`` for FlashInfer / vLLM, the tree ops for
 SGLang), so both do the same kernel work and ``compat - core`` is what the adapter adds (argument
 checks, seeds, the counters, writing the outputs in place). The ``flat_layout`` pair compares
 vLLM's flattened layout with the padded one in the core op
@@ -25,7 +25,7 @@ import specdec_kernels as sk
 from specdec_kernels._dispatch import resolve_backend
 from specdec_kernels.compat import flashinfer, sglang, vllm
 from specdec_kernels.reference import rng
-from specdec_kernels.verification import MODE_SAMPLING
+from specdec_kernels.verification import run_chain
 
 ENTRY_POINTS = (
     "flashinfer.chain_speculative_sampling",
@@ -57,9 +57,9 @@ def setup_flashinfer(b: int, k: int, v: int, device) -> dict[str, Callable]:
     seeds = flashinfer.row_seeds(b, device, None, seed, offset)  # the adapter's: the same walk
 
     def core():
-        return torch.ops.specdec.verify_ex(
-            p, drafts, q, nd, ones, None, None, seeds, None, None, MODE_SAMPLING, True, 0.0, 0.0,
-            backend,
+        return run_chain(
+            p, drafts, draft_probs=q, num_draft_tokens=nd, temperature=ones, seeds=seeds,
+            mode="sampling", log_input=True, backend=backend,
         )  # fmt: skip
 
     def compat():
@@ -99,9 +99,10 @@ def setup_vllm(b: int, k: int, v: int, device) -> dict[str, Callable]:
 
     def core():
         seeds = rng.seeds_for_batch(b, device)
-        return torch.ops.specdec.verify_ex(
-            p, padded, q, nd, ones, None, None, seeds, start, start, MODE_SAMPLING, True, 0.0,
-            0.0, backend,
+        return run_chain(
+            p, padded, draft_probs=q, num_draft_tokens=nd, temperature=ones, seeds=seeds,
+            logits_row_start=start, probs_row_start=start, mode="sampling", log_input=True,
+            backend=backend,
         )  # fmt: skip
 
     def compat():

@@ -365,7 +365,7 @@ def setup_kv_compact(case: Case, device: torch.device) -> Bench:
     """Tree-verification compaction of a ``[L, 2, B, H, S, D]`` cache: each row keeps
     ``accepted + 1`` of its ``K + 1`` candidate entries (a sorted random subset, as a path
     through a token tree) and moves them to ``start .. start + keep - 1``."""
-    from specdec_kernels import _extension  # registers torch.ops.specdec.kv_compact_
+    from specdec_kernels import kv_cache  # registers torch.ops.specdec.kv_compact_
 
     g = _generator(case, device)
     B, K = case.B, case.K
@@ -389,7 +389,7 @@ def setup_kv_compact(case: Case, device: torch.device) -> Bench:
         "torch_compile": lambda: _compiled("kv_compact_")(kv, src, keep, start),
     }
     skipped = {}
-    if not _extension.extension_available():
+    if not kv_cache.extension_available():
         skipped["extension"] = "C++/CUDA extension not built: the op runs its PyTorch fallback"
     return Bench(fns, needed, float((keep - 1).float().mean()), skipped)
 

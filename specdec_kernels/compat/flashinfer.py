@@ -18,7 +18,7 @@ from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import accept_uniforms, as_int64_bits, mixed_seeds, require
 from specdec_kernels.reference import rng
-from specdec_kernels.verification import MODE_SAMPLING
+from specdec_kernels.verification import run_chain
 
 __all__ = ["chain_speculative_sampling"]
 
@@ -155,22 +155,16 @@ def chain_speculative_sampling(
     seeds = row_seeds(b, device, generator, seed, offset)
     drafts = draft_token_ids.contiguous()
 
-    tokens, emitted, _ = torch.ops.specdec.verify_ex(
+    tokens, emitted, _ = run_chain(
         target_probs,
         drafts,
-        q,
-        torch.full((b,), n, dtype=torch.int64, device=device),
-        torch.ones(b, dtype=torch.float32, device=device),
-        None,
-        None,
-        seeds,
-        None,
-        None,
-        MODE_SAMPLING,
-        True,  # probability inputs: x = log p, read in place
-        0.0,
-        0.0,
-        resolve_backend(backend, device),
+        draft_probs=q,
+        num_draft_tokens=torch.full((b,), n, dtype=torch.int64, device=device),
+        temperature=torch.ones(b, dtype=torch.float32, device=device),
+        seeds=seeds,
+        mode="sampling",
+        log_input=True,  # probability inputs: x = log p, read in place
+        backend=resolve_backend(backend, device),
     )
     accepted = emitted + _passes_after(q, drafts, target_probs, seeds, emitted)
     counters[0] += accepted.to(counters[0].dtype)

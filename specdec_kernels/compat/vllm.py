@@ -23,7 +23,7 @@ from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import require
 from specdec_kernels.reference import rng
-from specdec_kernels.verification import MODE_GREEDY, MODE_SAMPLING, flat_inputs
+from specdec_kernels.verification import flat_inputs, run_chain
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "rejection_sample"]
 
@@ -163,22 +163,13 @@ def rejection_sample(
 
     backend = resolve_backend(backend, device)
     if all_greedy:
-        tokens, accepted, _ = torch.ops.specdec.verify_ex(
+        tokens, accepted, _ = run_chain(  # argmax of the values as given (probs or logits)
             target_probs,
             flat.drafts,
-            None,
-            flat.num_draft_tokens,
-            None,
-            None,
-            None,
-            None,
-            flat.logits_row_start,
-            None,
-            MODE_GREEDY,
-            False,  # argmax of the values as given (probabilities or raw logits)
-            0.0,
-            0.0,
-            backend,
+            num_draft_tokens=flat.num_draft_tokens,
+            logits_row_start=flat.logits_row_start,
+            mode="greedy",
+            backend=backend,
         )
     else:
         if sampling_metadata.all_random:
@@ -192,22 +183,18 @@ def rejection_sample(
                 greedy |= t.to(device) == value
             temperature = (~greedy).to(torch.float32)  # 0: greedy row, 1: p as given
         seeds = _seeds(b, device, num_draft_tokens, sampling_metadata.generators)
-        tokens, accepted, _ = torch.ops.specdec.verify_ex(
+        tokens, accepted, _ = run_chain(
             target_probs,
             flat.drafts,
-            draft_probs,
-            flat.num_draft_tokens,
-            temperature,
-            None,
-            None,
-            seeds,
-            flat.logits_row_start,
-            flat.probs_row_start if draft_probs is not None else None,
-            MODE_SAMPLING,
-            True,  # probability inputs: x = log p, read in place
-            0.0,
-            0.0,
-            backend,
+            draft_probs=draft_probs,
+            num_draft_tokens=flat.num_draft_tokens,
+            temperature=temperature,
+            seeds=seeds,
+            logits_row_start=flat.logits_row_start,
+            probs_row_start=flat.probs_row_start if draft_probs is not None else None,
+            mode="sampling",
+            log_input=True,  # probability inputs: x = log p, read in place
+            backend=backend,
         )
     # Every draft accepted: the bonus token is the caller's bonus token, not the kernels' draw
     # (they read some other request's row there: clamped in bounds, and discarded here).

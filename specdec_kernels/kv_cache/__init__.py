@@ -16,7 +16,8 @@ once per call, bad input raises ``ValueError`` naming the row and the numbers, a
 leaves the cache exactly as it was; with ``validate=False`` no verb synchronises with the device.
 """
 
+from specdec_kernels.kv_cache._ops import extension_available, force_fallback
 from specdec_kernels.kv_cache.contiguous import KVCache
 from specdec_kernels.kv_cache.paged import PagedKVCache
 
-__all__ = ["KVCache", "PagedKVCache"]
+__all__ = ["KVCache", "PagedKVCache", "extension_available", "force_fallback"]

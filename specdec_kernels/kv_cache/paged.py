@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specdec_kernels import _extension  # noqa: F401  (registers torch.ops.specdec.paged_kv_*)
+from specdec_kernels.kv_cache import _ops  # noqa: F401  (registers torch.ops.specdec.paged_kv_*)
 from specdec_kernels.kv_cache._checks import (
     bounded,
     check_compact,

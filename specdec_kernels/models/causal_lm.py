@@ -171,12 +171,12 @@ class CausalLM(nn.Module):
 
     def row_invariant_problem(self) -> str | None:
         """Why :attr:`row_invariant` cannot be turned on here, or ``None`` if it can."""
-        from specdec_kernels._extension import extension_available
+        from specdec_kernels import _extension
 
         p = self.lm_head.weight
         if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
             return f"needs a float32 or bfloat16 model on the CPU, got {p.dtype} on {p.device}"
-        if not extension_available() or not hasattr(torch.ops.specdec, "rowinv_linear"):
+        if not _extension.loaded() or not hasattr(torch.ops.specdec, "rowinv_linear"):
             return "needs the C++ extension, which is not built"
         if self.config.head_dim % 16:
             return f"needs a head size divisible by 16, got {self.config.head_dim}"

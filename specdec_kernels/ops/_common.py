@@ -8,12 +8,11 @@ its kernels (one interpreted launch at a time, see below).
 """
 
 import contextlib
+import os
 import threading
 
 import triton
 import triton.language as tl
-
-from specdec_kernels._dispatch import interpreter_active
 
 try:  # Triton's interpreter (TRITON_INTERPRET=1: every @triton.jit function is one of these)
     from triton.runtime.interpreter import InterpretedFunction
@@ -49,7 +48,7 @@ def launch(kernel, grid, *args, **kwargs):
 
 
 def _interpreter_lock(kernel):
-    if isinstance(kernel, InterpretedFunction) or interpreter_active():
+    if isinstance(kernel, InterpretedFunction) or os.environ.get("TRITON_INTERPRET") == "1":
         return _INTERPRETER_LOCK
     return contextlib.nullcontext()
 

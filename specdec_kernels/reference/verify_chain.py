@@ -1,0 +1,59 @@
+"""The chain op's specification in every input form: the padded or flat layout, logits or
+probabilities, greedy / sampling / typical acceptance (what ``torch.ops.specdec.verify_chain``
+computes, whatever the backend)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from specdec_kernels.reference import layout
+from specdec_kernels.reference import verify_greedy as greedy
+from specdec_kernels.reference import verify_sampling as sampling
+from specdec_kernels.reference import verify_typical as typical
+
+#: The acceptance rules of the chain op.
+MODES = ("greedy", "sampling", "typical")
+
+
+def verify_chain(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    num_draft_tokens: Tensor,
+    temperature: Tensor | None,
+    top_k: Tensor | None,
+    top_p: Tensor | None,
+    seeds: Tensor | None,
+    logits_row_start: Tensor | None,
+    probs_row_start: Tensor | None,
+    mode: str,
+    log_input: bool,
+    posterior_threshold: float,
+    posterior_alpha: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(tokens [B, K+1], num_accepted [B], num_emitted [B])`` of one verification step.
+
+    ``target_logits`` is ``[B, K+1, V]``, or with ``logits_row_start [B]`` a flat ``[R, V]``
+    (position ``j`` of row ``b`` is row ``logits_row_start[b] + j``, clamped into ``[0, R)``);
+    ``draft_probs`` likewise with ``probs_row_start``. ``log_input``: the inputs are
+    probabilities (``x = log p``). ``mode``: one of :data:`MODES`. ``draft_tokens [B, K]`` fixes
+    ``B`` and ``K``.
+    """
+    k = draft_tokens.shape[1]
+    logits = target_logits
+    if logits_row_start is not None:
+        logits = layout.gather_rows(logits, logits_row_start, k + 1)
+    logits = layout.as_logits(logits, log_input)
+    probs = draft_probs
+    if probs is not None and probs_row_start is not None:
+        probs = layout.gather_rows(probs, probs_row_start, k)
+    if mode == "greedy":
+        return greedy.verify_greedy(logits, draft_tokens, num_draft_tokens)
+    if mode == "typical":
+        return typical.verify_typical(
+            logits, draft_tokens, num_draft_tokens, temperature, top_k, top_p, seeds,
+            posterior_threshold, posterior_alpha,
+        )  # fmt: skip
+    return sampling.verify_sampling(
+        logits, draft_tokens, probs, num_draft_tokens, temperature, top_k, top_p, seeds
+    )
