@@ -54,36 +54,19 @@ void check_vocab_stride(const char* name, const at::Tensor& t) {
                     t.strides());
 }
 
-enum class Capability { kDefault, kAvx2, kAvx512 };
-
-// The capability torch's own CPU kernels use (torch.backends.cpu.get_cpu_capability(): the
-// machine's, lowered by ATEN_CPU_CAPABILITY), read once.
-Capability capability() {
-  static const Capability cap = [] {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+// The kernels of the CPU capability torch's own CPU kernels use
+// (torch.backends.cpu.get_cpu_capability(): the machine's, lowered by ATEN_CPU_CAPABILITY), chosen
+// once.
+const verify_cpu::Launchers& kernels() {
+  static const verify_cpu::Launchers& chosen = []() -> const verify_cpu::Launchers& {
+#if SPECDEC_VERIFY_CPU_X86
     const std::string name = at::get_cpu_capability();
-    if (name == "AVX512") return Capability::kAvx512;
-    if (name == "AVX2") return Capability::kAvx2;
+    if (name == "AVX512") return verify_cpu::launchers_AVX512();
+    if (name == "AVX2") return verify_cpu::launchers_AVX2();
 #endif
-    return Capability::kDefault;
+    return verify_cpu::launchers_DEFAULT();
   }();
-  return cap;
-}
-
-void launch_tree(const verify_cpu::TreeArgs& a) {
-  switch (capability()) {
-    case Capability::kAvx512: return verify_cpu::launch_verify_tree_AVX512(a);
-    case Capability::kAvx2: return verify_cpu::launch_verify_tree_AVX2(a);
-    case Capability::kDefault: return verify_cpu::launch_verify_tree_DEFAULT(a);
-  }
-}
-
-void launch(const verify_cpu::VerifyArgs& a) {
-  switch (capability()) {
-    case Capability::kAvx512: return verify_cpu::launch_verify_AVX512(a);
-    case Capability::kAvx2: return verify_cpu::launch_verify_AVX2(a);
-    case Capability::kDefault: return verify_cpu::launch_verify_DEFAULT(a);
-  }
+  return chosen;
 }
 
 }  // namespace
@@ -209,7 +192,7 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
   at::Tensor num_accepted = at::empty({B}, target_logits.options().dtype(at::kLong));
   a.tokens = tokens.mutable_data_ptr<int64_t>();
   a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  if (B > 0) launch(a);
+  if (B > 0) kernels().verify(a);
   return {tokens, num_accepted};
 }
 
@@ -300,7 +283,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
   a.tokens = tokens.mutable_data_ptr<int64_t>();
   a.accepted_nodes = nodes.mutable_data_ptr<int64_t>();
   a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  if (B > 0) launch_tree(a);
+  if (B > 0) kernels().verify_tree(a);
   return {tokens, num_accepted, nodes};
 }
 
