@@ -289,17 +289,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
   return {tokens, num_accepted, nodes};
 }
 
-std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
-    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
-    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    bool greedy_only) {
-  return native_verify_ex_cpu(target_logits, draft_tokens, draft_probs, num_draft_tokens,
-                              temperature, top_k, top_p, seeds, greedy_only, std::nullopt,
-                              std::nullopt, false, false, 0.0, 0.0);
-}
-
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
                                     const at::Tensor& verifier_tokens) {
   const char* op = "native_accept_reject";

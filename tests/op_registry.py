@@ -23,6 +23,7 @@ from specdec_kernels._extension import force_fallback
 
 from helpers import (
     DEVICES,
+    PLAIN_CHAIN,
     flatten_layout,
     make_draft_probs,
     make_inputs,
@@ -114,9 +115,9 @@ def _verify_ex(backend, mode):
     return lambda device: _on(device, *_verify_ex_inputs(mode), backend)
 
 
-def _native_verify(device):
+def _native_verify_ex_plain(device):
     logits, drafts, nd = make_inputs(2, 3, 30, ragged=True)
-    return _on(device, logits, drafts, None, nd, None, None, None, None, True)
+    return _on(device, logits, drafts, None, nd, None, None, None, None, True, *PLAIN_CHAIN)
 
 
 def _native_verify_ex(mode):
@@ -231,7 +232,7 @@ def _cases() -> list[Case]:
         ext = "extension"
         cases.append(Case("verify_ex", f"native-mode={mode}", _verify_ex("native", mode), ext))
         cases.append(_native("native_verify_ex", f"mode={mode}", _native_verify_ex(mode)))
-    cases.append(_native("native_verify", "greedy", _native_verify))
+    cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
         cases.append(Case("verify_tree_greedy", label, args, needs))
