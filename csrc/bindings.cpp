@@ -6,9 +6,9 @@
 // (specdec_kernels/_extension.py) with one kernel that routes each call to the native kernel
 // below (specdec::native_<name>, same schema) or to the pure-PyTorch fallback; their fake
 // kernels are registered there too.
-// Verification: specdec::native_verify / native_accept_reject / native_verify_tree are the CPU
-// kernels behind
-// backend="native" of the public verification ops (specdec_kernels/verification.py).
+// Verification: specdec::native_verify_ex / native_accept_reject / native_verify_tree are the CPU
+// kernels behind backend="native" of the public verification ops
+// (specdec_kernels/verification.py, tree_verification.py).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -37,9 +37,6 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor block_tables, Tensor offsets) -> ()");
   m.def("native_paged_kv_compact_(Tensor(a!) kv_cache, Tensor block_tables, "
         "Tensor src_positions, Tensor num_keep, Tensor start) -> ()");
-  m.def("native_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
-        "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
-        "Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)");
   m.def("native_verify_ex(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
         "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "Tensor? seeds, bool greedy_only, Tensor? logits_row_start, Tensor? probs_row_start, "
@@ -58,7 +55,6 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_kv_compact_", &specdec::kv_compact_cpu);
   m.impl("native_paged_kv_write_", &specdec::paged_kv_write_cpu);
   m.impl("native_paged_kv_compact_", &specdec::paged_kv_compact_cpu);
-  m.impl("native_verify", &specdec::native_verify_cpu);
   m.impl("native_verify_ex", &specdec::native_verify_ex_cpu);
   m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
   m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);

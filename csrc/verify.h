@@ -1,10 +1,9 @@
 // The native CPU verification ops of specdec_kernels: declarations of the checked adapters that
-// bindings.cpp registers with torch.library. Schemas (namespace `specdec`):
+// bindings.cpp registers with torch.library, one entry per kernel. Schemas (namespace `specdec`):
 //
-//   native_verify(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs,
-//                 Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p,
-//                 Tensor? seeds, bool greedy_only) -> (Tensor, Tensor)
-//   native_verify_ex(... as native_verify ..., Tensor? logits_row_start,
+//   native_verify_ex(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs,
+//                    Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p,
+//                    Tensor? seeds, bool greedy_only, Tensor? logits_row_start,
 //                    Tensor? probs_row_start, bool log_input, bool typical,
 //                    float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor)
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
@@ -17,8 +16,10 @@
 // stride); draft_tokens [B, K] int32/int64; draft_probs [B, K, V] float or None;
 // num_draft_tokens [B] int; temperature [B] float, top_k [B] int, top_p [B] float, seeds [B]
 // int64 (temperature and seeds required unless greedy_only). Returns tokens [B, K+1] int64 and
-// num_accepted [B] int64. They are the `backend="native"` implementation of the public custom ops
-// specdec::verify_greedy / verify_sampling / accept_reject (specdec_kernels/verification.py);
+// num_accepted [B] int64. The plain chain call passes logits_row_start = probs_row_start = None,
+// log_input = typical = false and posterior_threshold = posterior_alpha = 0. They are the
+// `backend="native"` implementation of the public custom ops specdec::verify_greedy /
+// verify_sampling / accept_reject and of verify_ex (specdec_kernels/verification.py);
 // native_verify_tree (target_logits [B, N, V], tree_tokens and parents [B, N], draft_probs
 // [B, N, V], num_nodes [B], mode 0/1/2 = deterministic/independent/without_replacement) returns
 // tokens [B, N], num_accepted [B] and accepted_nodes [B, N], int64, for
@@ -33,22 +34,17 @@
 
 namespace specdec {
 
-std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
-    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
-    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    bool greedy_only);
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
     const at::Tensor& target_logits, const at::Tensor& tree_tokens, const at::Tensor& parents,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, int64_t mode,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
     bool greedy_only);
-// native_verify plus the flattened layout (logits_row_start / probs_row_start: [B] row of
-// position 0 in a [rows, V] target_logits / draft_probs; rows are clamped into the tensor),
-// probability inputs (log_input: x = log(value)) and typical acceptance (typical).
+
+// Chain verification, padded ([B, K+1, V]) or flattened (logits_row_start / probs_row_start: [B]
+// row of position 0 in a [rows, V] target_logits / draft_probs; rows are clamped into the
+// tensor), of logits or probabilities (log_input: x = log(value)), by rejection sampling or
+// typical acceptance (typical: posterior_threshold, posterior_alpha).
 std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_tokens,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,

@@ -54,36 +54,53 @@ void check_vocab_stride(const char* name, const at::Tensor& t) {
                     t.strides());
 }
 
-enum class Capability { kDefault, kAvx2, kAvx512 };
+// The per-row tensors of the sampling controls, kept alive by the caller until the launch.
+struct Controls {
+  at::Tensor temperature, top_k, top_p, seeds;
+};
 
-// The capability torch's own CPU kernels use (torch.backends.cpu.get_cpu_capability(): the
-// machine's, lowered by ATEN_CPU_CAPABILITY), read once.
-Capability capability() {
-  static const Capability cap = [] {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+// The sampling controls of a call that is not greedy_only (temperature and seeds required, top_k
+// and top_p optional): checked, copied to contiguous [B] float32 / int64 tensors (returned) and
+// pointed at by a's temperature, seeds, top_k and top_p (VerifyArgs and TreeArgs alike).
+template <typename Args>
+Controls sampling_controls(const char* op, int64_t B, const std::optional<at::Tensor>& temperature,
+                           const std::optional<at::Tensor>& top_k,
+                           const std::optional<at::Tensor>& top_p,
+                           const std::optional<at::Tensor>& seeds, Args& a) {
+  TORCH_CHECK_VALUE(temperature.has_value() && seeds.has_value(), op,
+                    ": temperature and seeds are required unless greedy_only");
+  Controls c;
+  c.temperature = per_row("temperature", *temperature, B, at::kFloat);
+  TORCH_CHECK_TYPE(seeds->scalar_type() == at::kLong, op, ": seeds must be int64, got ",
+                   seeds->scalar_type());
+  c.seeds = per_row("seeds", *seeds, B, at::kLong);
+  a.temperature = c.temperature.const_data_ptr<float>();
+  a.seeds = c.seeds.const_data_ptr<int64_t>();
+  if (top_k.has_value()) {
+    check_int(op, "top_k", *top_k);
+    c.top_k = per_row("top_k", *top_k, B, at::kLong);
+    a.top_k = c.top_k.const_data_ptr<int64_t>();
+  }
+  if (top_p.has_value()) {
+    c.top_p = per_row("top_p", *top_p, B, at::kFloat);
+    a.top_p = c.top_p.const_data_ptr<float>();
+  }
+  return c;
+}
+
+// The kernels of the CPU capability torch's own CPU kernels use
+// (torch.backends.cpu.get_cpu_capability(): the machine's, lowered by ATEN_CPU_CAPABILITY), chosen
+// once.
+const verify_cpu::Launchers& kernels() {
+  static const verify_cpu::Launchers& chosen = []() -> const verify_cpu::Launchers& {
+#if SPECDEC_VERIFY_CPU_X86
     const std::string name = at::get_cpu_capability();
-    if (name == "AVX512") return Capability::kAvx512;
-    if (name == "AVX2") return Capability::kAvx2;
+    if (name == "AVX512") return verify_cpu::launchers_AVX512();
+    if (name == "AVX2") return verify_cpu::launchers_AVX2();
 #endif
-    return Capability::kDefault;
+    return verify_cpu::launchers_DEFAULT();
   }();
-  return cap;
-}
-
-void launch_tree(const verify_cpu::TreeArgs& a) {
-  switch (capability()) {
-    case Capability::kAvx512: return verify_cpu::launch_verify_tree_AVX512(a);
-    case Capability::kAvx2: return verify_cpu::launch_verify_tree_AVX2(a);
-    case Capability::kDefault: return verify_cpu::launch_verify_tree_DEFAULT(a);
-  }
-}
-
-void launch(const verify_cpu::VerifyArgs& a) {
-  switch (capability()) {
-    case Capability::kAvx512: return verify_cpu::launch_verify_AVX512(a);
-    case Capability::kAvx2: return verify_cpu::launch_verify_AVX2(a);
-    case Capability::kDefault: return verify_cpu::launch_verify_DEFAULT(a);
-  }
+  return chosen;
 }
 
 }  // namespace
@@ -159,25 +176,9 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     a.logits_row_start = lstart.const_data_ptr<int64_t>();
     a.logits_rows = target_logits.size(0);
   }
-  at::Tensor temp, topk, topp, seed;
+  Controls controls;
   if (!greedy_only) {
-    TORCH_CHECK_VALUE(temperature.has_value() && seeds.has_value(), op,
-                      ": temperature and seeds are required unless greedy_only");
-    temp = per_row("temperature", *temperature, B, at::kFloat);
-    TORCH_CHECK_TYPE(seeds->scalar_type() == at::kLong, op, ": seeds must be int64, got ",
-                     seeds->scalar_type());
-    seed = per_row("seeds", *seeds, B, at::kLong);
-    a.temperature = temp.const_data_ptr<float>();
-    a.seeds = seed.const_data_ptr<int64_t>();
-    if (top_k.has_value()) {
-      check_int(op, "top_k", *top_k);
-      topk = per_row("top_k", *top_k, B, at::kLong);
-      a.top_k = topk.const_data_ptr<int64_t>();
-    }
-    if (top_p.has_value()) {
-      topp = per_row("top_p", *top_p, B, at::kFloat);
-      a.top_p = topp.const_data_ptr<float>();
-    }
+    controls = sampling_controls(op, B, temperature, top_k, top_p, seeds, a);
     if (draft_probs.has_value()) {
       const at::Tensor& q = *draft_probs;
       check_cpu(op, "draft_probs", q);
@@ -209,7 +210,7 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
   at::Tensor num_accepted = at::empty({B}, target_logits.options().dtype(at::kLong));
   a.tokens = tokens.mutable_data_ptr<int64_t>();
   a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  if (B > 0) launch(a);
+  if (B > 0) kernels().verify(a);
   return {tokens, num_accepted};
 }
 
@@ -259,25 +260,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
   a.greedy_only = greedy_only;
   a.mode = greedy_only ? 0 : static_cast<int32_t>(mode);
 
-  at::Tensor temp, topk, topp, seed;
+  Controls controls;
   if (!greedy_only) {
-    TORCH_CHECK_VALUE(temperature.has_value() && seeds.has_value(), op,
-                      ": temperature and seeds are required unless greedy_only");
-    temp = per_row("temperature", *temperature, B, at::kFloat);
-    TORCH_CHECK_TYPE(seeds->scalar_type() == at::kLong, op, ": seeds must be int64, got ",
-                     seeds->scalar_type());
-    seed = per_row("seeds", *seeds, B, at::kLong);
-    a.temperature = temp.const_data_ptr<float>();
-    a.seeds = seed.const_data_ptr<int64_t>();
-    if (top_k.has_value()) {
-      check_int(op, "top_k", *top_k);
-      topk = per_row("top_k", *top_k, B, at::kLong);
-      a.top_k = topk.const_data_ptr<int64_t>();
-    }
-    if (top_p.has_value()) {
-      topp = per_row("top_p", *top_p, B, at::kFloat);
-      a.top_p = topp.const_data_ptr<float>();
-    }
+    controls = sampling_controls(op, B, temperature, top_k, top_p, seeds, a);
     if (a.mode != 0) {
       TORCH_CHECK_VALUE(draft_probs.has_value(), op, ": mode ", mode,
                         " (independent / without_replacement) needs draft_probs [B, N, V]");
@@ -300,19 +285,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
   a.tokens = tokens.mutable_data_ptr<int64_t>();
   a.accepted_nodes = nodes.mutable_data_ptr<int64_t>();
   a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  if (B > 0) launch_tree(a);
+  if (B > 0) kernels().verify_tree(a);
   return {tokens, num_accepted, nodes};
-}
-
-std::tuple<at::Tensor, at::Tensor> native_verify_cpu(
-    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
-    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
-    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
-    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    bool greedy_only) {
-  return native_verify_ex_cpu(target_logits, draft_tokens, draft_probs, num_draft_tokens,
-                              temperature, top_k, top_p, seeds, greedy_only, std::nullopt,
-                              std::nullopt, false, false, 0.0, 0.0);
 }
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,

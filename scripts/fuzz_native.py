@@ -203,16 +203,7 @@ def verify(z: Garbage, flat: bool) -> None:
         pstart = z.ints([B], -3, rows + 2) if q is not None and z.chance(0.8) else None
         if q is not None and pstart is None:
             q = z.probs(z.maybe_wrong_shape([B, K, V]), dtype)
-        torch.ops.specdec.native_verify_ex(
-            logits,
-            drafts,
-            q,
-            nd,
-            c["temperature"],
-            c["top_k"],
-            c["top_p"],
-            c["seeds"],
-            greedy,
+        layout = (  # logits_row_start ... posterior_alpha
             lstart,
             pstart,
             z.chance(0.3),
@@ -223,9 +214,10 @@ def verify(z: Garbage, flat: bool) -> None:
     else:
         logits = z.floats(z.maybe_wrong_shape([B, K + 1, V]), dtype)
         q = z.probs(z.maybe_wrong_shape([B, K, V]), dtype) if z.chance(0.6) else None
-        torch.ops.specdec.native_verify(
-            logits, drafts, q, nd, c["temperature"], c["top_k"], c["top_p"], c["seeds"], greedy
-        )
+        layout = (None, None, False, False, 0.0, 0.0)  # padded logits, no typical acceptance
+    torch.ops.specdec.native_verify_ex(
+        logits, drafts, q, nd, c["temperature"], c["top_k"], c["top_p"], c["seeds"], greedy, *layout
+    )
 
 
 def verify_tree(z: Garbage) -> None:
@@ -293,7 +285,7 @@ CALLS = {
     "kv_write_": lambda z: kv_write(z, paged=z.chance(0.5), native=False),
     "kv_compact_": lambda z: kv_compact(z, paged=z.chance(0.5), native=False),
     "cache verbs (validate=False)": cache_verbs,
-    "native_verify": lambda z: verify(z, flat=False),
+    "native_verify_ex (padded)": lambda z: verify(z, flat=False),
     "native_verify_ex (flat)": lambda z: verify(z, flat=True),
     "native_verify_tree": verify_tree,
     "native_accept_reject": accept_reject,
@@ -307,7 +299,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=3000, help="number of calls (default 3000)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if not (sk.extension_available() and hasattr(torch.ops.specdec, "native_verify")):
+    if not (sk.extension_available() and hasattr(torch.ops.specdec, "native_verify_ex")):
         print("fuzz_native: the C++ extension is not loaded", file=sys.stderr)
         return 1
     z = Garbage(args.seed)

@@ -130,6 +130,12 @@ def make_draft_probs(b, k, v, drafts=None, seed=1, device="cpu", dtype=torch.flo
     return q.to(device=device, dtype=dtype), drafts.to(device)
 
 
+#: ``torch.ops.specdec.native_verify_ex``'s last six arguments for a plain chain call: padded
+#: ``[B, K+1, V]`` logits (no logits_row_start / probs_row_start), not log_input, not typical
+#: (posterior_threshold and posterior_alpha unused).
+PLAIN_CHAIN = (None, None, False, False, 0.0, 0.0)
+
+
 def flatten_layout(logits, drafts, nd, q=None):
     """The padded inputs in vLLM's layout: [num_tokens + B, V] logits, [num_tokens] drafts."""
     b = logits.shape[0]

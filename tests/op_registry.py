@@ -23,6 +23,7 @@ from specdec_kernels.kv_cache import force_fallback
 
 from helpers import (
     DEVICES,
+    PLAIN_CHAIN,
     flatten_layout,
     make_draft_probs,
     make_inputs,
@@ -116,10 +117,9 @@ def _chain_form(backend, mode):
     return lambda device: _on(device, *_chain_inputs(mode), backend)
 
 
-def _native_verify(device):
+def _native_verify_ex_plain(device):
     logits, drafts, nd = make_inputs(2, 3, 30, ragged=True)
-    return _on(device, logits, drafts, None, nd, *(None,) * 4, True, None, None, False, False,
-               0.0, 0.0)  # fmt: skip
+    return _on(device, logits, drafts, None, nd, None, None, None, None, True, *PLAIN_CHAIN)
 
 
 def _native_verify_ex(mode):
@@ -235,7 +235,7 @@ def _cases() -> list[Case]:
             label = f"{mode}-form-{backend}"
             cases.append(Case("verify_chain", label, _chain_form(backend, mode), needs))
         cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
-    cases.append(_native("native_verify_ex", "greedy", _native_verify))
+    cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
         cases.append(Case("verify_tree_greedy", label, args, needs))

@@ -14,7 +14,13 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels import _dispatch, _warnings
 
-from helpers import assert_same, assert_verification_equal, make_draft_probs, make_inputs
+from helpers import (
+    PLAIN_CHAIN,
+    assert_same,
+    assert_verification_equal,
+    make_draft_probs,
+    make_inputs,
+)
 
 pytestmark = pytest.mark.skipif(
     not _dispatch.native_available(), reason="the C++ extension (native backend) is not built"
@@ -105,7 +111,10 @@ def test_every_cpu_capability_build_matches_the_reference(capability):
 def test_adapter_checks_name_the_argument():
     logits, drafts, _ = make_inputs(2, 3, 10)
     nd = torch.tensor([3, 3])
-    op = torch.ops.specdec.native_verify
+
+    def op(*args):  # the padded chain entry's first nine arguments
+        return torch.ops.specdec.native_verify_ex(*args, *PLAIN_CHAIN)
+
     with pytest.raises(ValueError, match=r"draft_tokens must have shape \[B, K\] = \[2, 3\]"):
         op(logits, drafts[:, :2], None, nd, None, None, None, None, True)
     with pytest.raises(ValueError, match="temperature and seeds are required"):

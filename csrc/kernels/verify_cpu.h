@@ -1,14 +1,22 @@
 // Native CPU verification: the kernel arguments and the per-CPU-capability launchers.
 //
-// The kernels (verify_cpu_kernel.h) are compiled once per CPU capability that ATen knows
-// (verify_cpu_default.cpp, verify_cpu_avx2.cpp, verify_cpu_avx512.cpp); the checked adapter
-// (csrc/verify_cpu.cpp) picks the one matching at::native::get_cpu_capability(), so the
-// vectorised exp/log are the very Sleef routines torch's own CPU kernels (and so the reference)
-// use. The pure-PyTorch twins are specdec_kernels/reference/verify_{greedy,sampling}.py and
-// accept_reject.py.
+// The kernels (verify_cpu_kernel.h, verify_tree_cpu_kernel.h) are compiled once per CPU
+// capability that ATen knows (verify_cpu_default.cpp, verify_cpu_avx2.cpp, verify_cpu_avx512.cpp,
+// each through verify_cpu_launchers.h); the checked adapter (csrc/verify_cpu.cpp) picks the
+// Launchers matching at::native::get_cpu_capability(), so the vectorised exp/log are the very
+// Sleef routines torch's own CPU kernels (and so the reference) use. The pure-PyTorch twins are
+// specdec_kernels/reference/verify_{greedy,sampling}.py, verify_tree.py and accept_reject.py.
 #pragma once
 
 #include <cstdint>
+
+// Whether this compiler builds the AVX2 / AVX-512 units (GCC or Clang target pragmas on x86); where
+// it does not, only launchers_DEFAULT exists.
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(_MSC_VER)
+#define SPECDEC_VERIFY_CPU_X86 1
+#else
+#define SPECDEC_VERIFY_CPU_X86 0
+#endif
 
 namespace specdec {
 namespace verify_cpu {
@@ -81,15 +89,20 @@ struct AcceptRejectArgs {
   int64_t batch = 0, num_draft = 0;
 };
 
-// One launcher per capability; each runs the whole call (parallel over rows, or over a row's
-// vocabulary chunks when the batch is smaller than the thread count).
-void launch_verify_DEFAULT(const VerifyArgs& a);
-void launch_verify_AVX2(const VerifyArgs& a);
-void launch_verify_AVX512(const VerifyArgs& a);
+// The launchers of one CPU capability's build of the kernels; each runs the whole call (parallel
+// over rows, or over a row's vocabulary chunks when the batch is smaller than the thread count)
+// for the dtypes its arguments name.
+struct Launchers {
+  void (*verify)(const VerifyArgs& a);
+  void (*verify_tree)(const TreeArgs& a);
+};
+
+const Launchers& launchers_DEFAULT();
+#if SPECDEC_VERIFY_CPU_X86
+const Launchers& launchers_AVX2();
+const Launchers& launchers_AVX512();
+#endif
 void launch_accept_reject(const AcceptRejectArgs& a);
-void launch_verify_tree_DEFAULT(const TreeArgs& a);
-void launch_verify_tree_AVX2(const TreeArgs& a);
-void launch_verify_tree_AVX512(const TreeArgs& a);
 
 }  // namespace verify_cpu
 }  // namespace specdec

@@ -3,7 +3,7 @@
 // calls this only where at::native::get_cpu_capability() says AVX512 (torch's own choice).
 #include "verify_cpu.h"
 
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(_MSC_VER)
+#if SPECDEC_VERIFY_CPU_X86  // elsewhere the adapter never selects this build
 #include "verify_cpu_capability.h"
 
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c,bmi,bmi2,lzcnt,popcnt")
@@ -34,43 +34,9 @@
 #endif
 #define CPU_CAPABILITY AVX512
 #define CPU_CAPABILITY_AVX512
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
+#include "verify_cpu_launchers.h"
 
-#include "verify_cpu_kernel.h"
-#include "verify_tree_cpu_kernel.h"
-
-namespace specdec {
-namespace verify_cpu {
-
-static_assert(Vec::size() == 16, "the AVX512 vector headers were not the ones included");
-
-void launch_verify_tree_AVX512(const TreeArgs& a) {
-  switch (a.logits_kind) {
-    case FloatKind::kFloat32: return run_tree_logits<float>(a);
-    case FloatKind::kBFloat16: return run_tree_logits<c10::BFloat16>(a);
-    case FloatKind::kFloat16: return run_tree_logits<c10::Half>(a);
-  }
-}
-
-void launch_verify_AVX512(const VerifyArgs& a) {
-  switch (a.logits_kind) {
-    case FloatKind::kFloat32: return run_logits<float>(a);
-    case FloatKind::kBFloat16: return run_logits<c10::BFloat16>(a);
-    case FloatKind::kFloat16: return run_logits<c10::Half>(a);
-  }
-}
-
-}  // namespace verify_cpu
-}  // namespace specdec
-
-#else  // no AVX512 build on this platform: the adapter never selects it
-
-namespace specdec {
-namespace verify_cpu {
-void launch_verify_AVX512(const VerifyArgs& a) { launch_verify_DEFAULT(a); }
-void launch_verify_tree_AVX512(const TreeArgs& a) { launch_verify_tree_DEFAULT(a); }
-}  // namespace verify_cpu
-}  // namespace specdec
+static_assert(specdec::verify_cpu::Vec::size() == 16,
+              "the AVX512 vector headers were not the ones included");
 
 #endif

@@ -3,30 +3,10 @@
 
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
-
-#include "verify_cpu_kernel.h"
-#include "verify_tree_cpu_kernel.h"
+#include "verify_cpu_launchers.h"
 
 namespace specdec {
 namespace verify_cpu {
-
-void launch_verify_tree_DEFAULT(const TreeArgs& a) {
-  switch (a.logits_kind) {
-    case FloatKind::kFloat32: return run_tree_logits<float>(a);
-    case FloatKind::kBFloat16: return run_tree_logits<c10::BFloat16>(a);
-    case FloatKind::kFloat16: return run_tree_logits<c10::Half>(a);
-  }
-}
-
-void launch_verify_DEFAULT(const VerifyArgs& a) {
-  switch (a.logits_kind) {
-    case FloatKind::kFloat32: return run_logits<float>(a);
-    case FloatKind::kBFloat16: return run_logits<c10::BFloat16>(a);
-    case FloatKind::kFloat16: return run_logits<c10::Half>(a);
-  }
-}
 
 // [B, K] int64 drafts and verifier tokens -> [B] common-prefix lengths, parallel over rows.
 void launch_accept_reject(const AcceptRejectArgs& a) {

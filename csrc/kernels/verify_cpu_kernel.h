@@ -1,8 +1,9 @@
-// Fused CPU verification kernels (greedy and rejection sampling) and their launcher.
+// Fused CPU verification kernels (greedy and rejection sampling): run<T, Q>, T the logits' and Q
+// the draft probabilities' C++ type.
 //
-// Included once per CPU capability by verify_cpu_<capability>.cpp, after that file has set
+// Included once per CPU capability by verify_cpu_launchers.h, after the unit has set
 // CPU_CAPABILITY (and the matching `#pragma GCC target`): everything here lives in an anonymous
-// namespace, so each capability gets its own copy and only launch_verify_<CPU_CAPABILITY> is
+// namespace, so each capability gets its own copy and only launchers_<CPU_CAPABILITY> is
 // visible outside.
 //
 // Vocabulary of the file (as in specdec_kernels/ops/verify_sampling.py): a *row* is one batch
@@ -37,8 +38,8 @@
 
 #include "verify_cpu.h"
 
-// The translation unit that includes this file has already included the vectorised ATen headers
-// for its capability (after its target pragma).
+// verify_cpu_launchers.h has already included the vectorised ATen headers for the unit's
+// capability (after its target pragma).
 
 namespace specdec {
 namespace verify_cpu {
@@ -605,15 +606,6 @@ void run(const VerifyArgs& a) {
     at::parallel_for(0, a.batch, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) verify_row<T, Q>(a, b, false);
     });
-  }
-}
-
-template <typename T>
-void run_logits(const VerifyArgs& a) {
-  switch (a.draft_probs == nullptr ? FloatKind::kFloat32 : a.probs_kind) {
-    case FloatKind::kFloat32: return run<T, float>(a);
-    case FloatKind::kBFloat16: return run<T, c10::BFloat16>(a);
-    case FloatKind::kFloat16: return run<T, c10::Half>(a);
   }
 }
 

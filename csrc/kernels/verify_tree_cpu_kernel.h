@@ -1,6 +1,6 @@
-// Fused CPU tree verification kernel (greedy and recursive rejection sampling) and its launcher.
+// Fused CPU tree verification kernel (greedy and recursive rejection sampling): run_tree<T, Q>.
 //
-// Included once per CPU capability by verify_cpu_<capability>.cpp right after
+// Included once per CPU capability by verify_cpu_launchers.h right after
 // verify_cpu_kernel.h, whose helpers (chunk statistics, top-k / top-p thresholds, counter RNG,
 // the race's skip bound) it reuses; everything lives in the same anonymous namespace.
 //
@@ -300,15 +300,6 @@ void run_tree(const TreeArgs& a) {
     at::parallel_for(0, a.batch, 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) verify_tree_row<T, Q>(a, b, false);
     });
-  }
-}
-
-template <typename T>
-void run_tree_logits(const TreeArgs& a) {
-  switch (a.draft_probs == nullptr ? FloatKind::kFloat32 : a.probs_kind) {
-    case FloatKind::kFloat32: return run_tree<T, float>(a);
-    case FloatKind::kBFloat16: return run_tree<T, c10::BFloat16>(a);
-    case FloatKind::kFloat16: return run_tree<T, c10::Half>(a);
   }
 }
 
