@@ -60,6 +60,13 @@ def block_residual(weight: torch.Tensor, p_row: torch.Tensor, q_row: torch.Tenso
     return (weight[..., None] * p_row - q_row).clamp(min=0)
 
 
+def stop_residual(weight: torch.Tensor, p_row: torch.Tensor, q_row: torch.Tensor) -> torch.Tensor:
+    """The ``[B, V]`` weights the recovered token is raced from at the stop ``tau``: the block
+    residual ``max(0, p_tau P_tau - Q_tau)`` (a stage of its own so that the tests can plant the
+    token-level residual ``max(0, P_tau - Q_tau)`` here and see the chi-square test reject it)."""
+    return block_residual(weight, p_row, q_row)
+
+
 def block_thresholds(
     weights: torch.Tensor, residual_mass: torch.Tensor, num_draft_tokens: torch.Tensor
 ) -> torch.Tensor:
@@ -162,7 +169,7 @@ def verify_block(
     rejected = num_accepted < nd
     if k > 0:
         q_extra = q[rows, num_accepted.clamp(max=k - 1)]  # [B, V]: Q_tau
-        residual = block_residual(weights[rows, num_accepted], p_extra, q_extra)
+        residual = stop_residual(weights[rows, num_accepted], p_extra, q_extra)
     else:
         residual = torch.zeros_like(p_extra)
     exponential = rng.exponential(race_uniforms(key, num_accepted, v))  # [B, V], > 0
