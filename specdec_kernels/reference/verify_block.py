@@ -128,6 +128,27 @@ def verify_block(
        (``PURPOSE_SAMPLE``, index ``x``). ``tau = gamma``: the bonus token, the same race over
        ``P_gamma``.
 
+    One-hot drafts (``draft_probs=None``, ``Q_i`` one-hot at ``X_{i+1}``) use the closed forms
+    ``R_i = p_i (1 - P_i(X_{i+1}))`` and ``w = max(0, P_tau - Q_tau)`` (``P_tau`` without
+    ``X_{tau+1}``: the block residual divided by ``p_tau``, which the race's argmax ignores), so
+    a kernel needs no pass over the vocabulary for ``R_i`` and its recovered token is the token
+    method's formula at ``tau``.
+
+    Corner cases (decided here; the kernels do the same):
+
+    * ``Q_{i-1}(X_i) = 0`` (a draft not drawn from ``Q``) or ``P_{i-1}(X_i) = 0`` (``-inf``
+      logit, filtered out, out-of-vocabulary id): ``p_i = 0``, so ``p_j = 0`` and ``h_j = 0`` for
+      every ``j >= i``: ``X_i`` is never accepted, as section 1 promises for token verification.
+      (vLLM's log-space ``min(log p + log P - log Q, 0)`` gives ``p_i = 1`` for ``Q = 0``.)
+    * ``p_i = 1``: ``h_i = 1`` (``R_i / R_i``; ``1`` also for ``R_i = 0``, vLLM's convention).
+    * The test is strict, ``eta_i < h_i`` (vLLM: ``<=``): with ``eta`` strictly inside (0, 1),
+      ``h = 0`` never fires and ``h = 1`` always does.
+    * A residual with no mass at the stop (only by rounding: in exact arithmetic ``h_tau = 0``
+      there) falls back to ``P_tau``, as the token method does.
+    * ``top_k = 1`` or a tiny ``top_p`` (point-mass targets): ``p_i`` is 1 while the drafts equal
+      the argmax and 0 after, every ``h_i`` with ``p_i = 1`` is 1: the greedy prefix is
+      accepted and the argmax emitted, as for token verification.
+
     Greedy rows (temperature 0) return exactly :func:`.verify_greedy.verify_greedy`'s answer.
     The expected ``tau`` is never below token verification's on the same inputs (Theorem 2 of
     the paper), and the emitted tokens follow the target exactly (Theorem 1).
@@ -154,8 +175,10 @@ def verify_block(
     weights = block_weights(p_draft, q_draft)  # [B, K+1]: p_0 .. p_K
     # R_i for i = 1 .. K-1 (column i - 1); the last column (i = K) is never a non-final i.
     residual_mass = torch.zeros((b, k), dtype=torch.float32, device=device)
-    if k > 1:
+    if k > 1 and draft_probs is not None:
         residual_mass[:, :-1] = block_residual(weights[:, 1:k], p[:, 1:k], q[:, 1:]).sum(-1)
+    elif k > 1:  # one-hot Q_i at X_{i+1}: R_i = p_i (1 - P_i(X_{i+1})), no pass over V
+        residual_mass[:, :-1] = weights[:, 1:k] * (1.0 - p_draft[:, 1:])
     h = block_thresholds(weights, residual_mass, nd)  # [B, K]
 
     key = rng.row_key(seeds)  # [B]
@@ -169,7 +192,10 @@ def verify_block(
     rejected = num_accepted < nd
     if k > 0:
         q_extra = q[rows, num_accepted.clamp(max=k - 1)]  # [B, V]: Q_tau
-        residual = stop_residual(weights[rows, num_accepted], p_extra, q_extra)
+        if draft_probs is not None:
+            residual = stop_residual(weights[rows, num_accepted], p_extra, q_extra)
+        else:  # one-hot: p_tau P_tau without X_{tau+1}; the race ignores the factor p_tau
+            residual = (p_extra - q_extra).clamp(min=0)
     else:
         residual = torch.zeros_like(p_extra)
     exponential = rng.exponential(race_uniforms(key, num_accepted, v))  # [B, V], > 0
