@@ -483,3 +483,24 @@ def test_point_mass_targets_emit_the_argmax(filters):
     pos = torch.arange(k + 1)[None, :]
     assert torch.equal(torch.where(pos < emitted[:, None], target, -1), tokens)
     assert torch.equal(accepted, verify_greedy(logits, drafts, nd)[1])
+
+
+def test_garbage_inputs_never_emit_an_id_outside_the_vocabulary():
+    """validate=False territory: NaN / +inf logits, out-of-range draft ids, negative and
+    unnormalised draft rows. Nothing raises and every id is in [0, V) or the -1 padding."""
+    b, k, v = 300, 4, 8
+    logits, drafts, q, nd = _random_problem(b, k, v, 9)
+    g = torch.Generator().manual_seed(10)
+    logits[torch.rand(b, k + 1, v, generator=g) < 0.1] = math.nan
+    logits[torch.rand(b, k + 1, v, generator=g) < 0.05] = math.inf
+    drafts = torch.where(
+        torch.rand(b, k, generator=g) < 0.2, torch.randint(-9, v + 9, (b, k)), drafts
+    )
+    q = q - 0.05 * torch.rand(b, k, v, generator=g)
+    t, tk, tp, s = _controls(b, 1.0, 3, 0.9)
+    for probs in (q, None):
+        tokens, accepted, emitted = verify_block(logits, drafts, probs, nd, t, tk, tp, s)
+        pos = torch.arange(k + 1)[None, :]
+        assert bool(((tokens >= 0) & (tokens < v))[pos < emitted[:, None]].all())
+        assert bool((tokens[pos >= emitted[:, None]] == -1).all())
+        assert bool((accepted <= nd).all())
