@@ -15,8 +15,8 @@ gathered along the draft path, as in real speculative decoding. Two kinds of che
   independent through their seeds), each row's emitted sequence completed from the target with a
   test-side generator, and the completed sequence's id (one of V**(K+1) = 256 cells) tested by
   ``helpers.chi_square_check`` at two-sided level ALPHA = 1e-7 (bins of expected count < 5
-  merged; power >= 0.99 against a 2% bias asserted inside). Three chi-square checks and four
-  z-tests at ALPHA each: a correct reference fails this file with probability < 1e-6.
+  merged; power >= 0.99 against a 2% bias asserted inside). Three chi-square checks and seven
+  z-tests at level <= ALPHA each: a correct reference fails this file with probability < 1e-6.
   Planted bug: the token-level residual ``max(0, P_tau - Q_tau)`` drawn at the block's stop
   instead of ``max(0, p_tau P_tau - Q_tau)``. Its exact completed distribution gives the
   noncentral chi-square power of the test at the same n (asserted >= 0.999, printed), and the
