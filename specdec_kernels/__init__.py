@@ -20,6 +20,7 @@ if (
 from specdec_kernels import (  # noqa: E402
     compat,
     distributed,
+    grammar,
     models,
 )
 from specdec_kernels._extension import extension_available  # noqa: E402
@@ -54,6 +55,7 @@ __all__ = [
     "autoregressive_generate",
     "build",
     "distributed",
+    "grammar",
     "models",
     "output_size",
     "Verification",

@@ -7,7 +7,8 @@ ones below it::
     _extension, _dispatch                                   loads _C; picks the backend
     ops                                                     Triton kernels and launchers
     verification, tree_verification, kv_cache               the custom ops
-    models, decoding, distributed, compat, adaptive, ngram  models, the loop's parts, adapters
+    models, decoding, distributed, compat, adaptive, ngram, grammar
+                                                            models, the loop's parts, adapters
     generation, integrations                                the loop and its faces
     benchmarks, cli, __main__, the package face             entry points; __init__
 
@@ -39,7 +40,7 @@ LAYERS = [
     {"_extension", "_dispatch"},
     {"ops"},
     {"verification", "tree_verification", "kv_cache"},
-    {"models", "decoding", "distributed", "compat", "adaptive", "ngram"},
+    {"models", "decoding", "distributed", "compat", "adaptive", "ngram", "grammar"},
     {"generation", "integrations"},
     {"benchmarks", "cli", "__main__", ""},  # "": the package face (__init__)
 ]
