@@ -428,6 +428,8 @@ class GrammarState:
         self._stalled = [False] * batch_size  # a pushed draft was rejected
         #: ``[B]`` int64 (host): grammar-valid drafts per row in the last draft walk.
         self.num_valid_drafts = torch.zeros(batch_size, dtype=torch.int64)
+        #: ``[B]`` int64 (host): tokens each row's matcher took in the last :meth:`advance`.
+        self.num_advanced = torch.zeros(batch_size, dtype=torch.int64)
 
     @property
     def batch_size(self) -> int:
@@ -594,8 +596,8 @@ class GrammarState:
 
     # ------------------------------------------------------------------------ commit
     def advance(self, tokens, num_tokens=None) -> torch.Tensor:
-        """Commit the emitted tokens: each matcher accepts its row's ``num_tokens[b]`` tokens
-        (stopping at the stop token).
+        """Commit the emitted tokens: each matcher accepts its row's first ``num_tokens[b]``
+        tokens, up to and including the stop token (what follows it is ignored).
 
         Parameters
         ----------
@@ -609,23 +611,32 @@ class GrammarState:
         -------
         Tensor
             ``[B]`` bool on ``device``: rows whose grammar has terminated (done, as at eos).
+            :attr:`num_advanced` holds, per row, the tokens taken (the stop token included):
+            where the loop cuts a row whose grammar ended.
 
         Raises
         ------
         ValueError
             A token the row's grammar does not allow (named with row and position): the
-            tokens were not generated under these masks.
+            tokens were not generated under these masks. Every matcher is then left where it
+            was before the call.
         """
         self._check_no_pending("advance")
         toks, counts = self._drafts(tokens, num_tokens, "tokens", "num_tokens")
+        taken = [0] * self.batch_size
         for b, m in enumerate(self.matchers):
             for j in range(counts[b]):
                 if m.is_terminated():
                     break
                 if not m.accept_token(toks[b][j]):
+                    for row, n in enumerate(taken):
+                        self.matchers[row].rollback(n)
                     raise ValueError(
                         f"row {b}: token {toks[b][j]} at position {j} is not allowed by its grammar"
                     )
+                taken[b] += 1
+        #: ``[B]`` int64 (host): tokens each row's matcher took in the last :meth:`advance`.
+        self.num_advanced = torch.tensor(taken, dtype=torch.int64)
         return self.terminated
 
     def select(self, order) -> None:
@@ -637,6 +648,7 @@ class GrammarState:
         self._pending = [0] * len(order)
         self._stalled = [False] * len(order)
         self.num_valid_drafts = self.num_valid_drafts[order]
+        self.num_advanced = self.num_advanced[order]
 
     # ------------------------------------------------------------------------ checks
     def _check_no_pending(self, what: str) -> None:

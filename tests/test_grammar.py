@@ -261,6 +261,7 @@ def test_terminated_rows_get_all_allowed_masks_and_ignore_tokens(info):
         torch.tensor([list(b"ok") + [EOS, 5, 6], list(b"ok") + [0] * 3]), torch.tensor([5, 2])
     )
     assert state.terminated.tolist() == [True, False]
+    assert state.num_advanced.tolist() == [3, 2]  # "ok" and <eos>; 5, 6 ignored
     masks = state.fill_draft_bitmasks(torch.tensor([[1, 2], [EOS, 7]]))
     assert (masks[0] == -1).all()
     assert allowed_from_bitmask(masks[1, 0], V).nonzero().flatten().tolist() == [EOS]
@@ -268,9 +269,12 @@ def test_terminated_rows_get_all_allowed_masks_and_ignore_tokens(info):
 
 
 def test_advance_rejects_a_token_outside_the_grammar(info):
-    state = GrammarState(compile_regex(info, "[0-9]+"), 2, V)
+    digits = compile_regex(info, "[0-9]+")
+    state = GrammarState(digits, 2, V)
     with pytest.raises(ValueError, match=r"row 1: token 120 at position 1"):
         state.advance(torch.tensor([list(b"12"), list(b"1x")]))
+    for b in range(2):  # nothing was committed, row 0's "12" included
+        assert_masks_equal(state.mask_for_next()[b], fresh_mask(digits, []), f"row {b}")
 
 
 # ---------------------------------------------------------- generating with the masks alone
