@@ -20,6 +20,7 @@ if (
 from specdec_kernels import (  # noqa: E402
     compat,
     distributed,
+    grammar,
     models,
 )
 from specdec_kernels._version import __version__  # noqa: E402,F401
@@ -53,6 +54,7 @@ __all__ = [
     "autoregressive_generate",
     "build",
     "distributed",
+    "grammar",
     "models",
     "output_size",
     "Verification",

@@ -113,6 +113,7 @@ API_MODULES = (
     "specdec_kernels.integrations.transformers",
     "specdec_kernels.kv_cache",
     "specdec_kernels.decoding",
+    "specdec_kernels.grammar",
 )
 
 

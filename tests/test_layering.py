@@ -8,7 +8,8 @@ ones below it::
     ops                                                     Triton kernels and launchers
     _dispatch                                               picks the backend; the routing table
     verification, tree_verification, kv_cache               the custom ops
-    models, decoding, distributed, compat, adaptive, ngram  models, the loop's parts, adapters
+    models, decoding, distributed, compat, adaptive, ngram, grammar
+                                                            models, the loop's parts, adapters
     generation, integrations                                the loop and its faces
     benchmarks, cli, __main__, the package face             entry points; __init__
 
@@ -41,7 +42,7 @@ LAYERS = [
     {"ops"},
     {"_dispatch"},
     {"verification", "tree_verification", "kv_cache"},
-    {"models", "decoding", "distributed", "compat", "adaptive", "ngram"},
+    {"models", "decoding", "distributed", "compat", "adaptive", "ngram", "grammar"},
     {"generation", "integrations"},
     {"benchmarks", "cli", "__main__", ""},  # "": the package face (__init__)
 ]

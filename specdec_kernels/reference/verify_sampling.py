@@ -42,12 +42,20 @@ def filtered_probs(
     largest (ties kept); top-p then keeps every token whose strictly-larger mass (in the
     renormalised top-k distribution) is below ``top_p``, as transformers' TopK/TopP warpers do.
     """
-    b, k1, v = target_logits.shape
     x = target_logits.float() / temperature.float()[:, None, None]  # [B, K+1, V]
     m = x.amax(dim=-1, keepdim=True)
-    e = torch.exp(x - m)  # unnormalised probabilities
+    e = torch.exp(x - m) * filter_mask(x, top_k, top_p)  # unnormalised kept probabilities
+    return e / e.sum(dim=-1, keepdim=True)
+
+
+def filter_mask(x: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None):
+    """``[B, K+1, V]`` bool: the tokens that top-k and top-p keep, from the float32 scaled logits
+    ``x = logits / temperature`` (the kept set of :func:`filtered_probs`, which the logprobs
+    reference reuses so that both see the same support)."""
+    b, k1, v = x.shape
     keep = torch.ones_like(x, dtype=torch.bool)
     if top_k is not None or top_p is not None:
+        m = x.amax(dim=-1, keepdim=True)
         xs = x.sort(dim=-1, descending=True).values  # [B, K+1, V]
         kept_sorted = torch.ones_like(xs, dtype=torch.bool)
         if top_k is not None:
@@ -66,8 +74,7 @@ def filtered_probs(
             threshold = xs.gather(-1, last.clamp(min=0))
             active = (top_p < 1)[:, None, None]
             keep &= (x >= threshold) | ~active
-    e = e * keep
-    return e / e.sum(dim=-1, keepdim=True)
+    return keep
 
 
 def race_uniforms(key: torch.Tensor, position: torch.Tensor, vocab_size: int) -> torch.Tensor:
