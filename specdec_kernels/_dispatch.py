@@ -43,7 +43,9 @@ import torch
 from specdec_kernels import _extension
 from specdec_kernels._warnings import warn_once
 from specdec_kernels.reference import accept_reject as ref_accept_reject
+from specdec_kernels.reference import bitmask as ref_bitmask
 from specdec_kernels.reference import kv_cache as ref_kv
+from specdec_kernels.reference import logprobs as ref_logprobs
 from specdec_kernels.reference import verify_chain as ref_chain
 from specdec_kernels.reference import verify_tree as ref_tree
 
@@ -162,23 +164,32 @@ def interpreter_active() -> bool:
 
 # --- the routing table -----------------------------------------------------------------------
 # Chain kernels: (target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k,
-# top_p, seeds, logits_row_start, probs_row_start, mode, log_input, posterior_threshold,
-# posterior_alpha) -> (tokens, num_accepted). Tree kernels: (target_logits, tree_tokens, parents,
-# draft_probs, num_nodes, mode, temperature, top_k, top_p, seeds, greedy_only) -> (tokens,
-# num_accepted, accepted_nodes), all [B, N] wide. KV kernels: the public op's arguments -> None.
+# top_p, seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
+# posterior_threshold, posterior_alpha) -> (tokens, num_accepted); mode "greedy", "sampling",
+# "block" (routed as verify_block) or "typical" (routed as verify_typical). Tree kernels:
+# (target_logits, tree_tokens, parents, draft_probs, num_nodes, mode, temperature, top_k, top_p,
+# seeds, token_bitmask, greedy_only) -> (tokens, num_accepted, accepted_nodes), all [B, N] wide.
+# Logprob kernels: see specdec_kernels.logprobs. KV kernels: the public op's arguments -> None.
 
 
-def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, mode, log_input,
-                  threshold, alpha):  # fmt: skip
+def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
+                  log_input, threshold, alpha):  # fmt: skip
+    if bitmask is not None:  # not in the C++ kernels yet
+        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
+                                bitmask, mode, log_input, threshold, alpha)  # fmt: skip
     return torch.ops.specdec.native_verify_ex(
         logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs,
         log_input, mode == "typical", threshold, alpha,
     )  # fmt: skip
 
 
-def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, mode, log_input,
-                  threshold, alpha):  # fmt: skip
+def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
+                  log_input, threshold, alpha):  # fmt: skip
     from specdec_kernels.ops import verify_sampling  # imports triton: lazily
+
+    if bitmask is not None:  # not in the Triton kernels yet
+        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
+                                bitmask, mode, log_input, threshold, alpha)  # fmt: skip
 
     return verify_sampling.verify(
         logits, drafts, probs, nd, temp, topk, topp, seeds, greedy_only=mode == "greedy",
@@ -192,22 +203,45 @@ def _reference_chain(*args):
 
 
 def _native_tree(*args):
-    return torch.ops.specdec.native_verify_tree(*args)
+    *head, bitmask, greedy_only = args
+    if bitmask is not None:  # not in the C++ kernels yet
+        return _reference_tree(*args)
+    return torch.ops.specdec.native_verify_tree(*head, greedy_only)
 
 
 def _triton_tree(*args):
     from specdec_kernels.ops import verify_tree  # imports triton: lazily
 
-    *head, greedy_only = args
+    *head, bitmask, greedy_only = args
+    if bitmask is not None:  # not in the Triton kernels yet
+        return _reference_tree(*args)
     return verify_tree.verify_tree(*head, greedy_only=greedy_only)
 
 
-def _reference_tree(logits, tokens, parents, probs, nn, mode, temp, topk, topp, seeds, greedy):
+def _reference_tree(logits, tokens, parents, probs, nn, mode, temp, topk, topp, seeds, bitmask,
+                    greedy):  # fmt: skip
+    logits = ref_bitmask.masked_logits(logits, bitmask)
     if greedy:
         return ref_tree.verify_tree_greedy(logits, tokens, parents, nn)
     return ref_tree.verify_tree_sampling(
         logits, tokens, parents, probs, nn, mode, temp, topk, topp, seeds
     )
+
+
+def _reference_logprobs(logits, rows, tokens, bitmask, temp, topk, topp, processed, n):
+    b, _, v = logits.shape
+    safe = rows.clamp(0, logits.shape[1] - 1)
+    gathered = logits.gather(1, safe[..., None].expand(-1, -1, v))  # [B, P, V]
+    if processed and bitmask is not None:
+        words = bitmask.gather(1, safe[..., None].expand(-1, -1, bitmask.shape[-1]))
+        gathered = ref_bitmask.masked_logits(gathered, words)
+    if temp is None:
+        temp = torch.zeros(b, dtype=torch.float32, device=logits.device)
+    live = (rows >= 0) & (tokens >= 0)
+    return ref_logprobs.emitted_logprobs(
+        gathered, torch.where(live, tokens, -1), live.sum(1),
+        "processed" if processed else "raw", n, temp, topk, topp,
+    )  # fmt: skip
 
 
 def _triton_accept_reject(draft_tokens, verifier_tokens):
@@ -236,6 +270,8 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("verify_tree", "native"): _native_tree,
     ("verify_tree", "triton"): _triton_tree,
     ("verify_tree", "reference"): _reference_tree,
+    ("verify_block", "reference"): _reference_chain,
+    ("emitted_logprobs", "reference"): _reference_logprobs,
     ("accept_reject", "native"): _native("native_accept_reject"),
     ("accept_reject", "triton"): _triton_accept_reject,
     ("accept_reject", "reference"): ref_accept_reject.accept_reject,
@@ -246,7 +282,9 @@ _TABLE: dict[tuple[str, str], Callable] = {
 _NATIVE_ENTRY = {
     "verify_chain": "native_verify_ex",
     "verify_typical": "native_verify_ex",
+    "verify_block": "native_verify_ex",
     "verify_tree": "native_verify_tree",
+    "emitted_logprobs": "native_emitted_logprobs",
     "accept_reject": "native_accept_reject",
     **{name: "native_" + name for name in KV_OPS},
 }

@@ -584,3 +584,60 @@ def check_tree_values(
         if bool(bad.any()):
             (row,) = first_index(bad)
             raise ValueError(f"top_p must be in (0, 1], got top_p[{row}] = {float(top_p[row])}")
+
+
+def check_token_bitmask(token_bitmask, leading: tuple, v: int, device, labels: str) -> None:
+    """Structure of ``token_bitmask``: int32 ``leading + (ceil(V / 32),)`` on ``device``, last
+    dim stride 1 (``labels`` names the expected shape, e.g. ``"[B, K+1, W]"``)."""
+    require_tensor("token_bitmask", token_bitmask)
+    if token_bitmask.dtype != torch.int32:
+        raise TypeError(
+            f"token_bitmask must be int32 (xgrammar's layout), got {token_bitmask.dtype}"
+        )
+    w = (v + 31) // 32
+    if tuple(token_bitmask.shape) != (*leading, w):
+        raise ValueError(
+            f"token_bitmask must be {labels} = {[*leading, w]} (W = ceil(V / 32) for the "
+            f"logits' V = {v}), got {shape_str(token_bitmask)}"
+        )
+    require_device("token_bitmask", token_bitmask, device)
+    if w > 1 and token_bitmask.stride(-1) != 1:
+        raise ValueError(
+            f"token_bitmask must have stride 1 in its last dim, got {token_bitmask.stride()}"
+        )
+
+
+def check_bitmask_values(logits, token_bitmask, decided, where: str = "position") -> None:
+    """``validate=True``: every decided row (``decided``: bool, ``logits``' leading shape) has an
+    allowed finite logit. Reads the tensors (synchronises)."""
+    from specdec_kernels.reference.bitmask import allowed
+
+    ok = (allowed(token_bitmask, logits.shape[-1]) & torch.isfinite(logits)).any(dim=-1)
+    bad = decided & ~ok
+    if bool(bad.any()):
+        index = first_index(bad)
+        raise ValueError(
+            f"token_bitmask allows no token with a finite logit at row {index[0]}, {where} "
+            f"{index[-1]}, which must be decided (every token is masked or -inf)"
+        )
+
+
+LOGPROB_MODES = ("raw", "processed")
+MAX_LOGPROBS = 20
+
+
+def check_logprob_args(logprobs, num_logprobs) -> int:
+    """``logprobs`` in ``(None, "raw", "processed")``, ``num_logprobs`` an int in ``[0, 20]``
+    (``> 0`` only with ``logprobs``); returns ``num_logprobs`` as an int."""
+    if logprobs is not None and logprobs not in LOGPROB_MODES:
+        raise ValueError(f"logprobs must be None, 'raw' or 'processed', got {logprobs!r}")
+    if isinstance(num_logprobs, bool) or not isinstance(num_logprobs, numbers.Integral):
+        raise TypeError(f"num_logprobs must be an int, got {type(num_logprobs).__name__}")
+    if not 0 <= num_logprobs <= MAX_LOGPROBS:
+        raise ValueError(f"num_logprobs must lie in [0, {MAX_LOGPROBS}], got {num_logprobs}")
+    if num_logprobs and logprobs is None:
+        raise ValueError(
+            f"num_logprobs = {num_logprobs} needs logprobs='raw' or 'processed' (which "
+            "distribution the top tokens come from), got logprobs=None"
+        )
+    return int(num_logprobs)

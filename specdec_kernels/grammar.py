@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import torch
 
 from specdec_kernels.models.bundled import EOS_ID
+from specdec_kernels.reference import bitmask as ref_bitmask
 
 #: The bytes of this package's byte-level vocabulary; ``EOS_ID`` (256) follows them.
 NUM_BYTES = 256
@@ -65,7 +66,7 @@ def bitmask_width(vocab_size: int) -> int:
     >>> bitmask_width(257), bitmask_width(32), bitmask_width(128256)
     (9, 1, 4008)
     """
-    return (vocab_size + 31) // 32
+    return ref_bitmask.width(vocab_size)
 
 
 # ------------------------------------------------------------------------------------ bitmasks
@@ -102,9 +103,7 @@ def allowed_from_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor
         ``bitmask`` is not int32, or its width is not ``ceil(V / 32)`` (the message names both).
     """
     _check_width(bitmask, vocab_size)
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)  # [32]
-    words = (bitmask.unsqueeze(-1) >> bits) & 1  # [..., W, 32]: arithmetic shift, then one bit
-    return words.flatten(-2)[..., :vocab_size].bool()
+    return ref_bitmask.allowed(bitmask, vocab_size)
 
 
 def apply_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import kernel, resolve_backend
+from specdec_kernels.logprobs import emitted_logprobs
 from specdec_kernels.reference import rng
 from specdec_kernels.reference import verify_tree as ref_tree
 
@@ -41,12 +42,19 @@ class TreeVerification(NamedTuple):
         `[B]` int64, always ``num_accepted + 1``.
     accepted_nodes : Tensor
         `[B, D+1]` int64: the node indices of the accepted path, root (0) first, then ``-1``.
+    logprobs, top_logprobs, top_ids : Tensor or None
+        With ``logprobs=`` / ``num_logprobs=``: `[B, D+1]` and `[B, D+1, n]`, as
+        :class:`specdec_kernels.Verification`'s (the token at depth ``d`` scored by node
+        ``accepted_nodes[b, d]``'s row); else ``None``.
     """
 
     tokens: Tensor
     num_accepted: Tensor
     num_emitted: Tensor
     accepted_nodes: Tensor
+    logprobs: Tensor | None = None
+    top_logprobs: Tensor | None = None
+    top_ids: Tensor | None = None
 
 
 # --- custom ops ------------------------------------------------------------------------------
@@ -58,11 +66,27 @@ def _result(tokens: Tensor, accepted: Tensor, nodes: Tensor):
 
 @torch.library.custom_op("specdec::verify_tree_greedy", mutates_args=())
 def _verify_tree_greedy_op(
-    target_logits: Tensor, tree_tokens: Tensor, parents: Tensor, num_nodes: Tensor, backend: str
+    target_logits: Tensor,
+    tree_tokens: Tensor,
+    parents: Tensor,
+    num_nodes: Tensor,
+    token_bitmask: Tensor | None,
+    backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _result(
         *kernel("verify_tree", backend)(
-            target_logits, tree_tokens, parents, None, num_nodes, 0, None, None, None, None, True
+            target_logits,
+            tree_tokens,
+            parents,
+            None,
+            num_nodes,
+            0,
+            None,
+            None,
+            None,
+            None,
+            token_bitmask,
+            True,
         )
     )
 
@@ -75,7 +99,7 @@ def _fake_result(target_logits):
 
 
 @_verify_tree_greedy_op.register_fake
-def _(target_logits, tree_tokens, parents, num_nodes, backend):
+def _(target_logits, tree_tokens, parents, num_nodes, token_bitmask, backend):
     return _fake_result(target_logits)
 
 
@@ -91,6 +115,7 @@ def _verify_tree_sampling_op(
     top_k: Tensor | None,
     top_p: Tensor | None,
     seeds: Tensor,
+    token_bitmask: Tensor | None,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _result(
@@ -105,8 +130,9 @@ def _verify_tree_sampling_op(
             top_k,
             top_p,
             seeds,
+            token_bitmask,
             False,
-        )  # fmt: skip
+        )
     )
 
 
@@ -171,6 +197,48 @@ def _shaped(result, width: int) -> TreeVerification:
     return TreeVerification(tokens[:, :width], accepted, emitted, nodes[:, :width])
 
 
+def _serving_args(target_logits, nn, token_bitmask, logprobs, num_logprobs, validate) -> int:
+    """Check the serving keywords (API.md section 9): ``token_bitmask [B, N, W]``; with
+    ``validate=True`` every real node's row allows a finite logit. Returns ``num_logprobs``."""
+    n_logprobs = check.check_logprob_args(logprobs, num_logprobs)
+    if token_bitmask is not None:
+        b, n, v = target_logits.shape
+        check.check_token_bitmask(token_bitmask, (b, n), v, target_logits.device, "[B, N, W]")
+        if validate:
+            real = torch.arange(n, device=nn.device)[None, :] < nn[:, None]
+            check.check_bitmask_values(target_logits, token_bitmask, real, where="node")
+    return n_logprobs
+
+
+def _finish(
+    out: TreeVerification,
+    target_logits: Tensor,
+    token_bitmask: Tensor | None,
+    logprobs: str | None,
+    num_logprobs: int,
+    backend: str,
+    temperature: Tensor | None = None,
+    top_k: Tensor | None = None,
+    top_p: Tensor | None = None,
+) -> TreeVerification:
+    """``out`` with the log-probabilities of its emitted tokens, when asked for."""
+    if logprobs is None:
+        return out
+    lp, top, ids = emitted_logprobs(
+        target_logits,
+        out.accepted_nodes,
+        out.tokens,
+        mode=logprobs,
+        num_logprobs=num_logprobs,
+        backend=backend,
+        token_bitmask=token_bitmask,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+    )
+    return out._replace(logprobs=lp, top_logprobs=top, top_ids=ids)
+
+
 # --- public functions ------------------------------------------------------------------------
 
 
@@ -181,6 +249,9 @@ def verify_tree_greedy(
     *,
     num_nodes: Tensor | None = None,
     max_depth: int | None = None,
+    token_bitmask: Tensor | None = None,
+    logprobs: str | None = None,
+    num_logprobs: int = 0,
     backend: str | None = None,
     validate: bool = True,
 ) -> TreeVerification:
@@ -254,12 +325,16 @@ def verify_tree_greedy(
         target_logits, tree_tokens, parents, num_nodes
     )
     max_depth = _max_depth_arg(max_depth)
+    n_logprobs = _serving_args(target_logits, nn, token_bitmask, logprobs, num_logprobs, validate)
     resolved = resolve_backend(backend, target_logits.device)
     if validate:
         check.check_tree_values(target_logits, tree_tokens, parents, nn)
         _check_depth(parents, nn, max_depth)
-    result = torch.ops.specdec.verify_tree_greedy(target_logits, tree_tokens, parents, nn, resolved)
-    return _shaped(result, _width(parents, nn, max_depth))
+    result = torch.ops.specdec.verify_tree_greedy(
+        target_logits, tree_tokens, parents, nn, token_bitmask, resolved
+    )
+    out = _shaped(result, _width(parents, nn, max_depth))
+    return _finish(out, target_logits, token_bitmask, logprobs, n_logprobs, resolved)
 
 
 def verify_tree_sampling(
@@ -276,6 +351,9 @@ def verify_tree_sampling(
     max_depth: int | None = None,
     seed: int | Tensor | None = None,
     generator: torch.Generator | None = None,
+    token_bitmask: Tensor | None = None,
+    logprobs: str | None = None,
+    num_logprobs: int = 0,
     backend: str | None = None,
     validate: bool = True,
 ) -> TreeVerification:
@@ -377,6 +455,7 @@ def verify_tree_sampling(
     check.check_seed(seed, b, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
     max_depth = _max_depth_arg(max_depth)
+    n_logprobs = _serving_args(target_logits, nn, token_bitmask, logprobs, num_logprobs, validate)
     resolved = resolve_backend(backend, device)
 
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
@@ -384,9 +463,10 @@ def verify_tree_sampling(
             check.check_tree_values(target_logits, tree_tokens, parents, nn)
             _check_depth(parents, nn, max_depth)
         result = torch.ops.specdec.verify_tree_greedy(
-            target_logits, tree_tokens, parents, nn, resolved
+            target_logits, tree_tokens, parents, nn, token_bitmask, resolved
         )
-        return _shaped(result, _width(parents, nn, max_depth))
+        out = _shaped(result, _width(parents, nn, max_depth))
+        return _finish(out, target_logits, token_bitmask, logprobs, n_logprobs, resolved)
 
     temp, topk, topp = check.sampling_controls(b, device, temperature, top_k, top_p)
     if validate:
@@ -406,9 +486,13 @@ def verify_tree_sampling(
         topk,
         topp,
         seeds,
+        token_bitmask,
         resolved,
     )
-    return _shaped(result, _width(parents, nn, max_depth))
+    out = _shaped(result, _width(parents, nn, max_depth))
+    return _finish(
+        out, target_logits, token_bitmask, logprobs, n_logprobs, resolved, temp, topk, topp
+    )
 
 
 def _parents_args(parents, num_nodes, validate: bool):

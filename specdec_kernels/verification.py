@@ -42,6 +42,7 @@ from torch import Tensor
 
 from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import kernel, resolve_backend
+from specdec_kernels.logprobs import emitted_logprobs
 from specdec_kernels.reference import rng
 
 
@@ -57,14 +58,30 @@ class Verification(NamedTuple):
         `[B]` int64, ``0 <= num_accepted[b] <= num_draft_tokens[b]``.
     num_emitted : Tensor
         `[B]` int64, always ``num_accepted + 1``.
+    logprobs : Tensor or None
+        With ``logprobs="raw"|"processed"``: `[B, K+1]` float32, the log-probability of each
+        emitted token (``-inf`` at padding); else ``None``.
+    top_logprobs, top_ids : Tensor or None
+        With ``num_logprobs = n > 0``: `[B, K+1, n]` float32 / int64, the ``n`` most likely
+        tokens of the same distribution at each emitted position, most likely first, ties by the
+        lower id (``-inf`` / ``-1`` at padding and past the tokens with nonzero probability).
     """
 
     tokens: Tensor
     num_accepted: Tensor
     num_emitted: Tensor
+    logprobs: Tensor | None = None
+    top_logprobs: Tensor | None = None
+    top_ids: Tensor | None = None
 
 
 # --- the custom ops --------------------------------------------------------------------------
+
+
+#: ``verify_sampling``'s acceptance rules: token by token, or block verification.
+METHODS = ("token", "block")
+#: The routing table's kernel of each chain mode other than greedy and sampling.
+_CHAIN_KERNELS = {"block": "verify_block", "typical": "verify_typical"}
 
 
 @torch.library.custom_op("specdec::verify_chain", mutates_args=())
@@ -79,6 +96,7 @@ def _verify_chain_op(
     seeds: Tensor | None,
     logits_row_start: Tensor | None,
     probs_row_start: Tensor | None,
+    token_bitmask: Tensor | None,
     mode: str,
     log_input: bool,
     posterior_threshold: float,
@@ -87,11 +105,11 @@ def _verify_chain_op(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One verification step in every input form (:func:`run_chain` documents the arguments;
     :func:`specdec_kernels.reference.verify_chain.verify_chain` is the specification)."""
-    op = "verify_typical" if mode == "typical" else "verify_chain"
+    op = _CHAIN_KERNELS.get(mode, "verify_chain")
     tokens, accepted = kernel(op, backend)(
         target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
-        seeds, logits_row_start, probs_row_start, mode, log_input, posterior_threshold,
-        posterior_alpha,
+        seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
+        posterior_threshold, posterior_alpha,
     )  # fmt: skip
     return tokens, accepted, accepted + 1
 
@@ -117,6 +135,7 @@ def run_chain(
     seeds: Tensor | None = None,
     logits_row_start: Tensor | None = None,
     probs_row_start: Tensor | None = None,
+    token_bitmask: Tensor | None = None,
     log_input: bool = False,
     posterior_threshold: float = 0.0,
     posterior_alpha: float = 0.0,
@@ -131,14 +150,16 @@ def run_chain(
     ``probs_row_start``. ``draft_tokens [B, K]`` (contiguous) fixes ``B`` and ``K``;
     ``num_draft_tokens [B]`` int64. ``temperature``, ``top_k``, ``top_p``: ``[B]`` tensors or
     ``None`` (off; ``temperature`` and ``seeds`` are read only by the sampling and typical modes).
-    ``mode``: ``"greedy"``, ``"sampling"`` or ``"typical"`` (with ``posterior_threshold`` and
+    ``token_bitmask``: ``None`` or int32 with the logits' row layout (``[B, K+1, W]`` or
+    ``[R, W]``, read through ``logits_row_start``). ``mode``: ``"greedy"``, ``"sampling"``,
+    ``"block"`` (block verification) or ``"typical"`` (with ``posterior_threshold`` and
     ``posterior_alpha``). ``log_input``: the inputs are probabilities. ``backend``: resolved
     (:func:`specdec_kernels._dispatch.resolve_backend`).
     """
     tokens, accepted, emitted = torch.ops.specdec.verify_chain(
         target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
-        seeds, logits_row_start, probs_row_start, mode, log_input, float(posterior_threshold),
-        float(posterior_alpha), backend,
+        seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
+        float(posterior_threshold), float(posterior_alpha), backend,
     )  # fmt: skip
     return Verification(tokens, accepted, emitted)
 
@@ -210,6 +231,63 @@ def flat_inputs(
     return _FlatInputs(drafts, counts, rows, start)
 
 
+class _Serving(NamedTuple):
+    """The serving keywords of a chain call (API.md section 9), checked: what :meth:`finish`
+    needs to add the log-probabilities after the verification op."""
+
+    target_logits: Tensor
+    token_bitmask: Tensor | None
+    logprobs: str | None
+    num_logprobs: int
+    logits_row_start: Tensor | None
+
+    def finish(self, ver: Verification, backend: str, temperature=None, top_k=None, top_p=None):
+        """``ver`` with ``logprobs`` / ``top_logprobs`` / ``top_ids`` (when asked for)."""
+        if self.logprobs is None:
+            return ver
+        k1 = ver.tokens.shape[1]
+        positions = torch.arange(k1, device=ver.tokens.device)[None, :]
+        if self.logits_row_start is not None:  # flat layout: request b's rows start there
+            rows = self.logits_row_start[:, None] + positions
+        else:
+            rows = positions.expand(ver.tokens.shape[0], -1)
+        rows = torch.where(positions < ver.num_emitted[:, None], rows, -1)
+        lp, top, ids = emitted_logprobs(
+            self.target_logits,
+            rows,
+            ver.tokens,
+            mode=self.logprobs,
+            num_logprobs=self.num_logprobs,
+            backend=backend,
+            token_bitmask=self.token_bitmask,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+        )
+        return ver._replace(logprobs=lp, top_logprobs=top, top_ids=ids)
+
+
+def _serving(
+    target_logits, token_bitmask, logprobs, num_logprobs, validate, flat=None, nd=None
+) -> _Serving:
+    """Check the serving keywords: ``token_bitmask`` has the logits' row layout (padded
+    ``[B, K+1, W]`` with ``nd``, or flat ``[R, W]`` with ``flat``); ``validate=True`` also
+    checks that every decided position allows a finite logit."""
+    n = check.check_logprob_args(logprobs, num_logprobs)
+    if token_bitmask is not None:
+        *leading, v = target_logits.shape
+        labels = "[num_tokens + B, W]" if flat is not None else "[B, K+1, W]"
+        check.check_token_bitmask(token_bitmask, tuple(leading), v, target_logits.device, labels)
+        if validate:
+            if flat is not None:  # every flat row is some request's position <= k_b
+                decided = torch.ones(leading, dtype=torch.bool, device=target_logits.device)
+            else:
+                decided = torch.arange(leading[1], device=nd.device)[None, :] <= nd[:, None]
+            check.check_bitmask_values(target_logits, token_bitmask, decided)
+    starts = flat.logits_row_start if flat is not None else None
+    return _Serving(target_logits, token_bitmask, logprobs, n, starts)
+
+
 def verify_greedy(
     target_logits: Tensor,
     draft_tokens: Tensor,
@@ -217,6 +295,9 @@ def verify_greedy(
     num_draft_tokens: Tensor | None = None,
     cu_num_draft_tokens: Tensor | None = None,
     max_spec_len: int | None = None,
+    token_bitmask: Tensor | None = None,
+    logprobs: str | None = None,
+    num_logprobs: int = 0,
     backend: str | None = None,
     validate: bool = True,
 ) -> Verification:
@@ -295,28 +376,36 @@ def verify_greedy(
             num_draft_tokens,
             validate,
         )
-        return run_chain(
+        serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
+        resolved = resolve_backend(backend, target_logits.device)
+        ver = run_chain(
             target_logits,
             flat.drafts,
             num_draft_tokens=flat.num_draft_tokens,
             logits_row_start=flat.logits_row_start,
+            token_bitmask=token_bitmask,
             mode="greedy",
-            backend=resolve_backend(backend, target_logits.device),
+            backend=resolved,
         )
+        return serving.finish(ver, resolved)
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
     draft_tokens = draft_tokens.contiguous()  # [B, K]: tiny, the kernels want unit stride
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
+    serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
     if validate:
         check.check_values(target_logits, draft_tokens, nd)
-    return run_chain(
+    resolved = resolve_backend(backend, device)
+    ver = run_chain(
         target_logits,
         draft_tokens,
         num_draft_tokens=nd,
+        token_bitmask=token_bitmask,
         mode="greedy",
-        backend=resolve_backend(backend, device),
+        backend=resolved,
     )
+    return serving.finish(ver, resolved)
 
 
 def verify_sampling(
@@ -332,6 +421,10 @@ def verify_sampling(
     generator: torch.Generator | None = None,
     cu_num_draft_tokens: Tensor | None = None,
     max_spec_len: int | None = None,
+    method: str = "token",
+    token_bitmask: Tensor | None = None,
+    logprobs: str | None = None,
+    num_logprobs: int = 0,
     backend: str | None = None,
     validate: bool = True,
 ) -> Verification:
@@ -426,6 +519,9 @@ def verify_sampling(
     """
     if seed is not None and generator is not None:
         raise ValueError("pass at most one of seed and generator, got both")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    rule = "block" if method == "block" else "sampling"
     if cu_num_draft_tokens is not None:
         flat = flat_inputs(
             target_logits,
@@ -443,9 +539,11 @@ def verify_sampling(
         if validate:
             check.check_control_values(temp, topk, topp)
             check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
+        serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
         seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
         greedy = isinstance(temperature, numbers.Real) and temperature == 0
-        return run_chain(
+        resolved = resolve_backend(backend, target_logits.device)
+        ver = run_chain(
             target_logits,
             flat.drafts,
             draft_probs=draft_probs,
@@ -456,9 +554,11 @@ def verify_sampling(
             seeds=seeds,
             logits_row_start=flat.logits_row_start,
             probs_row_start=flat.probs_row_start if draft_probs is not None else None,
-            mode="greedy" if greedy else "sampling",
-            backend=resolve_backend(backend, target_logits.device),
+            token_bitmask=token_bitmask,
+            mode="greedy" if greedy else rule,
+            backend=resolved,
         )
+        return serving.finish(ver, resolved, *(None, None, None) if greedy else (temp, topk, topp))
 
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
@@ -469,20 +569,27 @@ def verify_sampling(
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
     check.check_seed(seed, b, device)
+    serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
     resolved = resolve_backend(backend, device)
 
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
         if validate:
             check.check_values(target_logits, draft_tokens, nd)
-        return run_chain(
-            target_logits, draft_tokens, num_draft_tokens=nd, mode="greedy", backend=resolved
+        ver = run_chain(
+            target_logits,
+            draft_tokens,
+            num_draft_tokens=nd,
+            token_bitmask=token_bitmask,
+            mode="greedy",
+            backend=resolved,
         )
+        return serving.finish(ver, resolved)
 
     temp, topk, topp = _controls(b, device, temperature, top_k, top_p, seed)
     if validate:
         check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
     seeds = rng.seeds_for_batch(b, device, seed, generator)
-    return run_chain(
+    ver = run_chain(
         target_logits,
         draft_tokens,
         draft_probs=draft_probs,
@@ -491,9 +598,11 @@ def verify_sampling(
         top_k=topk,
         top_p=topp,
         seeds=seeds,
-        mode="sampling",
+        token_bitmask=token_bitmask,
+        mode=rule,
         backend=resolved,
     )
+    return serving.finish(ver, resolved, temp, topk, topp)
 
 
 def _controls(b: int, device: torch.device, temperature, top_k, top_p, seed):

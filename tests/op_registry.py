@@ -65,7 +65,7 @@ def _chain_greedy(backend):
     def args(device):
         logits, drafts, _ = make_inputs(3, 4, 40, strided=True)
         nd = torch.tensor([4, 2, 0])
-        return _on(device, logits, drafts, None, nd, *(None,) * 6, "greedy", False, 0.0, 0.0,
+        return _on(device, logits, drafts, None, nd, *(None,) * 7, "greedy", False, 0.0, 0.0,
                    backend)  # fmt: skip
 
     return args
@@ -80,7 +80,7 @@ def _chain_sampling(backend, filters):
         temperature = torch.tensor([1.0, 0.0, 0.7])
         nd, seeds = torch.tensor([4, 3, 1]), torch.tensor([1, 2, 3])
         return _on(device, logits, drafts, q, nd, temperature, top_k, top_p, seeds, None, None,
-                   "sampling", False, 0.0, 0.0, backend)  # fmt: skip
+                   None, "sampling", False, 0.0, 0.0, backend)  # fmt: skip
 
     return args
 
@@ -94,8 +94,9 @@ def _accept_reject(backend):
 
 
 def _chain_inputs(mode):
-    """``verify_chain``'s first 14 arguments in the other input forms: flat-row probabilities
-    (``"sampling"``) and typical acceptance (``"typical"``)."""
+    """``verify_chain``'s first 15 arguments in the other input forms: flat-row probabilities
+    (``"sampling"``), typical acceptance (``"typical"``), block verification with a token bitmask
+    (``"block"``)."""
     b, k, v = 3, 2, 40
     logits, drafts, _ = make_inputs(b, k, v)
     nd = torch.tensor([2, 0, 1])
@@ -106,10 +107,13 @@ def _chain_inputs(mode):
         starts = (cu - nd, cu - nd + torch.arange(b))
     else:
         target, q, starts = logits, None, (None, None)
+    mask = None
+    if mode == "block":  # every other token allowed
+        mask = torch.full((b, k + 1, (v + 31) // 32), 0x55555555, dtype=torch.int32)
     temperature, seeds = torch.tensor([1.0, 0.0, 0.7]), torch.tensor([1, 2, 3])
     return (
-        target, drafts, q, nd, temperature, None, None, seeds, starts[1], starts[0], mode, flat,
-        0.09, 0.3,
+        target, drafts, q, nd, temperature, None, None, seeds, starts[1], starts[0], mask, mode,
+        flat, 0.09, 0.3,
     )  # fmt: skip
 
 
@@ -125,11 +129,24 @@ def _native_verify_ex_plain(device):
 def _native_verify_ex(mode):
     def args(device):
         (target, drafts, q, nd, temperature, top_k, top_p, seeds, logits_start, probs_start,
-         mode_, flat, threshold, alpha) = _chain_inputs(mode)  # fmt: skip
+         _bitmask, mode_, flat, threshold, alpha) = _chain_inputs(mode)  # fmt: skip
         return _on(
             device, target, drafts, q, nd, temperature, top_k, top_p, seeds, False,
             logits_start, probs_start, flat, mode == "typical", threshold, alpha,
         )  # fmt: skip
+
+    return args
+
+
+def _emitted_logprobs(backend):
+    def args(device):
+        logits, _, _ = make_inputs(3, 4, 40)
+        rows = torch.tensor([[0, 1, -1, -1, -1], [0, 1, 2, 3, 4], [4, -1, -1, -1, -1]])
+        tokens = torch.where(rows >= 0, torch.tensor([5, 7, 9, 11, 13]), -1)
+        mask = torch.full((3, 5, 2), -1, dtype=torch.int32)
+        mask[1, :, 0] = 0x0F0F0F0F
+        temperature, top_k = torch.tensor([1.0, 0.0, 0.7]), torch.tensor([0, 5, 3])
+        return _on(device, logits, rows, tokens, mask, temperature, top_k, None, True, 3, backend)
 
     return args
 
@@ -148,7 +165,7 @@ def _tree_inputs():
 def _tree_greedy(backend):
     def args(device):
         logits, tokens, parents, nn, *_ = _tree_inputs()
-        return _on(device, logits, tokens, parents, nn, backend)
+        return _on(device, logits, tokens, parents, nn, None, backend)
 
     return args
 
@@ -156,7 +173,9 @@ def _tree_greedy(backend):
 def _tree_sampling(backend):
     def args(device):
         logits, tokens, parents, nn, q, temp, seeds = _tree_inputs()
-        return _on(device, logits, tokens, parents, q, nn, 1, temp, None, None, seeds, backend)
+        return _on(
+            device, logits, tokens, parents, q, nn, 1, temp, None, None, seeds, None, backend
+        )
 
     return args
 
@@ -229,12 +248,15 @@ def _cases() -> list[Case]:
             cases.append(Case("verify_chain", f"sampling-{label}-filters={filters}", args, needs))
     for label, args, needs in _backends(_accept_reject):
         cases.append(Case("accept_reject", label, args, needs))
-    for mode in ("sampling", "typical"):  # flat rows of probabilities; typical acceptance
+    for mode in ("sampling", "typical", "block"):  # flat probabilities; typical; block + mask
         for backend in ("reference", "native"):
             needs = "extension" if backend == "native" else None
             label = f"{mode}-form-{backend}"
             cases.append(Case("verify_chain", label, _chain_form(backend, mode), needs))
-        cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
+        if mode != "block":
+            cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
+    for label, args, needs in _backends(_emitted_logprobs):
+        cases.append(Case("emitted_logprobs", label, args, needs))
     cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import specdec_kernels as sk
 from specdec_kernels import _extension
-from specdec_kernels.kv_cache import _ops as kv_ops
+from specdec_kernels.kv_cache import _ops as kv_registry
 from specdec_kernels.reference import kv_cache as ref
 
 from kv_helpers import (
@@ -443,27 +443,27 @@ def bindings_schemas() -> dict[str, str]:
     return schemas
 
 
-@pytest.mark.parametrize("name", list(kv_ops.SCHEMAS))
+@pytest.mark.parametrize("name", list(kv_registry.SCHEMAS))
 def test_python_schemas_match_bindings_cpp(name):
     """The public op (defined in Python) and its native kernel (defined in C++) take the same
     arguments: the routing kernel passes them through positionally."""
     native = bindings_schemas()
-    assert native.get(_extension.NATIVE_PREFIX + name) == kv_ops.SCHEMAS[name], (
-        f"csrc/bindings.cpp and kv_ops.SCHEMAS disagree on {name}"
+    assert native.get(_extension.NATIVE_PREFIX + name) == kv_registry.SCHEMAS[name], (
+        f"csrc/bindings.cpp and kv_registry.SCHEMAS disagree on {name}"
     )
 
 
 def test_bindings_cpp_defines_no_other_kv_op():
     kv_ops = {n for n in bindings_schemas() if "kv_" in n}
-    assert kv_ops == {_extension.NATIVE_PREFIX + n for n in kv_ops.SCHEMAS}
+    assert kv_ops == {_extension.NATIVE_PREFIX + n for n in kv_registry.SCHEMAS}
 
 
-@pytest.mark.parametrize("name", list(kv_ops.SCHEMAS))
+@pytest.mark.parametrize("name", list(kv_registry.SCHEMAS))
 def test_registered_schemas(name):
     """What the dispatcher holds: the public op as SCHEMAS says; where the extension is built,
     the native op as bindings.cpp says (the compiled library, not its source)."""
     public = str(getattr(torch.ops.specdec, name).default._schema)
-    assert public == f"specdec::{name}{kv_ops.SCHEMAS[name]}"
+    assert public == f"specdec::{name}{kv_registry.SCHEMAS[name]}"
     if not _extension.loaded():
         pytest.skip(f"extension not built: {_extension.load_error()}")
     native_name = _extension.NATIVE_PREFIX + name
@@ -471,11 +471,11 @@ def test_registered_schemas(name):
     assert native == f"specdec::{native_name}{bindings_schemas()[native_name]}"
 
 
-@pytest.mark.parametrize("name", list(kv_ops.SCHEMAS))
+@pytest.mark.parametrize("name", list(kv_registry.SCHEMAS))
 def test_fallback_and_fake_signatures_match_schema(name):
     """The reference (the fallback) and the fake kernel take the schema's arguments, by name."""
-    args = [a.split()[-1] for a in kv_ops.SCHEMAS[name].split(") ->")[0][1:].split(", ")]
-    for fn in (getattr(ref, name), kv_ops.FAKES[name]):
+    args = [a.split()[-1] for a in kv_registry.SCHEMAS[name].split(") ->")[0][1:].split(", ")]
+    for fn in (getattr(ref, name), kv_registry.FAKES[name]):
         assert list(inspect.signature(fn).parameters) == args, fn
 
 
@@ -498,7 +498,7 @@ def test_extension_is_built_and_fallback_can_be_forced():
         assert sk.extension_available(), _extension.load_error()
     if not sk.extension_available():
         pytest.skip(f"extension not in use: {_extension.load_error()}")
-    with kv_ops.force_fallback():
+    with kv_registry.force_fallback():
         assert not sk.extension_available()
     assert sk.extension_available()
 
@@ -513,7 +513,6 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
         import torch
         import specdec_kernels as sk
         from specdec_kernels import _extension
-from specdec_kernels.kv_cache import _ops as kv_ops
         assert not sk.extension_available()
         assert "SPECDEC_FORCE_FALLBACK" in _extension.load_error()
         assert not hasattr(torch.ops.specdec, "native_kv_write_")

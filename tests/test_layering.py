@@ -7,7 +7,7 @@ ones below it::
     _extension                                              loads _C
     ops                                                     Triton kernels and launchers
     _dispatch                                               picks the backend; the routing table
-    verification, tree_verification, kv_cache               the custom ops
+    verification, tree_verification, kv_cache, logprobs     the custom ops
     models, decoding, distributed, compat, adaptive, ngram, grammar
                                                             models, the loop's parts, adapters
     generation, integrations                                the loop and its faces
@@ -41,7 +41,7 @@ LAYERS = [
     {"_extension"},
     {"ops"},
     {"_dispatch"},
-    {"verification", "tree_verification", "kv_cache"},
+    {"verification", "tree_verification", "kv_cache", "logprobs"},
     {"models", "decoding", "distributed", "compat", "adaptive", "ngram", "grammar"},
     {"generation", "integrations"},
     {"benchmarks", "cli", "__main__", ""},  # "": the package face (__init__)

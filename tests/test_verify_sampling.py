@@ -353,5 +353,5 @@ def test_triton_backend_is_thread_safe_on_cpu():
         t.join()
     assert not errors, errors[:2]
     for i, (g, w) in enumerate(zip(got, want)):
-        for j, (a, e) in enumerate(zip(g, w)):
+        for j, (a, e) in enumerate(zip(g[:3], w[:3])):
             assert_same(a, e, f"thread {i}, output {j}")

@@ -147,7 +147,7 @@ def test_greedy_rows_of_sampling_equal_tree_greedy(backend):
     greedy = oracle_greedy(logits, tokens, parents, nn)
     for b in (0, 3, 4, 7, 8, 11):
         check_result_against_oracle(
-            sk.TreeVerification(*(t[b : b + 1] for t in out)), [greedy[b]], f"{backend} {b}"
+            sk.TreeVerification(*(t[b : b + 1] for t in out[:4])), [greedy[b]], f"{backend} {b}"
         )
     check_consistent(out, tokens, parents, 37, backend)
 
@@ -284,7 +284,7 @@ def test_padding_nodes_are_never_read(backend):
         kw = dict(temperature=0.9)
         first = _sampling_call(logits, tokens, parents, q, nn, mode, 3, backend, **kw)
         second = _sampling_call(logits2, tokens2, parents2, q2, nn, mode, 3, backend, **kw)
-        for a, e in zip(second, first):
+        for a, e in zip(second[:4], first[:4]):
             assert_same(a, e, f"{backend} {mode}")
 
 
@@ -619,7 +619,7 @@ def _compare_with_reference(logits, tokens, parents, q, nn, temperature, filters
             assert_same(a, e, f"{backend} {mode} top_k={top_k} top_p={top_p} {name}")
     want = sk.verify_tree_greedy(logits, tokens, parents, num_nodes=nn, backend="reference")
     got = sk.verify_tree_greedy(logits, tokens, parents, num_nodes=nn, backend=backend)
-    for a, e in zip(got, want):
+    for a, e in zip(got[:4], want[:4]):
         assert_same(a, e, f"{backend} greedy")
 
 
@@ -701,7 +701,7 @@ def test_native_result_does_not_depend_on_the_thread_count():
                 got = sk.verify_tree_sampling(
                     logits, tokens, parents, q, draft_mode=mode, backend="native", **kw
                 )
-                for a, e in zip(got, want):
+                for a, e in zip(got[:4], want[:4]):
                     assert_same(a, e, f"{mode}, {n} threads")
     finally:
         torch.set_num_threads(threads)
@@ -804,7 +804,7 @@ def test_validate_does_not_change_tree_shapes(b, n, v, max_depth, backend):
     for name, call in _tree_calls(logits, tokens, parents, nn, q, backend, **kw).items():
         checked, unchecked = call(True), call(False)
         assert type(checked) is type(unchecked) is sk.TreeVerification, name
-        for got, want in zip(unchecked, checked):
+        for got, want in zip(unchecked[:4], checked[:4]):
             assert got.shape == want.shape and got.dtype == want.dtype, name
             assert_same(got, want, f"{name} validate=False")
         assert checked.tokens.shape == (b, width), (name, checked.tokens.shape)

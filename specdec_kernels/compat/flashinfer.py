@@ -155,7 +155,7 @@ def chain_speculative_sampling(
     seeds = row_seeds(b, device, generator, seed, offset)
     drafts = draft_token_ids.contiguous()
 
-    tokens, emitted, _ = run_chain(
+    ver = run_chain(
         target_probs,
         drafts,
         draft_probs=q,
@@ -166,6 +166,7 @@ def chain_speculative_sampling(
         log_input=True,  # probability inputs: x = log p, read in place
         backend=resolve_backend(backend, device),
     )
+    tokens, emitted = ver.tokens, ver.num_accepted
     accepted = emitted + _passes_after(q, drafts, target_probs, seeds, emitted)
     counters[0] += accepted.to(counters[0].dtype)
     counters[1] += emitted.to(counters[1].dtype)

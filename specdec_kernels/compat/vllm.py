@@ -163,7 +163,7 @@ def rejection_sample(
 
     backend = resolve_backend(backend, device)
     if all_greedy:
-        tokens, accepted, _ = run_chain(  # argmax of the values as given (probs or logits)
+        tokens, accepted, _, *_ = run_chain(  # argmax of the values as given (probs or logits)
             target_probs,
             flat.drafts,
             num_draft_tokens=flat.num_draft_tokens,
@@ -183,7 +183,7 @@ def rejection_sample(
                 greedy |= t.to(device) == value
             temperature = (~greedy).to(torch.float32)  # 0: greedy row, 1: p as given
         seeds = _seeds(b, device, num_draft_tokens, sampling_metadata.generators)
-        tokens, accepted, _ = run_chain(
+        tokens, accepted, _, *_ = run_chain(
             target_probs,
             flat.drafts,
             draft_probs=draft_probs,

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from specdec_kernels.reference import layout
+from specdec_kernels.reference import bitmask, layout
+from specdec_kernels.reference import verify_block as block
 from specdec_kernels.reference import verify_greedy as greedy
 from specdec_kernels.reference import verify_sampling as sampling
 from specdec_kernels.reference import verify_typical as typical
 
 #: The acceptance rules of the chain op.
-MODES = ("greedy", "sampling", "typical")
+MODES = ("greedy", "sampling", "block", "typical")
 
 
 def verify_chain(
@@ -26,6 +27,7 @@ def verify_chain(
     seeds: Tensor | None,
     logits_row_start: Tensor | None,
     probs_row_start: Tensor | None,
+    token_bitmask: Tensor | None,
     mode: str,
     log_input: bool,
     posterior_threshold: float,
@@ -36,14 +38,19 @@ def verify_chain(
     ``target_logits`` is ``[B, K+1, V]``, or with ``logits_row_start [B]`` a flat ``[R, V]``
     (position ``j`` of row ``b`` is row ``logits_row_start[b] + j``, clamped into ``[0, R)``);
     ``draft_probs`` likewise with ``probs_row_start``. ``log_input``: the inputs are
-    probabilities (``x = log p``). ``mode``: one of :data:`MODES`. ``draft_tokens [B, K]`` fixes
-    ``B`` and ``K``.
+    probabilities (``x = log p``). ``token_bitmask`` (``None`` or int32 with the logits' row
+    layout, ``[B, K+1, W]`` or ``[R, W]``): a disallowed token is a ``-inf`` logit
+    (:mod:`.bitmask`). ``mode``: one of :data:`MODES`. ``draft_tokens [B, K]`` fixes ``B`` and
+    ``K``.
     """
     k = draft_tokens.shape[1]
     logits = target_logits
+    words = token_bitmask
     if logits_row_start is not None:
         logits = layout.gather_rows(logits, logits_row_start, k + 1)
-    logits = layout.as_logits(logits, log_input)
+        if words is not None:
+            words = layout.gather_rows(words, logits_row_start, k + 1)
+    logits = bitmask.masked_logits(layout.as_logits(logits, log_input), words)
     probs = draft_probs
     if probs is not None and probs_row_start is not None:
         probs = layout.gather_rows(probs, probs_row_start, k)
@@ -54,6 +61,5 @@ def verify_chain(
             logits, draft_tokens, num_draft_tokens, temperature, top_k, top_p, seeds,
             posterior_threshold, posterior_alpha,
         )  # fmt: skip
-    return sampling.verify_sampling(
-        logits, draft_tokens, probs, num_draft_tokens, temperature, top_k, top_p, seeds
-    )
+    rule = block.verify_block if mode == "block" else sampling.verify_sampling
+    return rule(logits, draft_tokens, probs, num_draft_tokens, temperature, top_k, top_p, seeds)
