@@ -606,17 +606,16 @@ def verify_sampling(
     resolved = resolve_backend(backend, device)
 
     if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
-        if validate:
-            check.check_values(target_logits, draft_tokens, nd)
-        ver = run_chain(
+        return verify_greedy(
             target_logits,
             draft_tokens,
             num_draft_tokens=nd,
             token_bitmask=token_bitmask,
-            mode="greedy",
-            backend=resolved,
+            logprobs=logprobs,
+            num_logprobs=num_logprobs,
+            backend=backend,
+            validate=validate,
         )
-        return serving.finish(ver, resolved)
 
     temp, topk, topp = _controls(b, device, temperature, top_k, top_p, seed)
     if validate:
