@@ -200,12 +200,21 @@ def row_filters(topk_ptr, topp_ptr, b, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.cons
 
 
 @triton.jit
-def load_x(ptr, mask, temp, LOG_X: tl.constexpr):
+def load_x(ptr, mask, temp, LOG_X: tl.constexpr, bits_row=None, idx=None,
+           HAS_MASK: tl.constexpr = False):  # fmt: skip
     """``x = logit / temp`` of the logits at ``ptr`` (``-inf`` where masked); with ``LOG_X`` the
-    inputs are probabilities and ``x = log(prob)`` (``log 0 = -inf``: masked; ``temp`` unused)."""
+    inputs are probabilities and ``x = log(prob)`` (``log 0 = -inf``: masked; ``temp`` unused).
+    With ``HAS_MASK`` the token ids ``idx`` (``ptr`` = row + ``idx``) are looked up in the token
+    bitmask row ``bits_row`` (``[W]`` int32, bit ``idx % 32`` of word ``idx // 32``): a
+    disallowed token is ``-inf``, whatever its logit (API.md section 9)."""
     if LOG_X:
-        return tl.log(tl.load(ptr, mask=mask, other=0.0).to(tl.float32))
-    return tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        x = tl.log(tl.load(ptr, mask=mask, other=0.0).to(tl.float32))
+    else:
+        x = tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32) / temp
+    if HAS_MASK:
+        word = tl.load(bits_row + (idx >> 5), mask=mask, other=0)
+        x = tl.where(((word >> (idx & 31)) & 1) != 0, x, float("-inf"))
+    return x
 
 
 @triton.jit
@@ -242,7 +251,9 @@ def merge_best(best, index, cand, cand_index):
 @triton.jit
 def chunk_stats(row_ptr,  # [V] one logits row
                 chunk_start, V, temp, NEED_SUM: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr = False):
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr = False,
+                bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+                HAS_MASK: tl.constexpr = False):
     """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk."""
     offs = tl.arange(0, BLOCK)
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
@@ -251,7 +262,7 @@ def chunk_stats(row_ptr,  # [V] one logits row
     for t in tl.static_range(0, CHUNK, BLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = load_x(row_ptr + idx, mask, temp, LOG_X)
+        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
         i_vec = tl.where(x > m_vec, idx, i_vec)
         new_m = tl.maximum(m_vec, x)
         if NEED_SUM:
@@ -271,7 +282,9 @@ def chunk_stats(row_ptr,  # [V] one logits row
 @triton.jit
 def chunk_pivot_pass(row_ptr,  # [V] one logits row
                      chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
-                     CHUNK: tl.constexpr, TBLOCK: tl.constexpr, LOG_X: tl.constexpr = False):
+                     CHUNK: tl.constexpr, TBLOCK: tl.constexpr, LOG_X: tl.constexpr = False,
+                     bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+                     HAS_MASK: tl.constexpr = False):
     """Over one chunk, for each pivot: the count and unnormalised mass ``exp(x - m)`` of the
     tokens with ``key >= floor_key`` and ``key > pivot``."""
     offs = tl.arange(0, TBLOCK)
@@ -280,7 +293,7 @@ def chunk_pivot_pass(row_ptr,  # [V] one logits row
     for t in range(0, CHUNK, TBLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = load_x(row_ptr + idx, mask, temp, LOG_X)
+        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
         key = float_key(x)
         live = mask & (key >= floor_key)
         e = tl.where(live, tl.exp(x - m), 0.0)
@@ -324,7 +337,9 @@ def search_step(
 def _search(row_ptr,  # [V] one logits row
             V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
             USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-            TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False):
+            TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False,
+            bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+            HAS_MASK: tl.constexpr = False):
     """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
 
     Invariant: ``f(lo) >= target > f(hi)``. Each pass over the row tests ``NPIV`` pivots, so the
@@ -339,7 +354,8 @@ def _search(row_ptr,  # [V] one logits row
             masses = tl.zeros([NPIV], tl.float32)
             for c in range(0, NCHUNK):
                 cc, cm = chunk_pivot_pass(
-                    row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV, CHUNK, TBLOCK, LOG_X
+                    row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV, CHUNK, TBLOCK, LOG_X,
+                    bits_row, HAS_MASK,
                 )
                 counts += cc
                 masses += cm
@@ -356,7 +372,9 @@ def _search(row_ptr,  # [V] one logits row
 def thresholds(row_ptr,  # [V] one logits row
                V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
                HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-               TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False):
+               TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False,
+               bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+               HAS_MASK: tl.constexpr = False):
     """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
 
     Tokens with ``float_key(x) >= kappa`` are kept; ``p(x) = exp(x - m) / Z`` on them. Without
@@ -386,6 +404,8 @@ def thresholds(row_ptr,  # [V] one logits row
                 TBLOCK,
                 NCHUNK,
                 LOG_X,
+                bits_row,
+                HAS_MASK,
             )
     if HAS_TOPP:
         if top_p < 1.0:
@@ -406,6 +426,8 @@ def thresholds(row_ptr,  # [V] one logits row
                 TBLOCK,
                 NCHUNK,
                 LOG_X,
+                bits_row,
+                HAS_MASK,
             )
     return kappa, z
 # fmt: on
@@ -418,14 +440,18 @@ def position_stats(row_ptr,  # [V] one position's (or node's) logits row
                    V, temp, greedy, top_k, top_p, NEED_SUM: tl.constexpr,
                    HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NCHUNK,
-                   LOG_X: tl.constexpr = False):
+                   LOG_X: tl.constexpr = False,
+                   bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+                   HAS_MASK: tl.constexpr = False):
     """(max of x, first argmax, key threshold, kept mass) of one row, read by a walking kernel:
     chunk statistics merged in chunk order, then (sampling rows) the top-k / top-p search."""
     big_m = tl.full([], float("-inf"), tl.float32)
     big_s = tl.zeros([], tl.float32)
     big_a = tl.zeros([], tl.int32)
     for c in range(0, NCHUNK):
-        m, s, a = chunk_stats(row_ptr, c * CHUNK, V, temp, NEED_SUM, CHUNK, BLOCK, LOG_X)
+        m, s, a = chunk_stats(
+            row_ptr, c * CHUNK, V, temp, NEED_SUM, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+        )
         big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
     kappa = tl.full([], KEY_FLOOR, tl.int64)
     z = big_s
@@ -433,7 +459,7 @@ def position_stats(row_ptr,  # [V] one position's (or node's) logits row
         if greedy == 0:
             kappa, z = thresholds(
                 row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
-                TBLOCK, NCHUNK, LOG_X,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
             )
     return big_m, big_a, kappa, z
 # fmt: on
@@ -448,12 +474,57 @@ def target_prob(x, m, z, kappa):
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
+def _chunk_pq(row_ptr,  # [V] one logits row
+              q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+              draft, idx, V, temp, m, z, kappa, q_len, HAS_Q: tl.constexpr,
+              LOG_X: tl.constexpr, bits_row, HAS_MASK: tl.constexpr):
+    """``(p, q)`` at the token ids ``idx`` of one tile: the filtered target probability (0 past
+    ``V``) and the draft's (one-hot at ``draft`` without ``HAS_Q``; 0 at ``idx >= q_len``)."""
+    mask = idx < V
+    x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+    p = tl.where(mask, target_prob(x, m, z, kappa), 0.0)
+    if HAS_Q:
+        q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
+    else:
+        q = tl.where(idx == draft, 1.0, 0.0)
+    return p, q
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def chunk_residual_mass(row_ptr,  # [V] one logits row
+                        q_ptr,  # [V] the draft probabilities of the same position
+                        chunk_start, V, temp, m, z, kappa, weight, q_len,
+                        CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr,
+                        bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+                        HAS_MASK: tl.constexpr):
+    """Block verification's residual mass over one chunk: ``sum max(0, weight * p - q)`` (the
+    chunk values are added in chunk order by both chain strategies)."""
+    offs = tl.arange(0, BLOCK)
+    total = tl.zeros([BLOCK], tl.float32)
+    for t in tl.static_range(0, CHUNK, BLOCK):
+        idx = chunk_start + t + offs
+        p, q = _chunk_pq(row_ptr, q_ptr, 0, idx, V, temp, m, z, kappa, q_len, True, LOG_X,
+                         bits_row, HAS_MASK)
+        total += tl.maximum(weight * p - q, 0.0)
+    return tl.sum(total, axis=0)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
 def chunk_race(row_ptr,  # [V] one logits row
                q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
                draft, chunk_start, V, temp, m, z, kappa, stream, q_len,
                HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-               LOG_X: tl.constexpr = False):
-    """Exponential race over one chunk, for the residual ``max(0, p - q)`` and for ``p``.
+               LOG_X: tl.constexpr = False, weight=1.0,
+               bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+               HAS_MASK: tl.constexpr = False):
+    """Exponential race over one chunk, for the residual ``max(0, weight * p - q)`` and for
+    ``p`` (``weight`` is 1 but for block verification's weighted residual).
 
     Returns ``(residual_best, residual_index, plain_best, plain_index)``; the sample is the
     argmax of ``w(x) / E_x`` with ``E_x = -log(u_x)``, first index on ties. ``q`` is read at
@@ -467,14 +538,10 @@ def chunk_race(row_ptr,  # [V] one logits row
     for t in tl.static_range(0, CHUNK, BLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = load_x(row_ptr + idx, mask, temp, LOG_X)
-        p = tl.where(mask, target_prob(x, m, z, kappa), 0.0)
-        if HAS_Q:
-            q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
-        else:
-            q = tl.where(idx == draft, 1.0, 0.0)
+        p, q = _chunk_pq(row_ptr, q_ptr, draft, idx, V, temp, m, z, kappa, q_len, HAS_Q, LOG_X,
+                         bits_row, HAS_MASK)  # fmt: skip
         exponential = tl.maximum(-tl.log(uniform(stream, idx)), EXP_FLOOR)
-        residual = p - q
+        residual = weight * p - q
         # Zero (or NaN) weights score 0 / -1 and never beat the initial values: a token with no
         # mass cannot win, whatever the inputs.
         r_best, r_idx = merge_best(
@@ -497,16 +564,35 @@ def chunk_race(row_ptr,  # [V] one logits row
 def accept_draft(row_ptr,  # [V] one logits row
                  q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
                  draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr,
-                 LOG_X: tl.constexpr = False):
+                 LOG_X: tl.constexpr = False,
+                 bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+                 HAS_MASK: tl.constexpr = False):
     """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
+    p, q, in_vocab = draft_prob(
+        row_ptr, q_ptr, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK
+    )
+    u = uniform_first(stream_key(key, j, PURPOSE_ACCEPT))
+    return (u * q < p) & (q > 0.0) & in_vocab
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def draft_prob(row_ptr,  # [V] one logits row
+               q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+               draft, V, temp, m, z, kappa, HAS_Q: tl.constexpr, LOG_X: tl.constexpr = False,
+               bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
+               HAS_MASK: tl.constexpr = False):
+    """``(p(x), q(x), x in [0, V))`` of draft token ``x = draft`` (``q = 1`` without ``HAS_Q``;
+    an id outside the vocabulary is read clamped, the flag says so)."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)
-    x = load_x(row_ptr + d, d == d, temp, LOG_X)
+    x = load_x(row_ptr + d, d == d, temp, LOG_X, bits_row, d, HAS_MASK)
     p = target_prob(x, m, z, kappa)
     if HAS_Q:
         q = tl.load(q_ptr + d).to(tl.float32)
     else:
-        q = 1.0
-    u = uniform_first(stream_key(key, j, PURPOSE_ACCEPT))
-    return (u * q < p) & (q > 0.0) & in_vocab
+        q = tl.full([], 1.0, tl.float32)
+    return p, q, in_vocab
 # fmt: on
