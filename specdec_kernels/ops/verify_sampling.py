@@ -42,12 +42,15 @@ import triton.language as tl
 from specdec_kernels.ops._common import (
     COMPILE,
     KEY_FLOOR,
+    PURPOSE_ACCEPT,
     PURPOSE_SAMPLE,
     WALK_COMPILE,
     RowControls,
     accept_draft,
     chunk_race,
+    chunk_residual_mass,
     chunk_stats,
+    draft_prob,
     launch,
     launch_config,
     merge_best,
@@ -61,7 +64,13 @@ from specdec_kernels.ops._common import (
     row_temperature,
     stream_key,
     thresholds,
+    uniform_first,
 )
+
+#: The acceptance rules of the chain kernels (``METHOD``): token by token, or block verification.
+METHOD_TOKEN = tl.constexpr(0)
+METHOD_BLOCK = tl.constexpr(1)
+METHODS = {"token": 0, "block": 1}
 
 
 def compile_options(kernel) -> dict:
@@ -122,18 +131,131 @@ def _filter_state(kappa_ptr, z_ptr, pos, big_s, HAS_FILTER: tl.constexpr):  # [B
 @triton.jit
 def _accepts(row_ptr,  # [V] logits row of position j
              q_row,  # [V] its draft probabilities (if HAS_Q)
+             bits_row,  # [W] its token bitmask row (if HAS_MASK)
              draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
-             GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, LOG_X: tl.constexpr):
-    """The acceptance rule: is the draft at position ``j < k_b`` accepted? A greedy row accepts
+             GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, LOG_X: tl.constexpr,
+             HAS_MASK: tl.constexpr):
+    """The token rule: is the draft at position ``j < k_b`` accepted? A greedy row accepts
     the argmax ``a``; a sampling row accepts when ``u * q(x) < p(x)`` (``_common.accept_draft``).
     The bonus position ``j == k_b`` never accepts."""
     accepted = draft == a
     if not GREEDY_ONLY:
         if (greedy == 0) & (j < kb):
             accepted = accept_draft(
-                row_ptr, q_row, draft, V, temp, m, z, kappa, key, j, HAS_Q, LOG_X
+                row_ptr, q_row, draft, V, temp, m, z, kappa, key, j, HAS_Q, LOG_X, bits_row,
+                HAS_MASK,
             )
     return accepted & (j < kb)
+# fmt: on
+
+
+@triton.jit
+def _next_weight(weight, p_x, q_x, in_vocab):
+    """Block verification's weight of the next position, ``min(weight * p(x), q(x)) / q(x)``:
+    ``min(1, weight * p / q)`` without the ratio, 0 when ``q(x) = 0`` or ``x`` is outside the
+    vocabulary (the reference's ``block_weights``)."""
+    p_x = tl.where(in_vocab, p_x, 0.0)
+    q_x = tl.where(in_vocab, q_x, 0.0)
+    safe_q = tl.where(q_x > 0.0, q_x, 1.0)
+    return tl.where(q_x > 0.0, tl.minimum(weight * p_x, q_x) / safe_q, 0.0)
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _residual_mass(row_ptr,  # [V] logits row of position j (unless PARTIALS)
+                   q_row,  # [V] its draft probabilities (unless PARTIALS)
+                   bits_row,  # [W] its token bitmask row (if HAS_MASK, unless PARTIALS)
+                   mass_ptr,  # [B*(K+1), NCHUNK] residual mass partials (PARTIALS)
+                   V, temp, m, z, kappa, weight, pos, NCHUNK, PARTIALS: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr,
+                   HAS_MASK: tl.constexpr):
+    """Block verification's ``R_j = sum max(0, weight * p - q)`` of one position with draft
+    probabilities: chunk by chunk over the row, or with ``PARTIALS`` the split race kernel's
+    chunk values of position ``pos``; added in chunk order either way."""
+    total = tl.zeros([], tl.float32)
+    for c in range(0, NCHUNK):
+        if PARTIALS:
+            total += tl.load(mass_ptr + pos * NCHUNK + c)
+        else:
+            total += chunk_residual_mass(
+                row_ptr, q_row, c * CHUNK, V, temp, m, z, kappa, weight, V, CHUNK, BLOCK, LOG_X,
+                bits_row, HAS_MASK,
+            )
+    return total
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _block_fires(row_ptr,  # [V] logits row of position j (unless PARTIALS)
+                 q_row,  # [V] its draft probabilities (if HAS_Q, unless PARTIALS)
+                 bits_row,  # [W] its token bitmask row (if HAS_MASK, unless PARTIALS)
+                 mass_ptr,  # [B*(K+1), NCHUNK] residual mass partials (HAS_Q and PARTIALS)
+                 j, kb, V, temp, key, m, z, kappa, weight, p_next, pos, NCHUNK,
+                 HAS_Q: tl.constexpr, PARTIALS: tl.constexpr, CHUNK: tl.constexpr,
+                 BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Block verification's test of the stop ``tau = j`` (``1 <= j <= k_b``, ``weight = p_j``):
+    ``eta_j < h_j`` with ``eta_j`` the accept uniform of position ``j - 1`` and ``h_j =
+    R_j / (R_j + 1 - p_j)`` (``1`` when that denominator is 0), ``h_{k_b} = p_{k_b}``. ``R_j``
+    is :func:`_residual_mass` with draft probabilities and ``p_j (1 - p(X_{j+1}))`` for one-hot
+    drafts (``p_next`` = ``p(X_{j+1})``, 0 outside the vocabulary)."""
+    r = weight * (1.0 - p_next)
+    if HAS_Q:
+        r = tl.zeros([], tl.float32)
+        if j < kb:
+            r = _residual_mass(
+                row_ptr, q_row, bits_row, mass_ptr, V, temp, m, z, kappa, weight, pos, NCHUNK,
+                PARTIALS, CHUNK, BLOCK, LOG_X, HAS_MASK,
+            )
+    denom = r + (1.0 - weight)
+    safe = tl.where(denom > 0.0, denom, 1.0)
+    h = tl.where(denom > 0.0, r / safe, 1.0)
+    h = tl.where(j == kb, weight, h)
+    eta = uniform_first(stream_key(key, j - 1, PURPOSE_ACCEPT))
+    return eta < h
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _decide(row_ptr,  # [V] logits row of position j
+            q_row,  # [V] its draft probabilities (if HAS_Q)
+            bits_row,  # [W] its token bitmask row (if HAS_MASK)
+            mass_ptr,  # [B*(K+1), NCHUNK] block residual mass partials (PARTIALS)
+            draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, pos, NCHUNK,
+            GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, PARTIALS: tl.constexpr,
+            METHOD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+            LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+    """One position of a row's walk: ``(is j the stop so far, does the walk go on, the weight
+    of position j + 1)``. Token rule (and greedy rows): ``j`` is the stop when its draft is
+    rejected (:func:`_accepts`), and the walk ends there. Block verification (sampling rows):
+    ``j`` is the stop so far when ``j = 0`` or its test fires (:func:`_block_fires`); the walk
+    goes on to ``k_b`` unless the weight falls to 0 (no later test can fire then). Both
+    strategies decide here; they differ only in where ``R_j`` comes from (``PARTIALS``)."""
+    stop = _accepts(
+        row_ptr, q_row, bits_row, draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
+        GREEDY_ONLY, HAS_Q, LOG_X, HAS_MASK,
+    ) == 0
+    go_on = stop == 0
+    if METHOD == METHOD_BLOCK:
+        if greedy == 0:
+            p_x, q_x, in_vocab = draft_prob(
+                row_ptr, q_row, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK
+            )
+            live = in_vocab & (j < kb)
+            stop = j == 0
+            if j > 0:
+                stop = _block_fires(
+                    row_ptr, q_row, bits_row, mass_ptr, j, kb, V, temp, key, m, z, kappa,
+                    weight, tl.where(live, p_x, 0.0), pos, NCHUNK, HAS_Q, PARTIALS, CHUNK,
+                    BLOCK, LOG_X, HAS_MASK,
+                )
+            weight = _next_weight(weight, p_x, q_x, live)
+            go_on = (j < kb) & (weight > 0.0)
+    return stop, go_on, weight
 # fmt: on
 
 
@@ -142,14 +264,16 @@ def _accepts(row_ptr,  # [V] logits row of position j
 @triton.jit
 def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unless PARTIALS)
                         q_row,  # [V] its draft probabilities (if HAS_Q, unless PARTIALS)
+                        bits_row,  # [W] its token bitmask row (if HAS_MASK, unless PARTIALS)
                         race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race (PARTIALS)
                         race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race (PARTIALS)
-                        draft, j, kb, V, temp, key, m, z, kappa, pos, NCHUNK,
+                        draft, j, kb, V, temp, key, m, z, kappa, weight, pos, NCHUNK,
                         PARTIALS: tl.constexpr, HAS_Q: tl.constexpr, CHUNK: tl.constexpr,
-                        BLOCK: tl.constexpr, LOG_X: tl.constexpr):
+                        BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
     """The token a sampling row emits at its stop position ``j``: the recovered token (the race
-    over ``max(0, p - q)``) at a rejected draft, else the bonus token (the race over ``p``). The
-    chunks' race winners are merged in chunk order; they are run here over the row, or with
+    over ``max(0, weight * p - q)``: ``weight`` is 1 but for block verification with draft
+    probabilities) at a rejected draft, else the bonus token (the race over ``p``). The chunks'
+    race winners are merged in chunk order; they are run here over the row, or with
     ``PARTIALS`` read from the split race kernel's partials of position ``pos``."""
     stream = stream_key(key, j, PURPOSE_SAMPLE)
     r_best = tl.zeros([], tl.float32)
@@ -166,7 +290,7 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
         else:
             rb, ri, pb, pi = chunk_race(
                 row_ptr, q_row, draft, c * CHUNK, V, temp, m, z, kappa, stream,
-                tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X,
+                tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
             )
         r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
         p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
@@ -174,32 +298,16 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
 # fmt: on
 
 
-# argument groups keep their shape comments: no reformatting
-# fmt: off
 @triton.jit
-def _decide(row_ptr,  # [V] logits row of position j
-            q_row,  # [V] its draft probabilities (if HAS_Q)
-            race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials (PARTIALS)
-            race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials (PARTIALS)
-            draft, j, kb, V, temp, greedy, key, m, a, z, kappa, pos, NCHUNK,
-            GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, PARTIALS: tl.constexpr,
-            CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr):
-    """(is the draft at position ``j`` accepted, the token emitted at ``j`` if not): the argmax
-    ``a`` for a greedy row, :func:`_recovered_or_bonus` for a sampling one. Both strategies
-    decide here; they differ only in where the race winners come from (``PARTIALS``)."""
-    accepted = _accepts(
-        row_ptr, q_row, draft, j, kb, V, temp, greedy, key, m, a, z, kappa, GREEDY_ONLY, HAS_Q,
-        LOG_X,
-    )
-    token = a
-    if not GREEDY_ONLY:
-        if (accepted == 0) & (greedy == 0):
-            token = _recovered_or_bonus(
-                row_ptr, q_row, race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr, draft, j, kb,
-                V, temp, key, m, z, kappa, pos, NCHUNK, PARTIALS, HAS_Q, CHUNK, BLOCK, LOG_X,
-            )
-    return accepted, token
-# fmt: on
+def _race_weight(weight, HAS_Q: tl.constexpr, METHOD: tl.constexpr):
+    """The residual's weight at the stop: block verification's ``p_tau`` with draft
+    probabilities; 1 for the token rule and for one-hot drafts (the block residual divided by
+    ``p_tau``, which the race's argmax ignores: the reference's closed form)."""
+    w = tl.full([], 1.0, tl.float32)
+    if METHOD == METHOD_BLOCK:
+        if HAS_Q:
+            w = weight
+    return w
 
 
 # argument groups keep their shape comments: no reformatting
@@ -226,6 +334,7 @@ def _verify_row_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
     q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr,  # [B] num_draft_tokens
     temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
     seed_ptr,  # [B] int64 seeds
@@ -236,34 +345,63 @@ def _verify_row_kernel(
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
     NPIV: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
+    METHOD: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
     temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY)
     top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
     j = 0
-    recovered_or_bonus = 0
+    weight = tl.full([], 1.0, tl.float32)  # block verification's p_j
     go_on = kb >= 0
-    for _ in range(0, K + 1):  # each position accepts (and moves on) or stops the row
+    # the stop so far: its position (= num_accepted), statistics and weight
+    n_acc = 0
+    stop_m = tl.zeros([], tl.float32)
+    stop_a = tl.zeros([], tl.int32)
+    stop_kappa = tl.full([], KEY_FLOOR, tl.int64)
+    stop_z = tl.zeros([], tl.float32)
+    stop_w = tl.full([], 1.0, tl.float32)
+    for _ in range(0, K + 1):  # each position is decided in order until the walk ends
         if go_on:
-            row = _row(logits_ptr, lstart_ptr, b, j.to(tl.int64), stride_lb, stride_lk, NROWS, FLAT)
-            q_row = _row(q_ptr, qstart_ptr, b, j.to(tl.int64), stride_qb, stride_qk, QROWS, FLAT)
+            jj = j.to(tl.int64)
+            row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
+            q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
+            bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
             m, a, kappa, z = position_stats(
                 row, V, temp, greedy, top_k, top_p, not GREEDY_ONLY, HAS_TOPK, HAS_TOPP, NPIV,
-                CHUNK, BLOCK, TBLOCK, NCHUNK, LOG_X,
+                CHUNK, BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
             )
             draft = _draft(draft_ptr, stride_db, b, j, kb)
-            accepted, token = _decide(
-                row, q_row, row, row, row, row,  # no race partials: the race runs over the row
-                draft, j, kb, V, temp, greedy, key, m, a, z, kappa, 0, NCHUNK, GREEDY_ONLY, HAS_Q,
-                False, CHUNK, BLOCK, LOG_X,
+            stop, go_on, next_weight = _decide(
+                row, q_row, bits_row, row,  # no mass partials: R_j is summed over the row
+                draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, 0, NCHUNK,
+                GREEDY_ONLY, HAS_Q, False, METHOD, CHUNK, BLOCK, LOG_X, HAS_MASK,
             )
-            if accepted:
-                j += 1
-            else:
-                recovered_or_bonus = token
-                go_on = False
-    _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, recovered_or_bonus, V, K, BLOCK_K)
+            if stop:
+                n_acc = j
+                stop_m = m
+                stop_a = a
+                stop_kappa = kappa
+                stop_z = z
+                stop_w = weight
+            weight = next_weight
+            j += 1
+    recovered_or_bonus = stop_a
+    if not GREEDY_ONLY:
+        if greedy == 0:
+            jj = n_acc.to(tl.int64)
+            row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
+            q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
+            bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
+            recovered_or_bonus = _recovered_or_bonus(
+                row, q_row, bits_row, row, row, row, row,  # no race partials: run over the row
+                _draft(draft_ptr, stride_db, b, n_acc, kb), n_acc, kb, V, temp, key, stop_m,
+                stop_z, stop_kappa, _race_weight(stop_w, HAS_Q, METHOD), 0, NCHUNK, False,
+                HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK,
+            )
+    _write_row(
+        draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
+    )
 # fmt: on
 
 
@@ -272,12 +410,13 @@ def _verify_row_kernel(
 @triton.jit
 def _split_stats_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr, temp_ptr,  # [B] num_draft_tokens, temperature
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
     lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
     V, K, NCHUNK, NROWS,
     GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FLAT: tl.constexpr,
-    LOG_X: tl.constexpr,
+    LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
@@ -287,7 +426,10 @@ def _split_stats_kernel(
     if j <= kb:
         temp, greedy = row_temperature(temp_ptr, b, GREEDY_ONLY)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
-        m, s, a = chunk_stats(row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X)
+        bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+        m, s, a = chunk_stats(
+            row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+        )
         out = pid * NCHUNK + c
         tl.store(part_m_ptr + out, m)
         tl.store(part_s_ptr + out, s)
@@ -300,13 +442,14 @@ def _split_stats_kernel(
 @triton.jit
 def _split_threshold_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
     kappa_ptr, z_ptr,  # [B*(K+1)] out: key threshold, kept mass
     lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
     V, K, NCHUNK, NROWS,
     HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-    TBLOCK: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
+    TBLOCK: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     """The top-k / top-p threshold of one position, in one program: the same search as the row
     strategy (``_common.thresholds``, chunk partials added in chunk order) started from the
@@ -323,12 +466,46 @@ def _split_threshold_kernel(
     if (j <= kb) & (greedy == 0):
         top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
+        bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
         kappa, z = thresholds(
             row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, TBLOCK,
-            NCHUNK, LOG_X,
+            NCHUNK, LOG_X, bits_row, HAS_MASK,
         )
     tl.store(kappa_ptr + pid, kappa)
     tl.store(z_ptr + pid, z)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _split_weight(logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits
+                  draft_ptr, stride_db,  # [B, K] draft token ids
+                  q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities
+                  bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] token bitmask (if HAS_MASK)
+                  part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+                  kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
+                  lstart_ptr, qstart_ptr,  # [B] FLAT only: rows of position 0
+                  b, j, kb, V, K, NCHUNK, NROWS, QROWS, temp,
+                  HAS_FILTER: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
+                  HAS_MASK: tl.constexpr):
+    """Block verification's weight ``p_j`` of position ``j`` in a split race program: the decide
+    kernel's recursion (:func:`_next_weight` over positions ``0 .. j-1``) from the same partials,
+    so that both find the same number."""
+    weight = tl.full([], 1.0, tl.float32)
+    for i in range(0, j):
+        pos = b * (K + 1) + i
+        m, s, a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK)
+        kappa, z = _filter_state(kappa_ptr, z_ptr, pos, s, HAS_FILTER)
+        row = _row(logits_ptr, lstart_ptr, b, i, stride_lb, stride_lk, NROWS, FLAT)
+        q_row = _row(q_ptr, qstart_ptr, b, i, stride_qb, stride_qk, QROWS, FLAT)
+        bits_row = _row(bits_ptr, lstart_ptr, b, i, stride_mb, stride_mk, NROWS, FLAT)
+        p_x, q_x, in_vocab = draft_prob(
+            row, q_row, _draft(draft_ptr, stride_db, b, i, kb), V, temp, m, z, kappa, True,
+            LOG_X, bits_row, HAS_MASK,
+        )
+        weight = _next_weight(weight, p_x, q_x, in_vocab & (i < kb))
+    return weight
 # fmt: on
 
 
@@ -339,17 +516,21 @@ def _split_race_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
     q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
     kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
     race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best score, token
     race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
+    mass_ptr,  # [B*(K+1), NCHUNK] out: block residual mass (METHOD block with HAS_Q)
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
     V, K, NCHUNK, NROWS, QROWS,
     HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-    FLAT: tl.constexpr, LOG_X: tl.constexpr,
+    FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
-    """One chunk's race winners of one position (what :func:`_recovered_or_bonus` merges)."""
+    """One chunk's race winners of one position (what :func:`_recovered_or_bonus` merges); for
+    block verification with draft probabilities the race is over the weighted residual and the
+    chunk's residual mass (what :func:`_residual_mass` adds) is written too."""
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     b = pid // (K + 1)
@@ -365,9 +546,24 @@ def _split_race_kernel(
         stream = stream_key(row_key(tl.load(seed_ptr + b)), j, PURPOSE_SAMPLE)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         q_row = _row(q_ptr, qstart_ptr, b, j, stride_qb, stride_qk, QROWS, FLAT)
+        bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+        weight = tl.full([], 1.0, tl.float32)
+        if METHOD == METHOD_BLOCK:
+            if HAS_Q:
+                weight = _split_weight(
+                    logits_ptr, stride_lb, stride_lk, draft_ptr, stride_db, q_ptr, stride_qb,
+                    stride_qk, bits_ptr, stride_mb, stride_mk, part_m_ptr, part_s_ptr,
+                    part_a_ptr, kappa_ptr, z_ptr, lstart_ptr, qstart_ptr, b, j, kb, V, K,
+                    NCHUNK, NROWS, QROWS, temp, HAS_FILTER, FLAT, LOG_X, HAS_MASK,
+                )
+                mass = chunk_residual_mass(
+                    row, q_row, c * CHUNK, V, temp, big_m, z, kappa, weight,
+                    tl.where(j < kb, V, 0), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+                )
+                tl.store(mass_ptr + pid * NCHUNK + c, mass)
         rb, ri, pb, pi = chunk_race(
             row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa, stream,
-            tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X,
+            tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
         )
         out = pid * NCHUNK + c
         tl.store(race_rb_ptr + out, rb)
@@ -384,24 +580,29 @@ def _split_decide_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
     q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
     kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
     race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials
     race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
+    mass_ptr,  # [B*(K+1), NCHUNK] block residual mass partials (METHOD block with HAS_Q)
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
     V, K, NCHUNK, NROWS, QROWS,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
-    BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
+    BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr,
+    HAS_MASK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
     temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY)
     j = 0
-    recovered_or_bonus = 0
+    weight = tl.full([], 1.0, tl.float32)  # block verification's p_j
     go_on = kb >= 0
+    n_acc = 0  # the stop so far (= num_accepted) and its argmax
+    stop_a = tl.zeros([], tl.int32)
     while go_on:
         pos = b * (K + 1) + j
         m, s, a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK)
@@ -409,18 +610,30 @@ def _split_decide_kernel(
         jj = j.to(tl.int64)
         row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
         q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
+        bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
         draft = _draft(draft_ptr, stride_db, b, j, kb)
-        accepted, token = _decide(
-            row, q_row, race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,
-            draft, j, kb, V, temp, greedy, key, m, a, z, kappa, pos, NCHUNK, GREEDY_ONLY, HAS_Q,
-            True, 1, 1, LOG_X,  # CHUNK, BLOCK: unused, the race winners are the partials
+        stop, go_on, next_weight = _decide(
+            row, q_row, bits_row, mass_ptr,
+            draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, pos, NCHUNK,
+            GREEDY_ONLY, HAS_Q, True, METHOD, 1, 1, LOG_X, HAS_MASK,  # CHUNK, BLOCK: unused
         )
-        if accepted:
-            j += 1
-        else:
-            recovered_or_bonus = token
-            go_on = False
-    _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, recovered_or_bonus, V, K, BLOCK_K)
+        if stop:
+            n_acc = j
+            stop_a = a
+        weight = next_weight
+        j += 1
+    recovered_or_bonus = stop_a
+    if not GREEDY_ONLY:
+        if greedy == 0:  # the race winners of the stop position are the partials
+            pos = b * (K + 1) + n_acc
+            recovered_or_bonus = _recovered_or_bonus(
+                logits_ptr, q_ptr, bits_ptr, race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,
+                0, n_acc, kb, V, temp, key, 0.0, 1.0, 0, 1.0, pos, NCHUNK, True, HAS_Q, 1, 1,
+                LOG_X, HAS_MASK,
+            )
+    _write_row(
+        draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
+    )
 # fmt: on
 
 
@@ -444,39 +657,50 @@ class _Rows:
 
     logits: tuple  # (target_logits, stride_lb, stride_lk): [B, K+1, V], or FLAT [NROWS, V]
     q: tuple  # (draft_probs, stride_qb, stride_qk): [B, K, V], or FLAT [QROWS, V]
+    bits: tuple  # (token_bitmask, stride_mb, stride_mk): int32 [B, K+1, W], or FLAT [NROWS, W]
     lstart: torch.Tensor  # [B] int64, FLAT only: logits_row_start
     qstart: torch.Tensor  # [B] int64, FLAT only: probs_row_start
     nrows: int  # NROWS (FLAT)
     qrows: int  # QROWS (FLAT with draft probabilities)
     flat: bool
     has_q: bool
+    has_mask: bool
 
 
-def _rows(target_logits, draft_probs, logits_row_start, probs_row_start, placeholder) -> _Rows:
+def _rows(
+    target_logits, draft_probs, logits_row_start, probs_row_start, token_bitmask, placeholder
+) -> _Rows:
     """:class:`_Rows` of one call. A pointer a mode never reads still needs a tensor: the logits
-    stand in for absent draft probabilities, ``placeholder`` (a ``[B]`` tensor) for absent start
-    rows."""
+    stand in for absent draft probabilities and an absent token bitmask, ``placeholder`` (a
+    ``[B]`` tensor) for absent start rows. The bitmask rows follow the logits' (``FLAT``: row
+    ``start[b] + j`` of ``[NROWS, W]``)."""
     flat = logits_row_start is not None
     has_q = draft_probs is not None
+    has_mask = token_bitmask is not None
     q = draft_probs if has_q else target_logits  # never read when HAS_Q is false
+    bits = token_bitmask if has_mask else target_logits  # never read when HAS_MASK is false
     if flat:  # position j of row b reads row start[b] + j: only the row stride counts
         logits = (target_logits, 0, target_logits.stride(0))
         q_args = (q, 0, q.stride(0) if has_q else 0)
+        bits_args = (bits, 0, bits.stride(0) if has_mask else 0)
         lstart = logits_row_start
         qstart = probs_row_start if has_q else logits_row_start
     else:
         logits = (target_logits, target_logits.stride(0), target_logits.stride(1))
         q_args = (q, q.stride(0), q.stride(1)) if has_q else (q, 0, 0)
+        bits_args = (bits, bits.stride(0), bits.stride(1)) if has_mask else (bits, 0, 0)
         lstart = qstart = placeholder  # never read when FLAT is false
     return _Rows(
         logits,
         q_args,
+        bits_args,
         lstart,
         qstart,
         nrows=target_logits.shape[0] if flat else 0,
         qrows=q.shape[0] if flat and has_q else 0,
         flat=flat,
         has_q=has_q,
+        has_mask=has_mask,
     )
 
 
@@ -491,6 +715,7 @@ class _Args:
     cfg: dict  # tile sizes: _common.launch_config(V)
     greedy_only: bool
     log_input: bool
+    method: int  # METHODS[...]: the acceptance rule of the sampling rows
 
     @property
     def sizes(self) -> tuple:
@@ -509,7 +734,7 @@ class _Args:
     @property
     def layout(self) -> dict:
         """The layout constexprs every kernel takes."""
-        return {"FLAT": self.rows.flat, "LOG_X": self.log_input}
+        return {"FLAT": self.rows.flat, "LOG_X": self.log_input, "HAS_MASK": self.rows.has_mask}
 
     def tiles(self, *names) -> dict:
         """The tile-size constexprs ``names`` of :func:`_common.launch_config`."""
@@ -526,6 +751,7 @@ def _launch_row(a: _Args, tokens, num_accepted):
         *a.rows.logits,
         *a.drafts,
         *a.rows.q,
+        *a.rows.bits,
         a.num_draft_tokens,
         c.temperature, c.top_k, c.top_p,
         c.seeds,
@@ -535,7 +761,7 @@ def _launch_row(a: _Args, tokens, num_accepted):
         *a.sizes, a.rows.qrows,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p,
         **a.tiles("CHUNK", "BLOCK", "TBLOCK", "NPIV"), BLOCK_K=a.block_k, **a.layout,
-        **WALK_COMPILE,
+        METHOD=a.method, **WALK_COMPILE,
     )
 # fmt: on
 
@@ -547,7 +773,8 @@ class _Partials:
 
     stats: tuple  # [B*(K+1), NCHUNK] chunk max, sum-exp (float32), first argmax (int32)
     filter: tuple  # [B*(K+1)] key threshold (int64), kept mass (float32)
-    race: tuple  # [B*(K+1), NCHUNK] residual best, token, plain best, token (f32, i32, f32, i32)
+    # [B*(K+1), NCHUNK] residual best, token, plain best, token, block residual mass
+    race: tuple  # (f32, i32, f32, i32, f32)
 
 
 def _partials(positions: int, nchunk: int, device) -> _Partials:
@@ -562,7 +789,7 @@ def _partials(positions: int, nchunk: int, device) -> _Partials:
             empty(positions, nchunk, dtype=i32),
         ),
         filter=(empty(positions, dtype=torch.int64), empty(positions, dtype=f32)),
-        race=tuple(empty(positions, nchunk, dtype=dt) for dt in (f32, i32, f32, i32)),
+        race=tuple(empty(positions, nchunk, dtype=dt) for dt in (f32, i32, f32, i32, f32)),
     )
 
 
@@ -572,6 +799,7 @@ def _launch_split_stats(a: _Args, parts: _Partials, positions: int):
     launch(
         _split_stats_kernel, (positions, a.cfg["NCHUNK"]),
         *a.rows.logits,
+        *a.rows.bits,
         a.num_draft_tokens, a.controls.temperature,
         *parts.stats,
         a.rows.lstart,
@@ -585,6 +813,7 @@ def _launch_split_thresholds(a: _Args, parts: _Partials, positions: int):
     launch(
         _split_threshold_kernel, (positions,),
         *a.rows.logits,
+        *a.rows.bits,
         a.num_draft_tokens, c.temperature, c.top_k, c.top_p,
         *parts.stats,
         *parts.filter,
@@ -601,6 +830,7 @@ def _launch_split_race(a: _Args, parts: _Partials, positions: int):
         *a.rows.logits,
         *a.drafts,
         *a.rows.q,
+        *a.rows.bits,
         a.num_draft_tokens, a.controls.temperature, a.controls.seeds,
         *parts.stats,
         *parts.filter,
@@ -608,7 +838,7 @@ def _launch_split_race(a: _Args, parts: _Partials, positions: int):
         a.rows.lstart, a.rows.qstart,
         *a.sizes, a.rows.qrows,
         HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, **a.tiles("CHUNK", "BLOCK"), **a.layout,
-        **COMPILE,
+        METHOD=a.method, **COMPILE,
     )
 
 
@@ -618,6 +848,7 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
         *a.rows.logits,
         *a.drafts,
         *a.rows.q,
+        *a.rows.bits,
         a.num_draft_tokens, a.controls.temperature, a.controls.seeds,
         *parts.stats,
         *parts.filter,
@@ -627,7 +858,7 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
         a.rows.lstart, a.rows.qstart,
         *a.sizes, a.rows.qrows,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, BLOCK_K=a.block_k,
-        **a.layout, **COMPILE,
+        **a.layout, METHOD=a.method, **COMPILE,
     )
 # fmt: on
 
@@ -662,6 +893,8 @@ def verify(
     logits_row_start=None,
     probs_row_start=None,
     log_input: bool = False,
+    method: str = "token",
+    token_bitmask=None,
 ):
     """Launch the verification kernels; see :func:`specdec_kernels.verify_sampling`.
 
@@ -672,7 +905,11 @@ def verify(
     Flattened layout: with ``logits_row_start [B]`` int64, ``target_logits`` is ``[R, V]`` and
     position ``j`` of row ``b`` reads row ``logits_row_start[b] + j`` (clamped into ``[0, R)``);
     ``probs_row_start [B]`` does the same for a ``[R', V]`` ``draft_probs``. ``log_input``: the
-    inputs are probabilities (``x = log p``; temperature must be 1 or 0).
+    inputs are probabilities (``x = log p``; temperature must be 1 or 0). ``method``: the
+    acceptance rule of the sampling rows, ``"token"`` or ``"block"``
+    (:mod:`specdec_kernels.reference.verify_block`). ``token_bitmask``: None or int32 with the
+    logits' row layout (``[B, K+1, W]``, or ``[R, W]`` read through ``logits_row_start``); a
+    disallowed token is a ``-inf`` logit.
     Returns ``(tokens [B, K+1] int64, num_accepted [B] int64)``.
     """
     batch, k = draft_tokens.shape
@@ -684,8 +921,17 @@ def verify(
     strategy = strategy or pick_strategy(batch, device)
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy must be 'row', 'split' or None, got {strategy!r}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {tuple(METHODS)}, got {method!r}")
     args = _Args(
-        rows=_rows(target_logits, draft_probs, logits_row_start, probs_row_start, num_draft_tokens),
+        rows=_rows(
+            target_logits,
+            draft_probs,
+            logits_row_start,
+            probs_row_start,
+            token_bitmask,
+            num_draft_tokens,
+        ),
         drafts=(draft_tokens, draft_tokens.stride(0)),
         num_draft_tokens=num_draft_tokens,
         controls=row_controls(
@@ -694,6 +940,7 @@ def verify(
         cfg=launch_config(target_logits.shape[-1]),
         greedy_only=greedy_only,
         log_input=log_input,
+        method=METHODS[method],
     )
     _STRATEGIES[strategy](args, tokens, num_accepted)
     return tokens, num_accepted
