@@ -68,9 +68,10 @@ def _removed(idx, rej, count, BLOCK_N: tl.constexpr):
 def _shrink_residual(row_ptr,  # [V] logits row of the current node
                      q_row,  # [V] its draft probabilities
                      ws_row,  # [V] float32 residual workspace of the row
+                     bits_row,  # [W] int32 token bitmask row of the current node (if HAS_MASK)
                      V, temp, m, zp, kappa, z, sib, rej, denom,
                      MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK,
-                     BLOCK_N: tl.constexpr):
+                     BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
     """``r = max(0, r - Z * q_c)`` over the vocabulary (``r = p`` before the first rejection);
     returns the new mass ``sum(r)``."""
     offs = tl.arange(0, BLOCK)
@@ -80,7 +81,7 @@ def _shrink_residual(row_ptr,  # [V] logits row of the current node
             idx = c * CHUNK + t + offs
             mask = idx < V
             if sib == 0:
-                x = load_x(row_ptr + idx, mask, temp, False)
+                x = load_x(row_ptr + idx, mask, temp, False, bits_row, idx, HAS_MASK)
                 r = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
             else:
                 r = tl.load(ws_row + idx, mask=mask, other=0.0)
@@ -101,9 +102,10 @@ def _shrink_residual(row_ptr,  # [V] logits row of the current node
 @triton.jit
 def _race(row_ptr,  # [V] logits row of the stop node
           ws_row,  # [V] float32 residual workspace (used when MODE is not deterministic)
+          bits_row,  # [W] int32 token bitmask row of the stop node (if HAS_MASK)
           V, temp, m, zp, kappa, stream, sib, rej,
           MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, NCHUNK,
-          BLOCK_N: tl.constexpr):
+          BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
     """The exponential race of the stop node: the recovered token over the residual (when a
     child was rejected) and the bonus token over ``p``; the chain's scores
     (``_common.chunk_race``)."""
@@ -120,7 +122,7 @@ def _race(row_ptr,  # [V] logits row of the stop node
         for t in tl.static_range(0, CHUNK, BLOCK):
             idx = c * CHUNK + t + offs
             mask = idx < V
-            x = load_x(row_ptr + idx, mask, temp, False)
+            x = load_x(row_ptr + idx, mask, temp, False, bits_row, idx, HAS_MASK)
             p = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
             if MODE == MODE_DETERMINISTIC:
                 r = tl.where(_removed(idx, rej, sib, BLOCK_N), 0.0, p)
@@ -152,6 +154,7 @@ def _verify_tree_kernel(
     tok_ptr, stride_tb,  # [B, N] tree tokens
     par_ptr, stride_pb,  # [B, N] parents
     q_ptr, stride_qb, stride_qn,  # [B, N, V] draft probabilities (unused in MODE 0)
+    bits_ptr, stride_mb, stride_mn,  # [B, N, W] int32 token bitmask (unused without HAS_MASK)
     nn_ptr,  # [B] num_nodes
     temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
     seed_ptr,  # [B] int64 seeds
@@ -161,7 +164,7 @@ def _verify_tree_kernel(
     V, N, NCHUNK,
     GREEDY_ONLY: tl.constexpr, MODE: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
-    NPIV: tl.constexpr, BLOCK_N: tl.constexpr,
+    NPIV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     nb = row_count(nn_ptr, b, 1, N)
@@ -180,9 +183,10 @@ def _verify_tree_kernel(
     z = tl.full([], 1.0, tl.float32)  # mass of the unnormalised residual
     removed_mass = tl.zeros([], tl.float32)
     row = logits_ptr + b * stride_lb
+    bits_row = bits_ptr + b * stride_mb
     m, a, kappa, zp = position_stats(
         row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
-        TBLOCK, NCHUNK,
+        TBLOCK, NCHUNK, False, bits_row, HAS_MASK,
     )
     for i in range(1, N):
         parent = tl.load(par_ptr + b * stride_pb + i, mask=i < nb, other=-1).to(tl.int32)
@@ -192,13 +196,15 @@ def _verify_tree_kernel(
             xs = tl.minimum(tl.maximum(x, 0), V - 1)
             row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
             q_row = q_ptr + b * stride_qb + cur.to(tl.int64) * stride_qn
+            bits_row = bits_ptr + b * stride_mb + cur.to(tl.int64) * stride_mn
             accept = in_vocab & (x == a)
             r_x = tl.zeros([], tl.float32)
             x_removed = tl.sum((rej == x).to(tl.int32), axis=0) > 0
             denom = 1.0 - removed_mass
             if not GREEDY_ONLY:
                 if greedy == 0:
-                    p_x = target_prob(load_x(row + xs, xs == xs, temp, False), m, zp, kappa)
+                    x_s = load_x(row + xs, xs == xs, temp, False, bits_row, xs, HAS_MASK)
+                    p_x = target_prob(x_s, m, zp, kappa)
                     if MODE == MODE_DETERMINISTIC:
                         r_x = tl.where(x_removed, 0.0, p_x)
                         q_x = tl.full([], 1.0, tl.float32)
@@ -223,9 +229,10 @@ def _verify_tree_kernel(
                 removed_mass = 0.0
                 rej = tl.full([BLOCK_N], -1, tl.int32)
                 row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
+                bits_row = bits_ptr + b * stride_mb + cur.to(tl.int64) * stride_mn
                 m, a, kappa, zp = position_stats(
                     row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV,
-                    CHUNK, BLOCK, TBLOCK, NCHUNK,
+                    CHUNK, BLOCK, TBLOCK, NCHUNK, False, bits_row, HAS_MASK,
                 )
             else:
                 if not GREEDY_ONLY:
@@ -234,8 +241,8 @@ def _verify_tree_kernel(
                             z = tl.maximum(z - r_x, 0.0)
                         else:
                             z = _shrink_residual(
-                                row, q_row, ws_row, V, temp, m, zp, kappa, z, sib, rej, denom,
-                                MODE, CHUNK, BLOCK, NCHUNK, BLOCK_N,
+                                row, q_row, ws_row, bits_row, V, temp, m, zp, kappa, z, sib, rej,
+                                denom, MODE, CHUNK, BLOCK, NCHUNK, BLOCK_N, HAS_MASK,
                             )
                             if MODE == MODE_WITHOUT_REPLACEMENT:
                                 fresh = in_vocab & (x_removed == 0)
@@ -248,10 +255,11 @@ def _verify_tree_kernel(
     if not GREEDY_ONLY:
         if greedy == 0:
             row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
+            bits_row = bits_ptr + b * stride_mb + cur.to(tl.int64) * stride_mn
             stream = stream_key(key, depth, PURPOSE_SAMPLE)
             recovered_or_bonus = _race(
-                row, ws_row, V, temp, m, zp, kappa, stream, sib, rej, MODE, CHUNK, BLOCK, NCHUNK,
-                BLOCK_N,
+                row, ws_row, bits_row, V, temp, m, zp, kappa, stream, sib, rej, MODE, CHUNK,
+                BLOCK, NCHUNK, BLOCK_N, HAS_MASK,
             )
     recovered_or_bonus = tl.minimum(tl.maximum(recovered_or_bonus, 0), V - 1).to(tl.int64)
     out_tok = tl.where(offs_n == depth, recovered_or_bonus, out_tok)
@@ -274,6 +282,7 @@ def verify_tree(
     seeds,
     *,
     greedy_only: bool,
+    token_bitmask=None,
 ):
     """Launch the tree kernel; see :func:`specdec_kernels.verify_tree_sampling`.
 
@@ -281,6 +290,8 @@ def verify_tree(
     ``parents [B, N]`` (unit last stride), ``draft_probs [B, N, V]`` (last stride 1; None in mode
     0), ``num_nodes [B]``, ``temperature [B]`` float32, ``top_k [B]`` int64 or None, ``top_p
     [B]`` float32 or None, ``seeds [B]`` int64. ``greedy_only`` ignores the sampling arguments.
+    ``token_bitmask``: None or int32 ``[B, N, W]`` (last stride 1); a disallowed token is a
+    ``-inf`` logit.
     Returns ``(tokens [B, N], num_accepted [B], accepted_nodes [B, N])`` int64.
     """
     batch, n, vocab = target_logits.shape
@@ -300,6 +311,9 @@ def verify_tree(
         if has_q
         else num_accepted  # never read in mode 0
     )
+    has_mask = token_bitmask is not None
+    bits = token_bitmask if has_mask else target_logits  # never read without a bitmask
+    stride_mb, stride_mn = (bits.stride(0), bits.stride(1)) if has_mask else (0, 0)
     c = row_controls(num_nodes, temperature, top_k, top_p, seeds, greedy_only=greedy_only)
     launch(
         _verify_tree_kernel,
@@ -314,6 +328,9 @@ def verify_tree(
         q,
         stride_qb,
         stride_qn,
+        bits,
+        stride_mb,
+        stride_mn,
         num_nodes,
         c.temperature,
         c.top_k,
@@ -335,6 +352,7 @@ def verify_tree(
         TBLOCK=cfg["TBLOCK"],
         NPIV=cfg["NPIV"],
         BLOCK_N=triton.next_power_of_2(n),
+        HAS_MASK=has_mask,
         **WALK_COMPILE,
     )
     return tokens, num_accepted, nodes
