@@ -187,13 +187,10 @@ def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
                   log_input, threshold, alpha):  # fmt: skip
     from specdec_kernels.ops import verify_sampling  # imports triton: lazily
 
-    if bitmask is not None:  # not in the Triton kernels yet
-        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
-                                bitmask, mode, log_input, threshold, alpha)  # fmt: skip
-
     return verify_sampling.verify(
         logits, drafts, probs, nd, temp, topk, topp, seeds, greedy_only=mode == "greedy",
         logits_row_start=lrs, probs_row_start=prs, log_input=log_input,
+        method="block" if mode == "block" else "token", token_bitmask=bitmask,
     )  # fmt: skip
 
 
@@ -213,9 +210,7 @@ def _triton_tree(*args):
     from specdec_kernels.ops import verify_tree  # imports triton: lazily
 
     *head, bitmask, greedy_only = args
-    if bitmask is not None:  # not in the Triton kernels yet
-        return _reference_tree(*args)
-    return verify_tree.verify_tree(*head, greedy_only=greedy_only)
+    return verify_tree.verify_tree(*head, greedy_only=greedy_only, token_bitmask=bitmask)
 
 
 def _reference_tree(logits, tokens, parents, probs, nn, mode, temp, topk, topp, seeds, bitmask,
@@ -270,6 +265,7 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("verify_tree", "native"): _native_tree,
     ("verify_tree", "triton"): _triton_tree,
     ("verify_tree", "reference"): _reference_tree,
+    ("verify_block", "triton"): _triton_chain,
     ("verify_block", "reference"): _reference_chain,
     ("emitted_logprobs", "reference"): _reference_logprobs,
     ("accept_reject", "native"): _native("native_accept_reject"),
