@@ -504,7 +504,7 @@ def chunk_residual_mass(row_ptr,  # [V] one logits row
     chunk values are added in chunk order by both chain strategies)."""
     offs = tl.arange(0, BLOCK)
     total = tl.zeros([BLOCK], tl.float32)
-    for t in tl.static_range(0, CHUNK, BLOCK):
+    for t in range(0, CHUNK, BLOCK):  # not unrolled: the walking kernels keep registers
         idx = chunk_start + t + offs
         p, q = _chunk_pq(row_ptr, q_ptr, 0, idx, V, temp, m, z, kappa, q_len, True, LOG_X,
                          bits_row, HAS_MASK)

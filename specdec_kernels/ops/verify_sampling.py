@@ -16,6 +16,16 @@ Both merge the same partial values in the same order, so their results are ident
 materialised beyond ``[B, K+1, NCHUNK]`` partials; the only large cost is reading logits (and the
 draft probabilities of the rejected position).
 
+Acceptance rules (``METHOD``): the token rule below, or block verification (Sun et al. 2024;
+:mod:`specdec_kernels.reference.verify_block` is the specification): the walk keeps the weight
+``p_j`` from one position to the next, does not stop at a failed test (the stop ``tau`` is the
+last position whose test ``eta_j < h_j`` passes; the walk ends at ``k_b`` or when the weight is 0),
+and the recovered token is raced from ``max(0, p_tau P - Q)``. With draft probabilities the
+residual mass ``R_j`` is one more pass over the row (row strategy) or a per-chunk partial of the
+race kernel (split); one-hot drafts use the closed forms. A token bitmask (``HAS_MASK``, int32 rows
+laid out like the logits') makes a disallowed token a ``-inf`` logit wherever a logit is read
+(``_common.load_x``). Neither changes the launches.
+
 Vocabulary: a row's draft tokens are *accepted* in order until the first rejection; the token
 emitted after them is the *recovered* token (sampled from the residual ``max(0, p - q)``) at a
 rejected draft, or the *bonus* token (sampled from ``p``) when every draft was accepted; the
@@ -27,9 +37,10 @@ strides :func:`_rows`, the ``[B]`` controls ``_common.row_controls``, the tile s
 (:func:`_launch_row`, or :func:`_launch_split` with one function per kernel). Device, per
 position: its rows (:func:`_row`), its statistics and filter threshold
 (``_common.position_stats`` in the row kernel, :func:`_merged_stats` and :func:`_filter_state`
-from the split partials), the decision :func:`_decide` shared by both strategies (the acceptance
-rule :func:`_accepts`, then at the stop position the race :func:`_recovered_or_bonus`), and the
-row's output (:func:`_write_row`). Every logit is read through ``_common.load_x``.
+from the split partials), the step :func:`_decide` shared by both strategies (the token rule
+:func:`_accepts`, or block verification's :func:`_block_fires` and :func:`_next_weight`), after
+the walk the race :func:`_recovered_or_bonus` at the stop position, and the row's output
+(:func:`_write_row`). Every logit is read through ``_common.load_x``.
 """
 
 import dataclasses
@@ -235,11 +246,14 @@ def _decide(row_ptr,  # [V] logits row of position j
     ``j`` is the stop so far when ``j = 0`` or its test fires (:func:`_block_fires`); the walk
     goes on to ``k_b`` unless the weight falls to 0 (no later test can fire then). Both
     strategies decide here; they differ only in where ``R_j`` comes from (``PARTIALS``)."""
-    stop = _accepts(
-        row_ptr, q_row, bits_row, draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
-        GREEDY_ONLY, HAS_Q, LOG_X, HAS_MASK,
-    ) == 0
-    go_on = stop == 0
+    accepted = (draft == a) & (j < kb)  # greedy rows, whatever the method
+    if METHOD == METHOD_TOKEN:
+        accepted = _accepts(
+            row_ptr, q_row, bits_row, draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
+            GREEDY_ONLY, HAS_Q, LOG_X, HAS_MASK,
+        )
+    stop = accepted == 0
+    go_on = accepted
     if METHOD == METHOD_BLOCK:
         if greedy == 0:
             p_x, q_x, in_vocab = draft_prob(
@@ -379,20 +393,28 @@ def _verify_row_kernel(
             )
             if stop:
                 n_acc = j
-                stop_m = m
-                stop_a = a
-                stop_kappa = kappa
-                stop_z = z
                 stop_w = weight
+                if METHOD == METHOD_TOKEN:  # block verification: recomputed after the walk
+                    stop_m = m
+                    stop_a = a
+                    stop_kappa = kappa
+                    stop_z = z
             weight = next_weight
             j += 1
+    jj = n_acc.to(tl.int64)
+    row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
+    bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
+    if METHOD == METHOD_BLOCK:
+        # Block verification's walk goes on past its stop: carrying the stop's statistics through
+        # it spills registers, so the stop position's row is read once more.
+        stop_m, stop_a, stop_kappa, stop_z = position_stats(
+            row, V, temp, greedy, top_k, top_p, True, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
+            TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+        )
     recovered_or_bonus = stop_a
     if not GREEDY_ONLY:
         if greedy == 0:
-            jj = n_acc.to(tl.int64)
-            row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
             q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
-            bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
             recovered_or_bonus = _recovered_or_bonus(
                 row, q_row, bits_row, row, row, row, row,  # no race partials: run over the row
                 _draft(draft_ptr, stride_db, b, n_acc, kb), n_acc, kb, V, temp, key, stop_m,
