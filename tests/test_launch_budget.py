@@ -31,6 +31,62 @@ def test_counter_counts_every_launch():
     assert sum(launches.values()) == 0
 
 
+def _serving_calls():
+    """(label, call, serving keywords): chains greedy, sampling (token and block, filters) and
+    trees; each call is counted without and with its keywords."""
+    b, k, v = 2, 3, 37
+    logits, drafts, _ = make_inputs(b, k, v)
+    q, _ = make_draft_probs(b, k, v)
+    # [B, K+1, W], also the trees' [B, N, W] (N = K + 1)
+    mask = torch.full((b, k + 1, (v + 31) // 32), 0x7FFF7FFF, dtype=torch.int32)
+    parents = torch.tensor([[-1, 0, 0, 1]]).expand(b, k + 1).contiguous()
+    tree_tokens = torch.cat([torch.full((b, 1), -1), drafts], dim=1)
+    tree_q = torch.softmax(torch.randn(b, k + 1, v), -1)
+    kw = dict(backend="triton", validate=False)
+    filters = dict(top_k=5, top_p=0.9, seed=1, **kw)
+
+    def greedy(**extra):
+        return sk.verify_greedy(logits, drafts, **kw, **extra)
+
+    def sampling(**extra):
+        return sk.verify_sampling(logits, drafts, q, seed=1, **kw, **extra)
+
+    def one_hot_filtered(**extra):
+        return sk.verify_sampling(logits, drafts, None, **filters, **extra)
+
+    def tree(**extra):
+        return sk.verify_tree_sampling(
+            logits, tree_tokens, parents, tree_q, draft_mode="independent", max_depth=k,
+            **filters, **extra,
+        )  # fmt: skip
+
+    def tree_greedy(**extra):
+        return sk.verify_tree_greedy(logits, tree_tokens, parents, max_depth=k, **kw, **extra)
+
+    return [
+        ("verify_greedy", greedy, dict(token_bitmask=mask)),
+        ("verify_sampling", sampling, dict(token_bitmask=mask)),
+        ("verify_sampling", sampling, dict(method="block")),
+        ("verify_sampling", sampling, dict(method="block", token_bitmask=mask)),
+        ("top-k+top-p", one_hot_filtered, dict(method="block")),
+        ("top-k+top-p", one_hot_filtered, dict(token_bitmask=mask)),
+        ("verify_tree_greedy", tree_greedy, dict(token_bitmask=mask)),
+        ("verify_tree_sampling", tree, dict(token_bitmask=mask)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_block_and_bitmask_calls_launch_as_many_kernels(case):
+    """``method="block"`` and ``token_bitmask=`` change the kernels' constexprs, not the launch
+    plan: the same kernels, as many times, as the call without them (small batch: split)."""
+    label, call, extra = _serving_calls()[case]
+    with count_launches() as want:
+        call()
+    with count_launches() as got:
+        call(**extra)
+    assert got == want, (label, sorted(extra), dict(got), dict(want))
+
+
 _SYNCS = (
     "item",
     "tolist",
