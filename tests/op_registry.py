@@ -249,7 +249,8 @@ def _cases() -> list[Case]:
     for label, args, needs in _backends(_accept_reject):
         cases.append(Case("accept_reject", label, args, needs))
     for mode in ("sampling", "typical", "block"):  # flat probabilities; typical; block + mask
-        for backend in ("reference", "native"):
+        triton = ("triton",) if mode == "block" else ()  # typical has no Triton kernel
+        for backend in ("reference", "native", *triton):
             needs = "extension" if backend == "native" else None
             label = f"{mode}-form-{backend}"
             cases.append(Case("verify_chain", label, _chain_form(backend, mode), needs))
