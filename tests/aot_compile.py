@@ -63,13 +63,20 @@ POINTER_TYPES = {
     "nn_ptr": "*i64",
     "ws_ptr": "*fp32",
     "nodes_ptr": "*i64",
+    "bits_ptr": "*i32",
+    "mass_ptr": "*fp32",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
 # per kernel (flat rows and probability inputs with every other sampling flag on), not in the
 # full product (that would quadruple the compile time).
 LAYOUT_FLAGS = ("FLAT", "LOG_X")
-MODES = {"MODE": (0, 1, 2)}  # non-boolean mode constexprs and their values
+# The token bitmask (issue 23): off in every variant above; on in the richest variant of each
+# kernel (with the layout flags where it has them) and in its greedy-only one.
+MASK_FLAGS = ("HAS_MASK",)
+# non-boolean mode constexprs and their values; METHOD (block verification, issue 22) with every
+# sampling flag combination of the chain kernels
+MODES = {"MODE": (0, 1, 2), "METHOD": (0, 1)}
 
 
 def _signature(fn, constexprs):
@@ -122,6 +129,7 @@ def kernels():
             fixed["BLOCK_K"] = 64
         choices = [(False, True)] * len(flags) + [MODES[m] for m in modes]
         layout = {k: False for k in LAYOUT_FLAGS if k in fn.arg_names}
+        masks = {k: False for k in MASK_FLAGS if k in fn.arg_names}
         for values in itertools.product(*choices):
             constexprs = dict(zip(flags + modes, values))
             if constexprs.get("GREEDY_ONLY") and (
@@ -130,15 +138,24 @@ def kernels():
                 or constexprs.get("HAS_TOPP")
             ):
                 continue  # the launchers never combine greedy_only with sampling flags
+            if constexprs.get("GREEDY_ONLY") and constexprs.get("METHOD", 0):
+                continue  # greedy-only calls use the token rule
             if fn is verify_tree._verify_tree_kernel and (
                 constexprs["HAS_TOPK"] != constexprs["HAS_TOPP"]
                 or (constexprs["HAS_TOPK"] and constexprs["MODE"] != 1)
             ):
                 continue  # the filters' code is the chain kernels' (compiled above): one mode
-            yield fn, {**fixed, **layout, **constexprs}
+            yield fn, {**fixed, **layout, **masks, **constexprs}
+        richest = {f: f != "GREEDY_ONLY" for f in flags}
+        richest.update({m: MODES[m][1] for m in modes})  # tree: the mode compiled with filters
         if layout:  # vLLM's flat rows + probability inputs: the sampling variant with everything on
-            richest = {f: f != "GREEDY_ONLY" for f in flags}
-            yield fn, {**fixed, **richest, **{k: True for k in layout}}
+            yield fn, {**fixed, **richest, **masks, **{k: True for k in layout}}
+        if masks:  # grammar masks: the richest sampling variant, and greedy-only
+            yield fn, {**fixed, **richest, **{k: True for k in layout}, **{k: True for k in masks}}
+            if "GREEDY_ONLY" in flags:
+                greedy = {f: f == "GREEDY_ONLY" for f in flags}
+                greedy.update({m: MODES[m][0] for m in modes})
+                yield fn, {**fixed, **greedy, **layout, **{k: True for k in masks}}
 
 
 def ptxas_resources(ptx: str, arch: str) -> dict:
@@ -179,7 +196,9 @@ def main(archs, report=None, fail_on_spills=False):
         target = GPUTarget("cuda", int(arch), 32)
         for fn, constexprs in kernels():
             flags = {
-                k: v for k, v in constexprs.items() if k in FLAGS or k in MODES or k in LAYOUT_FLAGS
+                k: v
+                for k, v in constexprs.items()
+                if k in FLAGS or k in MODES or k in LAYOUT_FLAGS or k in MASK_FLAGS
             }
             try:
                 compiled = _compile(fn, constexprs, target)
