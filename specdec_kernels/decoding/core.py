@@ -9,6 +9,12 @@ Every row keeps its own length, budget (``limit``), draft count and seed; finish
 retired from the batch (caches included), so they cost no more work. The loop synchronises with
 the device once per step, to learn which rows are done and the next ``k_loop``.
 
+Under a grammar (``run(..., grammar=)``, API.md section 9) each row has an xgrammar matcher
+(:class:`specdec_kernels.grammar.GrammarState`, on the host): the proposal carries the masks of
+its positions, verification applies them in the op (``token_bitmask=``), the commit advances the
+matchers by the kept tokens, and a row whose grammar has ended is done as at eos. The matchers
+read the drafts and the emitted tokens on the host: a few more transfers per step.
+
 References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al. 2023
 (https://arxiv.org/abs/2302.01318); gpt-fast's ``speculative_decode``.
 """
@@ -302,8 +308,16 @@ class Decoder:
         eos_token_id: int | None = None,
         seed: int | None = None,
         progress=None,
+        grammar=None,
     ) -> DecodeResult:
-        """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc)."""
+        """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc).
+
+        ``grammar``: ``None``, an ``xgrammar.CompiledGrammar`` for every row or a list of them,
+        one per row (:mod:`specdec_kernels.grammar`), compiled for the target's vocabulary: the
+        generated tokens of each row (not its prompt) are accepted by its grammar, or are a
+        prefix of an accepted string when the budget ends; a row stops once its grammar has
+        taken its stop token. ``ValueError`` for a bad grammar or a vocabulary mismatch, before
+        any work."""
         if (
             not isinstance(max_new_tokens, int)
             or isinstance(max_new_tokens, bool)
@@ -314,6 +328,11 @@ class Decoder:
         if eos_token_id is not None and not 0 <= eos_token_id < v:
             raise ValueError(f"eos_token_id {eos_token_id} is outside [0, {v})")
         rows_in = self.check_prompts(prompts)
+        gs = None
+        if grammar is not None:
+            from specdec_kernels.grammar import GrammarState
+
+            gs = GrammarState(grammar, len(rows_in), v, self.target.device)
         start = time.perf_counter()
         if seed is None and hasattr(self.target, "shared_seed"):
             seed = self.target.shared_seed()  # the ranks of a sharded target must draw alike
@@ -327,11 +346,11 @@ class Decoder:
         counts = torch.zeros(2 + self.max_k + 1, dtype=torch.int64, device=st.ids.device)
         results: dict[int, tuple[list[int], list[bool]]] = {}
         done_tokens = 0  # generated tokens of retired rows
-        kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results)
+        kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results, gs)
         k_loop = self.max_k
         while kept is not None:
             st, tracker, _ = kept
-            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed)
+            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed, gs)
             stats.target_forwards += 1
             if self.drafter is not None:
                 stats.draft_forwards += self.drafter.forwards_per_step(k_loop)
@@ -348,7 +367,7 @@ class Decoder:
             ] + ([] if dvalue is None else [dvalue])
             host = torch.stack([x.long() for x in parts]).tolist()
             done_tokens += sum(g for g, d in zip(host[2], host[0]) if d)
-            kept = self._retire(st, tracker, host[0], results)
+            kept = self._retire(st, tracker, host[0], results, gs)
             if kept is None:
                 break
             order = kept[2]
@@ -391,11 +410,12 @@ class Decoder:
             self.drafter.prefill(rows_in, capacity)
         return st, tracker
 
-    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed):
+    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed, gs=None):
         """Draft, one target pass, verify, commit. Returns ``(num_accepted, k)``.
 
         The step's seeds ``[B]`` key the drafter's draws (``rng.PURPOSE_DRAFT``) and the
-        verifier's (accept / sample): one stream per purpose, none shared."""
+        verifier's (accept / sample): one stream per purpose, none shared. ``gs``: the rows'
+        :class:`~specdec_kernels.grammar.GrammarState`, or ``None``."""
         dev = st.ids.device
         ctx = self.target.max_seq_len
         room = (
@@ -409,9 +429,13 @@ class Decoder:
             # "auto" chose the target alone: the draft falls one more token behind
             self.drafter.skip(st.tokens, st.seq_len, self.width + 2)
         if self.drafter is not None and k_loop > 0:
-            prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, seeds)
+            masked = gs is not None and getattr(self.drafter, "drafts_under_grammar", False)
+            kw = {"grammar": gs} if masked else {}
+            prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, seeds, **kw)
         else:
             prop = ChainProposal(torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev), k)
+        if gs is not None and prop.token_bitmask is None:
+            prop.fill_bitmask(gs)
         if prop.draft_probs is not None:
             prop.draft_probs = verifiable(prop.draft_probs)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
@@ -420,7 +444,7 @@ class Decoder:
         ops = getattr(self.target, "verify_ops", None)
         ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend)
         prop.keep(self.target, self.drafter, ver)
-        self._commit(st, ver, eos)
+        self._commit(st, ver, eos, gs)
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]
         tracker.update(n, k)
         if self.auto:
@@ -441,9 +465,11 @@ class Decoder:
         return best.expand(b).clone()
 
     @staticmethod
-    def _commit(st: _Rows, ver, eos) -> None:
+    def _commit(st: _Rows, ver, eos, gs=None) -> None:
         """Append the emitted tokens, cut at the row's limit and at its first eos (after which
-        the row is done: ``limit`` drops to its length)."""
+        the row is done: ``limit`` drops to its length); under a grammar (``gs``) the matchers
+        take the kept tokens, and a row whose grammar ended is cut after its stop token and
+        done likewise."""
         width = ver.tokens.shape[1]
         j = torch.arange(width, device=st.ids.device)
         keep = torch.minimum(ver.num_emitted, st.limit - st.seq_len)  # [B]
@@ -453,13 +479,17 @@ class Decoder:
             hit = first < keep
             keep = torch.where(hit, first + 1, keep)
             st.limit = torch.where(hit, st.seq_len + keep, st.limit)
+        if gs is not None:
+            ended = gs.advance(ver.tokens, keep)  # [B] bool
+            keep = torch.where(ended, gs.num_advanced.to(keep.device), keep)
+            st.limit = torch.where(ended, st.seq_len + keep, st.limit)
         pos = st.seq_len[:, None] + j  # [B, width]
         st.tokens.scatter_(1, pos, ver.tokens.clamp_min(0))
         st.from_draft.scatter_(1, pos, j[None] < ver.num_accepted[:, None])
         st.seq_len = st.seq_len + keep
 
-    def _retire(self, st: _Rows, tracker, done: list, results: dict):
-        """Collect finished rows and keep the others (caches included). Returns
+    def _retire(self, st: _Rows, tracker, done: list, results: dict, gs=None):
+        """Collect finished rows and keep the others (caches and matchers included). Returns
         ``(state, tracker, order)``, or ``None`` when no row is left."""
         if not any(done):
             return st, tracker, list(range(len(done)))
@@ -477,6 +507,8 @@ class Decoder:
         self.target.select(order_t)
         if self.drafter is not None:
             self.drafter.select(order_t)
+        if gs is not None:
+            gs.select(order)
         return st.select(order_t), tracker.select(order_t), order
 
     def _finish(self, rows_in, results, counts, stats: GenerationStats, start) -> DecodeResult:

@@ -240,7 +240,12 @@ class TreeDrafter(ModelDrafter):
     (one pass per level, at cache slots after the committed tokens, in expansion order, attending
     to the prefix, their expanded ancestors and themselves). Once the target has chosen a path,
     the cache keeps the expanded nodes on it (:meth:`sk.KVCache.compact`) and drops the rest.
+
+    Under a grammar the tree is drafted as without one and the loop fills each node's mask
+    (:meth:`TreeProposal.fill_bitmask`): a node the grammar forbids is rejected by verification.
     """
+
+    drafts_under_grammar = False  # the loop fills the masks of the drafted tree
 
     def __init__(self, model, tree: StaticTree | DynamicTree):
         if not isinstance(tree, (StaticTree, DynamicTree)):
