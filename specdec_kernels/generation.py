@@ -207,6 +207,7 @@ class SpeculativeGenerator:
         eos_token_id: int | None = None,
         seed: int | None = None,
         progress=None,
+        grammar=None,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens for every prompt.
 
@@ -227,6 +228,13 @@ class SpeculativeGenerator:
             prompt, its index in ``prompts`` and the seed, never on the other rows.
         progress : callable, optional
             Called as ``progress(generated_tokens_so_far, live_rows)`` after each target pass.
+        grammar : xgrammar.CompiledGrammar or list of them, optional
+            Constrain each row's generated tokens to a grammar (one for all rows, or one per
+            row), compiled with :func:`specdec_kernels.grammar.tokenizer_info` of the target
+            (:mod:`specdec_kernels.grammar`: JSON, a JSON schema, EBNF, a regex). Drafts are
+            proposed under it and verified with its masks; a row stops when its grammar ends
+            (at the stop token, ``<eos>`` for the bundled models). Greedy output equals the
+            target's own constrained greedy decoding; sampling follows its masked distribution.
 
         Returns
         -------
@@ -239,6 +247,7 @@ class SpeculativeGenerator:
             eos_token_id=eos_token_id,
             seed=seed,
             progress=progress,
+            grammar=grammar,
         )
         return GenerationOutput.from_result(result)
 
@@ -310,12 +319,14 @@ def autoregressive_generate(
     progress=None,
     *,
     backend: str | None = None,
+    grammar=None,
 ) -> GenerationOutput:
     """The target alone: one token per forward pass, batched over ragged prompts with a KV
     cache. The baseline that speculative generation must equal (greedy) and beat (speed).
-    Same arguments and output as :meth:`SpeculativeGenerator.generate`; the tokens are drawn by
-    the same verification ops with no draft (``K = 0``), on ``backend`` (as in
-    :class:`SpeculativeGenerator`; a bad name raises ``ValueError`` before any work)."""
+    Same arguments and output as :meth:`SpeculativeGenerator.generate` (``grammar`` too: each
+    token is drawn under its row's grammar mask); the tokens are drawn by the same verification
+    ops with no draft (``K = 0``), on ``backend`` (as in :class:`SpeculativeGenerator`; a bad
+    name raises ``ValueError`` before any work)."""
     result = Decoder(adapter_for(model), backend=backend).run(
         prompts,
         max_new_tokens,
@@ -323,5 +334,6 @@ def autoregressive_generate(
         eos_token_id=eos_token_id,
         seed=seed,
         progress=progress,
+        grammar=grammar,
     )
     return GenerationOutput.from_result(result)

@@ -39,6 +39,7 @@ def speculative_generate(
     max_speculative_tokens: int = 8,
     *,
     backend: str | None = None,
+    grammar=None,
 ) -> torch.Tensor:
     """Lossless batched speculative decoding with two Hugging Face causal LMs.
 
@@ -72,6 +73,10 @@ def speculative_generate(
         The implementation of the verification ops, as their ``backend``
         (:func:`specdec_kernels.verify_greedy`); ``None`` (default): their automatic choice.
         A bad name raises ``ValueError`` before any work.
+    grammar : xgrammar.CompiledGrammar or list of them, optional
+        Constrain each row's new tokens (API.md section 9): compile with
+        ``specdec_kernels.grammar.tokenizer_info(tokenizer, vocab_size=config.vocab_size)``. A
+        row stops when its grammar ends (its stop token, the tokenizer's eos by default).
 
     Returns
     -------
@@ -125,7 +130,9 @@ def speculative_generate(
         backend=backend,
     )
     sampling = Sampling(temperature if do_sample else 0.0, top_k, top_p)
-    result = decoder.run(prompts, max_new_tokens, sampling, eos_token_id=eos_token_id, seed=seed)
+    result = decoder.run(
+        prompts, max_new_tokens, sampling, eos_token_id=eos_token_id, seed=seed, grammar=grammar
+    )
     pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
     out = torch.full((len(prompts), max_new_tokens), pad, dtype=torch.int64)
     for b, (seq, prompt) in enumerate(zip(result.sequences, prompts)):
