@@ -298,3 +298,38 @@ def test_bad_grammars_and_vocabulary_mismatches_are_value_errors(pair, any_json)
         dec.run(prompts, 4, grammar=wide)
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 4, grammar=[any_json, wide])
+
+
+# ------------------------------------------------------------------------ specdec demo
+DEMO = ["demo", "--pair", "tiny", "-n", "40", "--repeats", "1", "--batched-only"]
+DEMO += ["--color", "never", "--threads", "1", "-k", "4"]
+
+
+def test_demo_json_writes_checked_json_and_records_the_figures(capsys, tmp_path):
+    from specdec_kernels.cli import main
+
+    record = tmp_path / "demo.json"
+    assert main([*DEMO, "--json", "--record", str(record)]) == 0
+    out = capsys.readouterr().out
+    assert "under a grammar (xgrammar)" in out and "INVALID" not in out
+    assert out.count("[generated text: valid") == 3  # JSON, or a prefix of it at the budget
+    assert "identical to the target's own greedy decoding under the same grammar" in out
+    assert "speedup" in out and "acceptance rate" in out
+    (row,) = json.loads(record.read_text())
+    assert row["grammar"].startswith("JSON schema") and row["grammar_valid_rows"] == 3
+
+
+def test_demo_grammar_file_and_its_errors(capsys, tmp_path):
+    from specdec_kernels.cli import main
+
+    ebnf = tmp_path / "answer.gbnf"
+    ebnf.write_text('root ::= "    return " ("True" | "False" | "None") "\\n"\n')
+    assert main([*DEMO, "--grammar", str(ebnf), "def f(x):\n"]) == 0
+    out = capsys.readouterr().out
+    assert "[generated text: accepted by the grammar]" in out and "INVALID" not in out
+    ebnf.write_text("root ::= (")
+    assert main([*DEMO, "--grammar", str(ebnf)]) == 2
+    assert "ebnf is not a valid EBNF grammar" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the old --json FILE: a clear error, not a prompt
+        main([*DEMO, "--json", "/tmp/sp/demo.json"])
+    assert "--record PATH" in capsys.readouterr().err
