@@ -20,18 +20,6 @@ JSON_PROMPTS = (
     "        self.config = ",
     "    headers = ",
 )
-# the schema ``--json`` decodes under: strings as patterns, not maxLength (xgrammar 0.2.9 lets
-# raw control characters through length-bounded strings, mlc-ai/xgrammar#800)
-DEMO_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "pattern": "[a-z_]{1,16}"},
-        "size": {"type": "integer"},
-        "args": {"type": "array", "items": {"type": "string", "pattern": "[a-z_]{1,16}"}},
-        "default": {"anyOf": [{"type": "string", "pattern": "[a-z_]{1,16}"}, {"type": "null"}]},
-    },
-    "required": ["name", "size", "args", "default"],
-}
 
 
 class _Progress:
@@ -81,6 +69,7 @@ def demo_grammar(args, model):
     import json
 
     from specdec_kernels import grammar as sg
+    from specdec_kernels.benchmarks.e2e import DEMO_SCHEMA
 
     info = sg.tokenizer_info(model)
     if args.grammar:

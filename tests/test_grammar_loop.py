@@ -333,3 +333,19 @@ def test_demo_grammar_file_and_its_errors(capsys, tmp_path):
     with pytest.raises(SystemExit):  # the old --json FILE: a clear error, not a prompt
         main([*DEMO, "--json", "/tmp/sp/demo.json"])
     assert "--record PATH" in capsys.readouterr().err
+
+
+def test_bench_e2e_grammar_rows():
+    """``specdec bench e2e --grammar json``: specdec and target_only under the demo's schema,
+    the rows marked, greedy output the same in both."""
+    from specdec_kernels.benchmarks import e2e
+
+    cfg = e2e.E2EConfig(
+        batch_sizes=(2,), ks=(3,), temperatures=(0.0,), max_new_tokens=16, prompt_len=8,
+        repeats=1, pair="tiny", dtype="float32", grammar="json",
+    )  # fmt: skip
+    rows = e2e.run_e2e(cfg, log=lambda m: None)
+    assert {r["system"] for r in rows} == {"specdec", "target_only"}
+    assert all(r["grammar"] == "json" for r in rows)
+    (spec,) = [r for r in rows if r["system"] == "specdec"]
+    assert spec["matches_target_only"] and spec["speedup_vs_target_only"] > 0

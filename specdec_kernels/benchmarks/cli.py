@@ -155,6 +155,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e.add_argument("--json", default=DEFAULT_E2E_JSON, help="append rows here ('' for none)")
     e.add_argument("--plot", default=None, help="draw speedup against K to this PNG")
     e.add_argument(
+        "--grammar",
+        default=None,
+        choices=("json", "any"),
+        help="specdec and target_only both under a grammar (xgrammar): 'json' the schema of "
+        "specdec demo --json, 'any' any JSON value; the hf_* systems are left out",
+    )
+    e.add_argument(
         "--trees",
         action="store_true",
         help="token trees (8 and 16 nodes, static and dynamic) against chains: tokens per "
@@ -324,6 +331,7 @@ def _e2e(args) -> int:
             systems=args.systems,
             pair=args.pair,
             dtype=args.dtype,
+            grammar=args.grammar,
         ).items()
         if v is not None
     }
@@ -339,7 +347,7 @@ def _e2e(args) -> int:
         f"specdec bench e2e: {header['machine']['cpu']}, {torch.get_num_threads()} threads, "
         f"commit {header['commit']}, B={cfg.batch_sizes}, K={cfg.ks}, "
         f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s), "
-        f"dtype {cfg.dtype}",
+        f"dtype {cfg.dtype}" + (f", grammar {cfg.grammar}" if cfg.grammar else ""),
         flush=True,
     )
     t0 = time.perf_counter()

@@ -15,6 +15,11 @@ Runs are interleaved (for each repeat, every system runs once per configuration)
 kept is the median over repeats. No system stops at ``<eos>``: every row generates exactly
 ``max_new_tokens``, so all systems do the same amount of work.
 
+``grammar`` (``specdec bench e2e --grammar json``): ``specdec`` and ``target_only`` both decode
+under a grammar (xgrammar): ``"json"`` the schema of ``specdec demo --json``, ``"any"`` any JSON
+value; a row stops where its grammar ends (greedy: at the same token in both systems), and the
+``transformers`` systems, which take no grammar, are left out. Rows carry ``grammar``.
+
 Per row: ``tokens_per_second`` (generated tokens of all rows per wall second, prefill included),
 ``acceptance_rate`` and ``mean_accepted`` (from the generator's statistics), ``cost_ratio``
 ``c`` = draft forward time / target forward time (one token per row, at the batch size, measured
@@ -30,6 +35,7 @@ measured cost (on a GPU that pass costs about one token's; on a CPU it does not)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -54,6 +60,22 @@ class E2EConfig:
     seed: int = 0
     pair: str = "default"
     dtype: str = "auto"  # the target's: "auto" (the fastest here, measured), float32, bfloat16
+    grammar: str | None = None  # None, "json" (the demo's schema) or "any" (any JSON value)
+
+
+# the schema of ``specdec demo --json`` and of ``--grammar json`` here: strings as patterns, not
+# maxLength (xgrammar 0.2.9 lets raw control characters through length-bounded strings,
+# mlc-ai/xgrammar#800)
+DEMO_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "[a-z_]{1,16}"},
+        "size": {"type": "integer"},
+        "args": {"type": "array", "items": {"type": "string", "pattern": "[a-z_]{1,16}"}},
+        "default": {"anyOf": [{"type": "string", "pattern": "[a-z_]{1,16}"}, {"type": "null"}]},
+    },
+    "required": ["name", "size", "args", "default"],
+}
 
 
 QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=1)
@@ -169,13 +191,17 @@ class _HF:
         return out[:, ids.shape[1] :].tolist(), wall
 
 
-def _run_specdec(target, draft, prompts, cfg, k, temperature, seed, costs=None):
+def _run_specdec(target, draft, prompts, cfg, k, temperature, seed, costs=None, grammar=None):
     import specdec_kernels as sk
 
     # "auto" prices each step with the pair's measured pass costs (measure_pass_costs, cached)
     gen = sk.SpeculativeGenerator(target, draft, k)
     out = gen.generate(
-        prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
+        prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        grammar=grammar,
     )
     s = out.stats
     hist = s.accepted_histogram  # hist[n]: (row, pass) pairs that accepted n drafts
@@ -201,11 +227,16 @@ def _run_specdec(target, draft, prompts, cfg, k, temperature, seed, costs=None):
     }
 
 
-def _run_target_only(target, prompts, cfg, temperature, seed):
+def _run_target_only(target, prompts, cfg, temperature, seed, grammar=None):
     import specdec_kernels as sk
 
     out = sk.autoregressive_generate(
-        target, prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
+        target,
+        prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        grammar=grammar,
     )
     return {
         "new_tokens": [seq[len(p) :] for seq, p in zip(out.sequences, prompts)],
@@ -242,6 +273,10 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     target, draft, text = load_pair(assets, cfg.pair, cfg.dtype)
     from specdec_kernels.adaptive import measure_pass_costs
 
+    grammar = e2e_grammar(cfg.grammar, target)
+    if grammar is not None:  # transformers' generate takes no grammar of ours
+        cfg = dataclasses.replace(cfg, systems=tuple(s for s in cfg.systems if s[:3] != "hf_"))
+
     pass_costs = measure_pass_costs(target, draft, max_k=8, max_batch=max(cfg.batch_sizes))
     try:
         hf = (
@@ -258,8 +293,8 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     warm = E2EConfig(max_new_tokens=4, prompt_len=cfg.prompt_len)
     p1 = prompts_of[cfg.batch_sizes[0]][:1]
     for t in cfg.temperatures:
-        _run_specdec(target, draft, p1, warm, 2, t, 0)
-        _run_target_only(target, p1, warm, t, 0)
+        _run_specdec(target, draft, p1, warm, 2, t, 0, grammar=grammar)
+        _run_target_only(target, p1, warm, t, 0, grammar=grammar)
         if hf is not None:
             _run_hf(hf, p1, warm, t, 0)
             _run_hf(hf, p1, warm, t, 0, k=2)
@@ -280,9 +315,9 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
         for sys_, b, k, t in configs:
             prompts, seed = prompts_of[b], cfg.seed + rep
             if sys_ == "specdec":
-                r = _run_specdec(target, draft, prompts, cfg, k, t, seed, costs[b])
+                r = _run_specdec(target, draft, prompts, cfg, k, t, seed, costs[b], grammar)
             elif sys_ == "target_only":
-                r = _run_target_only(target, prompts, cfg, t, seed)
+                r = _run_target_only(target, prompts, cfg, t, seed, grammar)
             elif sys_ == "hf_target_only":
                 r = _run_hf(hf, prompts, cfg, t, seed)
             else:
@@ -294,7 +329,27 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
                 f"{r['tokens_per_second']:7.1f} tok/s"
                 + (f", alpha {r['alpha']:.2f}" if "alpha" in r else "")
             )
-    return _rows(cfg, runs, costs, pass_costs, _dtypes(target, draft))
+    rows = _rows(cfg, runs, costs, pass_costs, _dtypes(target, draft))
+    if cfg.grammar is not None:
+        for row in rows:
+            row["grammar"] = cfg.grammar
+    return rows
+
+
+def e2e_grammar(name: str | None, target):
+    """The compiled grammar of ``E2EConfig.grammar`` for ``target``'s vocabulary, or ``None``."""
+    if name is None:
+        return None
+    import json
+
+    from specdec_kernels import grammar as sg
+
+    info = sg.tokenizer_info(target)
+    if name == "any":
+        return sg.compile_json(info)
+    if name == "json":
+        return sg.compile_json(info, json.dumps(DEMO_SCHEMA), any_whitespace=False)
+    raise ValueError(f"grammar must be None, 'json' or 'any', got {name!r}")
 
 
 def _dtypes(target, draft) -> dict:
