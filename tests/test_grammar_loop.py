@@ -248,36 +248,54 @@ class Biased:
         return logits
 
 
-class UnmaskedDrafter(ModelDrafter):
-    """Drafts as if there were no grammar (the loop fills the masks from its proposal)."""
+def blind(make):
+    """``make()``'s drafter, drafting as if there were no grammar (the loop fills the masks
+    from its proposal)."""
 
-    drafts_under_grammar = False
+    def build(model):
+        drafter = make(model)
+        drafter.drafts_under_grammar = False
+        return drafter
+
+    return build
 
 
-def test_a_grammar_that_forbids_the_drafts_favourite_token(pair, info):
-    """Draft = target = a model that always prefers ``a``. Without a grammar every draft is
-    accepted; under ``[b-z]+`` a drafter blind to the grammar drafts ``a`` and loses every
-    draft, while drafting under the grammar keeps acceptance at 1; the output is valid and the
-    target's constrained greedy decoding either way."""
+SHAPES = {
+    "chain": (lambda m: ModelDrafter(m), 4),
+    "path_tree": (lambda m: TreeDrafter(m, StaticTree([1, 1, 1, 1])), 4),
+    "dynamic_tree": (lambda m: TreeDrafter(m, DynamicTree(8, 2, 4)), 4),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_grammar_that_forbids_the_drafts_favourite_token(pair, info, shape):
+    """Draft = target = a model that always prefers ``a``. Without a grammar every draft of a
+    chain is accepted; under ``[b-z]+`` a drafter blind to the grammar drafts ``a`` and loses
+    those drafts, while drafting under the grammar keeps acceptance at 1 (a tree: higher than
+    blind); the output is valid and the target's constrained greedy decoding either way."""
     target, _ = pair
     a = ord("a")
     compiled = compile_regex(info, "[b-z]+")
     prompts, n = ragged_prompts(3, seed=4), 24
+    make, k = SHAPES[shape]
 
-    def decode(drafter_cls, grammar):
+    def decode(make_drafter, grammar):
         model = Biased(CausalLMAdapter(target), a)
-        drafter = drafter_cls(Biased(CausalLMAdapter(target), a))
-        return Decoder(model, drafter, 4).run(prompts, n, grammar=grammar)
+        drafter = make_drafter(Biased(CausalLMAdapter(target), a))
+        return Decoder(model, drafter, k).run(prompts, n, grammar=grammar)
 
-    free = decode(ModelDrafter, None)
-    assert free.stats.acceptance_rate == 1.0
+    free = decode(make, None)
     assert all(set(s[len(p) :]) == {a} for s, p in zip(free.sequences, prompts))
-    blind = decode(UnmaskedDrafter, compiled)
-    aware = decode(ModelDrafter, compiled)
-    assert blind.stats.acceptance_rate == 0.0
-    assert aware.stats.acceptance_rate == 1.0
+    unaware = decode(blind(make), compiled)
+    aware = decode(make, compiled)
+    if shape == "dynamic_tree":  # the other children of a node are not the target's choice
+        assert unaware.stats.acceptance_rate < aware.stats.acceptance_rate
+    else:
+        assert free.stats.acceptance_rate == 1.0
+        assert unaware.stats.acceptance_rate == 0.0
+        assert aware.stats.acceptance_rate == 1.0
     want = Decoder(Biased(CausalLMAdapter(target), a)).run(prompts, n, grammar=compiled)
-    for res in (blind, aware):
+    for res in (unaware, aware):
         assert res.sequences == want.sequences
         for b, (s, p) in enumerate(zip(res.sequences, prompts)):
             assert a not in s[len(p) :]
