@@ -367,3 +367,24 @@ def test_bench_e2e_grammar_rows():
     assert all(r["grammar"] == "json" for r in rows)
     (spec,) = [r for r in rows if r["system"] == "specdec"]
     assert spec["matches_target_only"] and spec["speedup_vs_target_only"] > 0
+
+
+def test_transformers_speculative_generate_takes_the_grammar(pair, any_json):
+    """The same pair converted with ``to_hf()``: ``speculative_generate(..., grammar=)`` gives
+    the constrained tokens of ``sk.SpeculativeGenerator`` (sampling, same seed), padded."""
+    pytest.importorskip("transformers")
+    from specdec_kernels.integrations.transformers import speculative_generate
+
+    target, draft = pair
+    prompts = [[5, 6, 7], [8, 9, 10]]
+    ours = sk.SpeculativeGenerator(target, draft, 3).generate(
+        prompts, 20, temperature=1.0, seed=8, grammar=any_json
+    )
+    theirs = speculative_generate(
+        target.to_hf(), draft.to_hf(), torch.tensor(prompts), max_new_tokens=20,
+        do_sample=True, num_speculative_tokens=3, seed=8, pad_token_id=EOS, grammar=any_json,
+    )  # fmt: skip
+    for b, p in enumerate(prompts):
+        new = ours.sequences[b][len(p) :]
+        assert theirs[b, 3 : 3 + len(new)].tolist() == new, f"row {b}"
+        assert_valid(any_json, new, 20, what=f"row {b}")
