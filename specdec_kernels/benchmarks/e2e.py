@@ -71,7 +71,11 @@ DEMO_SCHEMA = {
     "properties": {
         "name": {"type": "string", "pattern": "[a-z_]{1,16}"},
         "size": {"type": "integer"},
-        "args": {"type": "array", "items": {"type": "string", "pattern": "[a-z_]{1,16}"}},
+        "args": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "[a-z_]{1,16}"},
+            "maxItems": 3,
+        },
         "default": {"anyOf": [{"type": "string", "pattern": "[a-z_]{1,16}"}, {"type": "null"}]},
     },
     "required": ["name", "size", "args", "default"],
