@@ -156,6 +156,12 @@ def sampling_controls(b: int, device: torch.device, temperature, top_k, top_p):
     return temp, topk, topp
 
 
+def all_greedy(temperature) -> bool:
+    """The one rule "temperature 0 is greedy" for a whole call: a host scalar ``0`` (a ``[B]``
+    tensor decides per row, inside the kernels)."""
+    return isinstance(temperature, numbers.Real) and temperature == 0
+
+
 def check_scalar_ranges(temperature, top_k, top_p) -> None:
     """Range checks of Python-number arguments: free, so they always run."""
     if isinstance(temperature, numbers.Real) and not temperature >= 0:
