@@ -25,7 +25,13 @@ accepted path (:mod:`specdec_kernels.decoding.proposals`).
 """
 
 from specdec_kernels.decoding.adapters import CachedModel, CausalLMAdapter, HFAdapter
-from specdec_kernels.decoding.core import Decoder, DecodeResult, GenerationStats, Sampling
+from specdec_kernels.decoding.core import (
+    Decoder,
+    DecodeResult,
+    GenerationStats,
+    Sampling,
+    TopLogprobs,
+)
 from specdec_kernels.decoding.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_kernels.decoding.proposals import ChainProposal, TreeProposal
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
@@ -44,6 +50,7 @@ __all__ = [
     "NgramDrafter",
     "Sampling",
     "StaticTree",
+    "TopLogprobs",
     "TreeDrafter",
     "TreeProposal",
 ]
