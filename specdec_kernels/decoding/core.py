@@ -378,8 +378,19 @@ class Decoder:
         eos_token_id: int | None = None,
         seed: int | None = None,
         progress=None,
+        on_step=None,
     ) -> DecodeResult:
-        """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc)."""
+        """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc).
+
+        ``progress(generated_tokens, live_rows)`` is called after each step's host sync.
+        ``on_step(rows, start, count, logits, ver)`` is called after each step's commit, with
+        device tensors and no sync: ``rows`` ``[B]`` (the live rows' indices in ``prompts``),
+        ``start`` / ``count`` ``[B]`` (the step committed generated tokens ``start ..
+        start + count - 1`` of each row, after the eos and budget cuts), the pass's target
+        ``logits`` ``[B, W, V]`` and the verification ``ver`` (chains: emitted token ``j`` was
+        decided at ``logits[:, j]``; trees: at node ``ver.accepted_nodes[:, j]``). The
+        ``transformers`` integration collects ``scores`` with it.
+        """
         if (
             not isinstance(max_new_tokens, int)
             or isinstance(max_new_tokens, bool)
@@ -408,7 +419,7 @@ class Decoder:
         k_loop = self.max_k
         while kept is not None:
             st, tracker, _ = kept
-            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed)
+            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed, on_step)
             stats.target_forwards += 1
             if self.drafter is not None:
                 stats.draft_forwards += self.drafter.forwards_per_step(k_loop)
@@ -491,7 +502,9 @@ class Decoder:
             self.drafter.prefill(rows_in, capacity)
         return st, tracker
 
-    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed):
+    def _step(
+        self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed, on_step=None
+    ):
         """Draft, one target pass, verify, commit. Returns ``(num_accepted, k)``.
 
         The step's seeds ``[B]`` key the drafter's draws (``rng.PURPOSE_DRAFT``) and the
@@ -520,7 +533,10 @@ class Decoder:
         ops = getattr(self.target, "verify_ops", None)
         ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend)
         prop.keep(self.target, self.drafter, ver)
+        before = st.seq_len
         self._commit(st, ver, eos)
+        if on_step is not None:
+            on_step(st.ids, before - st.prompt_len, st.seq_len - before, logits, ver)
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]
         tracker.update(n, k)
         if self.auto:
