@@ -252,3 +252,25 @@ def test_no_warning_without_serving_options(pair):
         warnings.simplefilter("error")
         out = sk.SpeculativeGenerator(target, draft, 2).generate([[1, 2, 3]], 6)
     assert out.logprobs is None and out.top_logprobs is None
+
+
+# ---------------------------------------------------------------- the e2e bench rows
+def test_e2e_block_rows_are_configured_at_sampling_temperatures_only():
+    import dataclasses
+
+    from specdec_kernels.benchmarks import e2e
+
+    assert "specdec_block" not in e2e.E2EConfig().systems  # only with --block
+    cfg = dataclasses.replace(e2e.QUICK, systems=("specdec", "specdec_block"))
+    configs = list(e2e._configs(cfg, hf_ok=False))
+    block = [c for c in configs if c[0] == "specdec_block"]
+    assert block and all(t > 0 for _, _, _, t in block)
+    assert {c[1:] for c in block} == {c[1:] for c in configs if c[0] == "specdec" and c[3] > 0}
+    rows = [
+        {"system": s, "batch_size": 1, "num_speculative_tokens": 4, "temperature": 1.0,
+         "mean_accepted": m, "tokens_per_second": tps}
+        for s, m, tps in (("specdec", 1.5, 100.0), ("specdec_block", 1.75, 110.0))
+    ]  # fmt: skip
+    block_row = e2e._against_token(rows)[1]
+    assert block_row["mean_accepted_vs_token"] == 0.25
+    assert block_row["tokens_per_second_vs_token"] == 1.1
