@@ -533,7 +533,7 @@ class Decoder:
         ops = getattr(self.target, "verify_ops", None)
         ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend)
         prop.keep(self.target, self.drafter, ver)
-        before = st.seq_len
+        before = None if on_step is None else st.seq_len.clone()  # [B]
         self._commit(st, ver, eos)
         if on_step is not None:
             on_step(st.ids, before - st.prompt_len, st.seq_len - before, logits, ver)

@@ -185,6 +185,7 @@ def speculative_generate(
         num_logprobs if return_dict_in_generate else 0,
     )
     keep = ("scores",) * bool(output_scores) + ("logits",) * bool(output_logits)
+    keep = keep if return_dict_in_generate else ()
     rows = _StepRows(len(prompts), max_new_tokens, target.vocab_size, sampling, keep, target.device)
     result = decoder.run(
         prompts,
@@ -192,7 +193,7 @@ def speculative_generate(
         sampling,
         eos_token_id=eos_token_id,
         seed=seed,
-        on_step=rows if keep and return_dict_in_generate else None,
+        on_step=rows if keep else None,
     )
     pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
     out = torch.full((len(prompts), max_new_tokens), pad, dtype=torch.int64)
