@@ -64,8 +64,14 @@ class ChainProposal:
             sampling_op = functools.partial(verify_sampling, backend=backend)
         else:
             greedy_op, sampling_op = ops
-        if sampling.greedy:
-            return greedy_op(logits, self.drafts, num_draft_tokens=self.num_draft, validate=False)
+        if sampling.greedy:  # verify_method changes nothing here
+            return greedy_op(
+                logits,
+                self.drafts,
+                num_draft_tokens=self.num_draft,
+                validate=False,
+                **sampling.logprob_kwargs,
+            )
         return sampling_op(
             logits,
             self.drafts,
@@ -76,6 +82,8 @@ class ChainProposal:
             num_draft_tokens=self.num_draft,
             seed=seeds,
             validate=False,
+            **sampling.method_kwargs,
+            **sampling.logprob_kwargs,
         )
 
     def keep(self, target, drafter, ver) -> None:
@@ -155,6 +163,7 @@ class TreeProposal:
                 max_depth=self.depth,
                 backend=backend,
                 validate=False,
+                **sampling.logprob_kwargs,
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
         # sampled ones come with the distributions they were drawn from
@@ -172,6 +181,7 @@ class TreeProposal:
             seed=seeds,
             backend=backend,
             validate=False,
+            **sampling.logprob_kwargs,
         )
 
     def keep(self, target, drafter, ver) -> None:
