@@ -156,6 +156,12 @@ def sampling_controls(b: int, device: torch.device, temperature, top_k, top_p):
     return temp, topk, topp
 
 
+def all_greedy(temperature) -> bool:
+    """The one rule "temperature 0 is greedy" for a whole call: a host scalar ``0`` (a ``[B]``
+    tensor decides per row, inside the kernels)."""
+    return isinstance(temperature, numbers.Real) and temperature == 0
+
+
 def check_scalar_ranges(temperature, top_k, top_p) -> None:
     """Range checks of Python-number arguments: free, so they always run."""
     if isinstance(temperature, numbers.Real) and not temperature >= 0:
@@ -565,25 +571,9 @@ def check_tree_values(
                     f"{what}: sum = {float(sums[row, node]):.6g}, "
                     f"min = {float(draft_probs[row, node].min()):.6g}"
                 )
+    check_control_values(temperature, top_k, top_p)
     if temperature is not None:
-        bad = ~(temperature >= 0) | ~torch.isfinite(temperature)
-        if bool(bad.any()):
-            (row,) = first_index(bad)
-            raise ValueError(
-                "temperature must be finite and >= 0, got "
-                f"temperature[{row}] = {float(temperature[row])}"
-            )
         check_temperature_range(live_logits, temperature)
-    if top_k is not None:
-        bad = top_k < 0
-        if bool(bad.any()):
-            (row,) = first_index(bad)
-            raise ValueError(f"top_k must be >= 0 (0 = off), got top_k[{row}] = {int(top_k[row])}")
-    if top_p is not None:
-        bad = ~((top_p > 0) & (top_p <= 1))
-        if bool(bad.any()):
-            (row,) = first_index(bad)
-            raise ValueError(f"top_p must be in (0, 1], got top_p[{row}] = {float(top_p[row])}")
 
 
 def check_token_bitmask(token_bitmask, leading: tuple, v: int, device, labels: str) -> None:

@@ -284,6 +284,15 @@ def verify_tree_greedy(
         ``num_nodes`` (one host read: a device sync on CUDA, whatever ``validate`` says). With
         ``validate=True`` a tree deeper than ``max_depth`` raises ``ValueError``; with
         ``False`` its accepted path is cut to the ``max_depth + 1`` columns.
+    token_bitmask : Tensor, optional
+        int32 `[B, N, W]`, ``W = ceil(V / 32)`` (xgrammar's layout): node ``i``'s row of allowed
+        tokens, applied as ``-inf`` logits inside the kernel, as in
+        :func:`specdec_kernels.verify_greedy` (``validate=True``: a real node whose allowed
+        tokens are all ``-inf`` raises ``ValueError``).
+    logprobs, num_logprobs
+        As in :func:`specdec_kernels.verify_greedy`: ``TreeVerification.logprobs`` `[B, D+1]`
+        (the token at depth ``d`` scored by node ``accepted_nodes[b, d]``'s row) and
+        ``top_logprobs`` / ``top_ids`` `[B, D+1, n]`.
     backend : {None, "triton", "native", "reference"}
         As in :func:`specdec_kernels.verify_greedy`.
     validate : bool
@@ -389,6 +398,9 @@ def verify_tree_sampling(
     temperature, top_k, top_p, seed, generator
         As in :func:`specdec_kernels.verify_sampling`; ``temperature = 0`` rows are exactly
         :func:`verify_tree_greedy`'s.
+    token_bitmask, logprobs, num_logprobs
+        As in :func:`verify_tree_greedy`; ``"processed"`` logprobs follow the filtered target
+        distribution at each node (greedy rows: the masked ``log_softmax`` at temperature 1).
     backend, validate
         As in :func:`verify_tree_greedy`; ``validate`` also checks, as
         :func:`specdec_kernels.verify_sampling` does, the draft rows of real nodes with a real
@@ -458,7 +470,7 @@ def verify_tree_sampling(
     n_logprobs = _serving_args(target_logits, nn, token_bitmask, logprobs, num_logprobs, validate)
     resolved = resolve_backend(backend, device)
 
-    if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
+    if check.all_greedy(temperature):  # all rows greedy
         if validate:
             check.check_tree_values(target_logits, tree_tokens, parents, nn)
             _check_depth(parents, nn, max_depth)

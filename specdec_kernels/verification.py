@@ -327,6 +327,28 @@ def verify_greedy(
     max_spec_len : int, optional
         With ``cu_num_draft_tokens``: ``K`` of the output, at least every ``k_b``. ``None``
         computes it from ``cu_num_draft_tokens`` (one host synchronisation).
+    token_bitmask : Tensor, optional
+        int32 `[B, K+1, W]` (flat layout: `[num_tokens + B, W]`, like the logits' rows),
+        ``W = ceil(V / 32)``, xgrammar's layout (``xgrammar.allocate_token_bitmask``): bit ``j``
+        of word ``w`` set means token ``32 w + j`` is allowed at that position; bits past ``V``
+        are ignored. A disallowed token is a ``-inf`` logit, before temperature and filters:
+        the result equals the call on ``logits.masked_fill(~allowed, -inf)`` for the same seeds,
+        without that copy being written. A disallowed draft token is rejected. With
+        ``validate=True`` a position ``<= k_b`` whose allowed tokens all have ``-inf`` logits
+        raises ``ValueError`` naming the row and position.
+    logprobs : {None, "raw", "processed"}
+        Also return ``Verification.logprobs`` `[B, K+1]` float32: the log-probability of each
+        emitted token (``-inf`` at padding). ``"raw"``: ``log_softmax(target_logits)`` at the
+        token, before temperature, filters and mask. ``"processed"``: the log of the
+        distribution the token was decided from (temperature, top-k, top-p, mask; greedy rows:
+        the masked ``log_softmax`` at temperature 1). Within ``1e-5`` of a float64 computation
+        for float32 logits. Computed by one more op (``torch.ops.specdec.emitted_logprobs``)
+        that reads only the emitted positions' rows; no `[B, K+1, V]` tensor is written.
+    num_logprobs : int
+        ``n`` in ``[0, 20]`` (``> 0`` needs ``logprobs``): also ``top_logprobs`` float32 and
+        ``top_ids`` int64, `[B, K+1, n]`: the ``n`` most likely tokens of the same distribution
+        at each emitted position, most likely first, ties by the lower id; ``-inf`` / ``-1`` at
+        padding and in slots past the tokens with nonzero probability.
     backend : {None, "triton", "native", "reference"}
         ``None``: Triton for CUDA tensors; for CPU tensors the native C++ kernels where the
         extension is built, else the reference; unless the environment variable
@@ -472,6 +494,17 @@ def verify_sampling(
         vLLM's flattened layout, as in :func:`verify_greedy`: ``target_logits [num_tokens + B,
         V]``, ``draft_tokens [num_tokens]``, ``draft_probs [num_tokens, V]`` (or None), read in
         place through per-request offsets; same tokens as the padded call with the same seeds.
+    method : {"token", "block"}
+        ``"token"``: the rule above, draft by draft. ``"block"``: block verification (Sun et
+        al., "Block Verification Accelerates Speculative Decoding", 2024,
+        https://arxiv.org/abs/2403.10444; vLLM's ``use_block_verification``), which judges the
+        draft block jointly: lossless like ``"token"`` and never fewer accepted tokens in
+        expectation on the same inputs (the specification, with the paper's notation, is
+        :func:`specdec_kernels.reference.verify_block.verify_block`). Same random numbers as
+        ``"token"``; greedy rows are unaffected.
+    token_bitmask, logprobs, num_logprobs
+        As in :func:`verify_greedy`; ``"processed"`` is the filtered ``p_j`` above (greedy rows:
+        the masked ``log_softmax`` at temperature 1).
     backend, validate
         As in :func:`verify_greedy`. ``validate`` also checks that ``draft_probs`` rows at live
         positions are non-negative and sum to 1 (tolerance ``max(1e-3, eps(dtype))``: bfloat16
@@ -541,7 +574,7 @@ def verify_sampling(
             check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
         serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
         seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
-        greedy = isinstance(temperature, numbers.Real) and temperature == 0
+        greedy = check.all_greedy(temperature)
         resolved = resolve_backend(backend, target_logits.device)
         ver = run_chain(
             target_logits,
@@ -572,18 +605,17 @@ def verify_sampling(
     serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
     resolved = resolve_backend(backend, device)
 
-    if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
-        if validate:
-            check.check_values(target_logits, draft_tokens, nd)
-        ver = run_chain(
+    if check.all_greedy(temperature):  # all rows greedy
+        return verify_greedy(
             target_logits,
             draft_tokens,
             num_draft_tokens=nd,
             token_bitmask=token_bitmask,
-            mode="greedy",
-            backend=resolved,
+            logprobs=logprobs,
+            num_logprobs=num_logprobs,
+            backend=backend,
+            validate=validate,
         )
-        return serving.finish(ver, resolved)
 
     temp, topk, topp = _controls(b, device, temperature, top_k, top_p, seed)
     if validate:

@@ -126,7 +126,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--systems",
         type=_csv(str),
         default=None,
-        help="comma-separated: specdec,target_only,hf_assisted,hf_target_only",
+        help="comma-separated: specdec,target_only,hf_assisted,hf_target_only "
+        "(default), specdec_block",
+    )
+    e.add_argument(
+        "--block",
+        action="store_true",
+        help="also specdec with verify_method='block' (block verification) at the sampling "
+        "temperatures: accepted per pass and tokens/s against 'token' (system specdec_block)",
     )
     e.add_argument(
         "--threads",
@@ -336,6 +343,8 @@ def _e2e(args) -> int:
         if v is not None
     }
     cfg = dataclasses.replace(cfg, **over)
+    if args.block and "specdec_block" not in cfg.systems:
+        cfg = dataclasses.replace(cfg, systems=(*cfg.systems, "specdec_block"))
     unknown = set(cfg.systems) - set(e2e.SYSTEMS)
     if unknown:
         raise SystemExit(

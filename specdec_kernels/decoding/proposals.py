@@ -78,9 +78,14 @@ class ChainProposal:
             sampling_op = functools.partial(verify_sampling, backend=backend)
         else:
             greedy_op, sampling_op = ops
-        if sampling.greedy:
+        if sampling.greedy:  # verify_method changes nothing here
             return greedy_op(
-                logits, self.drafts, num_draft_tokens=self.num_draft, validate=False, **mask
+                logits,
+                self.drafts,
+                num_draft_tokens=self.num_draft,
+                validate=False,
+                **sampling.logprob_kwargs,
+                **mask,
             )
         return sampling_op(
             logits,
@@ -92,6 +97,8 @@ class ChainProposal:
             num_draft_tokens=self.num_draft,
             seed=seeds,
             validate=False,
+            **sampling.method_kwargs,
+            **sampling.logprob_kwargs,
             **mask,
         )
 
@@ -182,6 +189,7 @@ class TreeProposal:
                 max_depth=self.depth,
                 backend=backend,
                 validate=False,
+                **sampling.logprob_kwargs,
                 **mask,
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
@@ -200,6 +208,7 @@ class TreeProposal:
             seed=seeds,
             backend=backend,
             validate=False,
+            **sampling.logprob_kwargs,
             **mask,
         )
 

@@ -4,10 +4,14 @@ The random numbers here are the uint32 twins of :mod:`specdec_kernels.reference.
 same mixer, bit-identical draws). The chunk helpers compute the per-chunk statistics that both
 launch strategies of :mod:`specdec_kernels.ops.verify_sampling` combine in the same order, which is
 what makes the two strategies give identical results. :func:`launch` is how every op launches
-its kernels (one interpreted launch at a time, see below).
+its kernels (one interpreted launch at a time, see below); :func:`launch_config`,
+:func:`row_controls` and the ``COMPILE`` options are the host side every verification launcher
+shares, and :func:`row_sampling` / :func:`row_filters` / :func:`position_stats` the per-row and
+per-position setup of every verification kernel.
 """
 
 import contextlib
+import dataclasses
 import os
 import threading
 
@@ -33,6 +37,17 @@ SEARCH_ROUNDS = tl.constexpr(9)
 UNIFORM_SHIFT = tl.constexpr(9)  # u = ((r >> 9) + 0.5) * 2**-23: exact, in [2**-24, 1 - 2**-24]
 UNIFORM_SCALE = tl.constexpr(2.0**-23)
 EXP_FLOOR = tl.constexpr(2.0**-25)
+TILES_PER_CHUNK = 4
+NUM_PIVOTS = 16
+# No FMA contraction: every kernel then rounds the shared chunk arithmetic the same way, which the
+# identical-results promise between the two chain strategies relies on (and it tracks the
+# reference).
+COMPILE = {"enable_fp_fusion": False}
+# The walking kernels (the chain's row strategy, the tree) keep a position's statistics, filter
+# state and race state live at once; under ptxas's default budget (128 registers at 4 warps) some
+# variants spill. 192 registers remove every spill at sm_80 and sm_90 (tests/aot_compile.py
+# --fail-on-spills); 2 programs fit an SM.
+WALK_COMPILE = {**COMPILE, "maxnreg": 192}
 
 # Triton's interpreter keeps the launch it is running in module globals (the grid, the patched
 # `triton.language`), so two interpreted launches from different threads corrupt each other
@@ -51,6 +66,45 @@ def _interpreter_lock(kernel):
     if isinstance(kernel, InterpretedFunction) or os.environ.get("TRITON_INTERPRET") == "1":
         return _INTERPRETER_LOCK
     return contextlib.nullcontext()
+
+
+def launch_config(vocab_size: int) -> dict:
+    """Tile sizes, fixed by ``V`` alone so that every kernel chunks a row identically."""
+    block = min(1024, triton.next_power_of_2(vocab_size))
+    chunk = block * TILES_PER_CHUNK
+    return {
+        "BLOCK": block,
+        "CHUNK": chunk,
+        "TBLOCK": min(128, block),
+        "NPIV": NUM_PIVOTS,
+        "NCHUNK": triton.cdiv(vocab_size, chunk),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class RowControls:
+    """The ``[B]`` control tensors a verification kernel is passed, and its filter flags."""
+
+    temperature: object  # [B] float32
+    top_k: object  # [B] int64
+    top_p: object  # [B] float32
+    seeds: object  # [B] int64
+    has_top_k: bool
+    has_top_p: bool
+
+
+def row_controls(placeholder, temperature, top_k, top_p, seeds, *, greedy_only: bool):
+    """:class:`RowControls` of one call. A pointer the kernel never reads still needs a tensor:
+    ``placeholder`` (any ``[B]`` tensor of the call) stands for the controls that are None or,
+    with ``greedy_only``, ignored; the filter flags are off for greedy-only calls."""
+    return RowControls(
+        temperature=placeholder if greedy_only else temperature,
+        top_k=top_k if top_k is not None else placeholder,
+        top_p=top_p if top_p is not None else placeholder,
+        seeds=placeholder if greedy_only else seeds,
+        has_top_k=top_k is not None and not greedy_only,
+        has_top_p=top_p is not None and not greedy_only,
+    )
 
 
 @triton.jit
@@ -101,6 +155,48 @@ def uniform(stream, index):
 def uniform_first(stream):
     """The uniform of ``stream`` at index 0 (the accept test's number)."""
     return _unit(fmix32(stream), stream)
+
+
+@triton.jit
+def row_count(ptr, b, lo, hi):  # ptr: [B] integer counts (num_draft_tokens, num_nodes)
+    """Row ``b``'s count clamped to ``[lo, hi]``, int32 (bad counts stay in bounds)."""
+    return tl.minimum(tl.maximum(tl.load(ptr + b).to(tl.int32), lo), hi)
+
+
+@triton.jit
+def row_temperature(temp_ptr, b, GREEDY_ONLY: tl.constexpr):  # temp_ptr: [B]
+    """(temperature used for x = logit / T, is this a greedy row)."""
+    if GREEDY_ONLY:
+        t = tl.full([], 1.0, tl.float32)
+        greedy = t == t
+    else:
+        t = tl.load(temp_ptr + b).to(tl.float32)
+        greedy = t == 0.0
+        t = tl.where(greedy, 1.0, t)
+    return t, greedy
+
+
+@triton.jit
+def row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY: tl.constexpr):  # [B] each
+    """(temperature, is-greedy flag, RNG row key) of row ``b``."""
+    temp, greedy = row_temperature(temp_ptr, b, GREEDY_ONLY)
+    if GREEDY_ONLY:
+        key = tl.zeros([], tl.uint32)
+    else:
+        key = row_key(tl.load(seed_ptr + b))
+    return temp, greedy, key
+
+
+@triton.jit
+def row_filters(topk_ptr, topp_ptr, b, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr):
+    """(top_k, top_p) of row ``b`` from ``[B]`` tensors; 0 and 1.0 (off) where a flag is off."""
+    top_k = 0
+    top_p = 1.0
+    if HAS_TOPK:
+        top_k = tl.load(topk_ptr + b)
+    if HAS_TOPP:
+        top_p = tl.load(topp_ptr + b).to(tl.float32)
+    return top_k, top_p
 
 
 @triton.jit
@@ -312,6 +408,34 @@ def thresholds(row_ptr,  # [V] one logits row
                 LOG_X,
             )
     return kappa, z
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def position_stats(row_ptr,  # [V] one position's (or node's) logits row
+                   V, temp, greedy, top_k, top_p, NEED_SUM: tl.constexpr,
+                   HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NCHUNK,
+                   LOG_X: tl.constexpr = False):
+    """(max of x, first argmax, key threshold, kept mass) of one row, read by a walking kernel:
+    chunk statistics merged in chunk order, then (sampling rows) the top-k / top-p search."""
+    big_m = tl.full([], float("-inf"), tl.float32)
+    big_s = tl.zeros([], tl.float32)
+    big_a = tl.zeros([], tl.int32)
+    for c in range(0, NCHUNK):
+        m, s, a = chunk_stats(row_ptr, c * CHUNK, V, temp, NEED_SUM, CHUNK, BLOCK, LOG_X)
+        big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z = big_s
+    if NEED_SUM:
+        if greedy == 0:
+            kappa, z = thresholds(
+                row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+                TBLOCK, NCHUNK, LOG_X,
+            )
+    return big_m, big_a, kappa, z
 # fmt: on
 
 

@@ -15,8 +15,24 @@ helper and merged in chunk order. Two launch strategies use that helper:
 Both merge the same partial values in the same order, so their results are identical. Nothing is
 materialised beyond ``[B, K+1, NCHUNK]`` partials; the only large cost is reading logits (and the
 draft probabilities of the rejected position).
+
+Vocabulary: a row's draft tokens are *accepted* in order until the first rejection; the token
+emitted after them is the *recovered* token (sampled from the residual ``max(0, p - q)``) at a
+rejected draft, or the *bonus* token (sampled from ``p``) when every draft was accepted; the
+*emitted* tokens are the accepted ones and that one.
+
+Stages. Host: :func:`verify` reads the input forms into :class:`_Args` (the rows' layout and
+strides :func:`_rows`, the ``[B]`` controls ``_common.row_controls``, the tile sizes
+``_common.launch_config``), allocates the outputs and launches one strategy
+(:func:`_launch_row`, or :func:`_launch_split` with one function per kernel). Device, per
+position: its rows (:func:`_row`), its statistics and filter threshold
+(``_common.position_stats`` in the row kernel, :func:`_merged_stats` and :func:`_filter_state`
+from the split partials), the decision :func:`_decide` shared by both strategies (the acceptance
+rule :func:`_accepts`, then at the stop position the race :func:`_recovered_or_bonus`), and the
+row's output (:func:`_write_row`). Every logit is read through ``_common.load_x``.
 """
 
+import dataclasses
 import functools
 
 import torch
@@ -24,33 +40,33 @@ import triton
 import triton.language as tl
 
 from specdec_kernels.ops._common import (
+    COMPILE,
     KEY_FLOOR,
     PURPOSE_SAMPLE,
+    WALK_COMPILE,
+    RowControls,
     accept_draft,
     chunk_race,
     chunk_stats,
     launch,
+    launch_config,
     merge_best,
     merge_stats,
+    position_stats,
+    row_controls,
+    row_count,
+    row_filters,
     row_key,
+    row_sampling,
+    row_temperature,
     stream_key,
     thresholds,
 )
 
-TILES_PER_CHUNK = 4
-NUM_PIVOTS = 16
-# No FMA contraction: every kernel then rounds the shared chunk arithmetic the same way, which the
-# identical-results promise between the two strategies relies on (and it tracks the reference).
-_COMPILE = {"enable_fp_fusion": False}
-# The row kernel keeps a position's statistics, filter state and race state live at once; under
-# ptxas's default budget (128 registers at 4 warps) some variants spill. 192 registers remove
-# every spill at sm_80 and sm_90 (tests/aot_compile.py --fail-on-spills); 2 programs fit an SM.
-_ROW_COMPILE = {**_COMPILE, "maxnreg": 192}
-
 
 def compile_options(kernel) -> dict:
     """The compile options a kernel of this module is launched with (for the AOT checks)."""
-    return _ROW_COMPILE if kernel is _verify_row_kernel else _COMPILE
+    return WALK_COMPILE if kernel is _verify_row_kernel else COMPILE
 
 
 @triton.jit
@@ -66,32 +82,14 @@ def _row(ptr, start_ptr, b, j, stride_b, stride_k, nrows, FLAT: tl.constexpr):
 
 
 @triton.jit
-def _row_temperature(temp_ptr, b, GREEDY_ONLY: tl.constexpr):  # temp_ptr: [B]
-    """(temperature used for x = logit / T, is this a greedy row)."""
-    if GREEDY_ONLY:
-        t = tl.full([], 1.0, tl.float32)
-        greedy = t == t
-    else:
-        t = tl.load(temp_ptr + b).to(tl.float32)
-        greedy = t == 0.0
-        t = tl.where(greedy, 1.0, t)
-    return t, greedy
-
-
-@triton.jit
-def _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY: tl.constexpr):  # [B] each
-    """(k_b clamped to [0, K], temperature, is-greedy flag, RNG row key) of row ``b``."""
-    kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
-    temp, greedy = _row_temperature(temp_ptr, b, GREEDY_ONLY)
-    if GREEDY_ONLY:
-        key = tl.zeros([], tl.uint32)
-    else:
-        key = row_key(tl.load(seed_ptr + b))
-    return kb, temp, greedy, key
+def _draft(draft_ptr, stride_db, b, j, kb):  # draft_ptr: [B, K]
+    """Draft token of position ``j`` of row ``b``, int32; -1 at the bonus position ``j == k_b``."""
+    return tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
 
 
 @triton.jit
 def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):  # [B*(K+1), NCHUNK]
+    """(max, sum of exp, first argmax) of one position from its chunk partials, in chunk order."""
     big_m = tl.full([], float("-inf"), tl.float32)
     big_s = tl.zeros([], tl.float32)
     big_a = tl.zeros([], tl.int32)
@@ -105,6 +103,103 @@ def _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, base, NCHUNK):  # [B*(K+1)
             tl.load(part_a_ptr + base + c),
         )
     return big_m, big_s, big_a
+
+
+@triton.jit
+def _filter_state(kappa_ptr, z_ptr, pos, big_s, HAS_FILTER: tl.constexpr):  # [B*(K+1)] each
+    """(key threshold, kept mass) of position ``pos``: the threshold kernel's, or without a
+    filter "keep everything" and ``Z = sum of exp``."""
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z = big_s
+    if HAS_FILTER:
+        kappa = tl.load(kappa_ptr + pos)
+        z = tl.load(z_ptr + pos)
+    return kappa, z
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _accepts(row_ptr,  # [V] logits row of position j
+             q_row,  # [V] its draft probabilities (if HAS_Q)
+             draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
+             GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, LOG_X: tl.constexpr):
+    """The acceptance rule: is the draft at position ``j < k_b`` accepted? A greedy row accepts
+    the argmax ``a``; a sampling row accepts when ``u * q(x) < p(x)`` (``_common.accept_draft``).
+    The bonus position ``j == k_b`` never accepts."""
+    accepted = draft == a
+    if not GREEDY_ONLY:
+        if (greedy == 0) & (j < kb):
+            accepted = accept_draft(
+                row_ptr, q_row, draft, V, temp, m, z, kappa, key, j, HAS_Q, LOG_X
+            )
+    return accepted & (j < kb)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unless PARTIALS)
+                        q_row,  # [V] its draft probabilities (if HAS_Q, unless PARTIALS)
+                        race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race (PARTIALS)
+                        race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race (PARTIALS)
+                        draft, j, kb, V, temp, key, m, z, kappa, pos, NCHUNK,
+                        PARTIALS: tl.constexpr, HAS_Q: tl.constexpr, CHUNK: tl.constexpr,
+                        BLOCK: tl.constexpr, LOG_X: tl.constexpr):
+    """The token a sampling row emits at its stop position ``j``: the recovered token (the race
+    over ``max(0, p - q)``) at a rejected draft, else the bonus token (the race over ``p``). The
+    chunks' race winners are merged in chunk order; they are run here over the row, or with
+    ``PARTIALS`` read from the split race kernel's partials of position ``pos``."""
+    stream = stream_key(key, j, PURPOSE_SAMPLE)
+    r_best = tl.zeros([], tl.float32)
+    r_idx = tl.zeros([], tl.int32)
+    p_best = tl.full([], -1.0, tl.float32)
+    p_idx = tl.zeros([], tl.int32)
+    for c in range(0, NCHUNK):
+        if PARTIALS:
+            at = pos * NCHUNK + c
+            rb = tl.load(race_rb_ptr + at)
+            ri = tl.load(race_ri_ptr + at)
+            pb = tl.load(race_pb_ptr + at)
+            pi = tl.load(race_pi_ptr + at)
+        else:
+            rb, ri, pb, pi = chunk_race(
+                row_ptr, q_row, draft, c * CHUNK, V, temp, m, z, kappa, stream,
+                tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X,
+            )
+        r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
+        p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
+    return tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _decide(row_ptr,  # [V] logits row of position j
+            q_row,  # [V] its draft probabilities (if HAS_Q)
+            race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials (PARTIALS)
+            race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials (PARTIALS)
+            draft, j, kb, V, temp, greedy, key, m, a, z, kappa, pos, NCHUNK,
+            GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, PARTIALS: tl.constexpr,
+            CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr):
+    """(is the draft at position ``j`` accepted, the token emitted at ``j`` if not): the argmax
+    ``a`` for a greedy row, :func:`_recovered_or_bonus` for a sampling one. Both strategies
+    decide here; they differ only in where the race winners come from (``PARTIALS``)."""
+    accepted = _accepts(
+        row_ptr, q_row, draft, j, kb, V, temp, greedy, key, m, a, z, kappa, GREEDY_ONLY, HAS_Q,
+        LOG_X,
+    )
+    token = a
+    if not GREEDY_ONLY:
+        if (accepted == 0) & (greedy == 0):
+            token = _recovered_or_bonus(
+                row_ptr, q_row, race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr, draft, j, kb,
+                V, temp, key, m, z, kappa, pos, NCHUNK, PARTIALS, HAS_Q, CHUNK, BLOCK, LOG_X,
+            )
+    return accepted, token
+# fmt: on
 
 
 # argument groups keep their shape comments: no reformatting
@@ -143,14 +238,9 @@ def _verify_row_kernel(
     NPIV: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
-    top_k = 0
-    top_p = 1.0
-    if HAS_TOPK:
-        top_k = tl.load(topk_ptr + b)
-    if HAS_TOPP:
-        top_p = tl.load(topp_ptr + b).to(tl.float32)
-
+    kb = row_count(nd_ptr, b, 0, K)
+    temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY)
+    top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
     j = 0
     recovered_or_bonus = 0
     go_on = kb >= 0
@@ -158,74 +248,20 @@ def _verify_row_kernel(
         if go_on:
             row = _row(logits_ptr, lstart_ptr, b, j.to(tl.int64), stride_lb, stride_lk, NROWS, FLAT)
             q_row = _row(q_ptr, qstart_ptr, b, j.to(tl.int64), stride_qb, stride_qk, QROWS, FLAT)
-            big_m = tl.full([], float("-inf"), tl.float32)
-            big_s = tl.zeros([], tl.float32)
-            big_a = tl.zeros([], tl.int32)
-            for c in range(0, NCHUNK):
-                m, s, a = chunk_stats(
-                    row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X
-                )
-                big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
-            draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
-            kappa = tl.full([], KEY_FLOOR, tl.int64)
-            z = big_s
-            if not GREEDY_ONLY:
-                if greedy == 0:
-                    kappa, z = thresholds(
-                        row,
-                        V,
-                        temp,
-                        big_m,
-                        big_s,
-                        top_k,
-                        top_p,
-                        HAS_TOPK,
-                        HAS_TOPP,
-                        NPIV,
-                        CHUNK,
-                        TBLOCK,
-                        NCHUNK,
-                        LOG_X,
-                    )
-            accepted = draft == big_a
-            if not GREEDY_ONLY:
-                if (greedy == 0) & (j < kb):
-                    accepted = accept_draft(
-                        row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q, LOG_X
-                    )
-            accepted = accepted & (j < kb)
+            m, a, kappa, z = position_stats(
+                row, V, temp, greedy, top_k, top_p, not GREEDY_ONLY, HAS_TOPK, HAS_TOPP, NPIV,
+                CHUNK, BLOCK, TBLOCK, NCHUNK, LOG_X,
+            )
+            draft = _draft(draft_ptr, stride_db, b, j, kb)
+            accepted, token = _decide(
+                row, q_row, row, row, row, row,  # no race partials: the race runs over the row
+                draft, j, kb, V, temp, greedy, key, m, a, z, kappa, 0, NCHUNK, GREEDY_ONLY, HAS_Q,
+                False, CHUNK, BLOCK, LOG_X,
+            )
             if accepted:
                 j += 1
             else:
-                recovered_or_bonus = big_a
-                if not GREEDY_ONLY:
-                    if greedy == 0:
-                        stream = stream_key(key, j, PURPOSE_SAMPLE)
-                        r_best = tl.zeros([], tl.float32)
-                        r_idx = tl.zeros([], tl.int32)
-                        p_best = tl.full([], -1.0, tl.float32)
-                        p_idx = tl.zeros([], tl.int32)
-                        for c in range(0, NCHUNK):
-                            rb, ri, pb, pi = chunk_race(
-                                row,
-                                q_row,
-                                draft,
-                                c * CHUNK,
-                                V,
-                                temp,
-                                big_m,
-                                z,
-                                kappa,
-                                stream,
-                                tl.where(j < kb, V, 0),
-                                HAS_Q,
-                                CHUNK,
-                                BLOCK,
-                                LOG_X,
-                            )
-                            r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
-                            p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
-                        recovered_or_bonus = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+                recovered_or_bonus = token
                 go_on = False
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, recovered_or_bonus, V, K, BLOCK_K)
 # fmt: on
@@ -247,9 +283,9 @@ def _split_stats_kernel(
     c = tl.program_id(1)
     b = pid // (K + 1)
     j = pid % (K + 1)
-    kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
+    kb = row_count(nd_ptr, b, 0, K)
     if j <= kb:
-        temp, greedy = _row_temperature(temp_ptr, b, GREEDY_ONLY)
+        temp, greedy = row_temperature(temp_ptr, b, GREEDY_ONLY)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         m, s, a = chunk_stats(row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X)
         out = pid * NCHUNK + c
@@ -279,34 +315,17 @@ def _split_threshold_kernel(
     pid = tl.program_id(0).to(tl.int64)
     b = pid // (K + 1)
     j = pid % (K + 1)
-    kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
-    temp, greedy = _row_temperature(temp_ptr, b, False)
+    kb = row_count(nd_ptr, b, 0, K)
+    temp, greedy = row_temperature(temp_ptr, b, False)
     big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK, NCHUNK)
     kappa = tl.full([], KEY_FLOOR, tl.int64)
     z = big_s
     if (j <= kb) & (greedy == 0):
-        top_k = 0
-        top_p = 1.0
-        if HAS_TOPK:
-            top_k = tl.load(topk_ptr + b)
-        if HAS_TOPP:
-            top_p = tl.load(topp_ptr + b).to(tl.float32)
+        top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         kappa, z = thresholds(
-            row,
-            V,
-            temp,
-            big_m,
-            big_s,
-            top_k,
-            top_p,
-            HAS_TOPK,
-            HAS_TOPP,
-            NPIV,
-            CHUNK,
-            TBLOCK,
-            NCHUNK,
-            LOG_X,
+            row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, TBLOCK,
+            NCHUNK, LOG_X,
         )
     tl.store(kappa_ptr + pid, kappa)
     tl.store(z_ptr + pid, z)
@@ -330,41 +349,25 @@ def _split_race_kernel(
     HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     FLAT: tl.constexpr, LOG_X: tl.constexpr,
 ):
+    """One chunk's race winners of one position (what :func:`_recovered_or_bonus` merges)."""
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     b = pid // (K + 1)
     j = pid % (K + 1)
-    kb = tl.minimum(tl.maximum(tl.load(nd_ptr + b).to(tl.int32), 0), K)
-    temp, greedy = _row_temperature(temp_ptr, b, False)
+    kb = row_count(nd_ptr, b, 0, K)
+    temp, greedy = row_temperature(temp_ptr, b, False)
     if (j <= kb) & (greedy == 0):
         big_m, big_s, big_a = _merged_stats(
             part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK, NCHUNK
         )
-        kappa = tl.full([], KEY_FLOOR, tl.int64)
-        z = big_s
-        if HAS_FILTER:
-            kappa = tl.load(kappa_ptr + pid)
-            z = tl.load(z_ptr + pid)
-        draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
+        kappa, z = _filter_state(kappa_ptr, z_ptr, pid, big_s, HAS_FILTER)
+        draft = _draft(draft_ptr, stride_db, b, j, kb)
         stream = stream_key(row_key(tl.load(seed_ptr + b)), j, PURPOSE_SAMPLE)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         q_row = _row(q_ptr, qstart_ptr, b, j, stride_qb, stride_qk, QROWS, FLAT)
         rb, ri, pb, pi = chunk_race(
-            row,
-            q_row,
-            draft,
-            c * CHUNK,
-            V,
-            temp,
-            big_m,
-            z,
-            kappa,
-            stream,
-            tl.where(j < kb, V, 0),
-            HAS_Q,
-            CHUNK,
-            BLOCK,
-            LOG_X,
+            row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa, stream,
+            tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X,
         )
         out = pid * NCHUNK + c
         tl.store(race_rb_ptr + out, rb)
@@ -394,50 +397,28 @@ def _split_decide_kernel(
     BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    kb, temp, greedy, key = _row_setup(nd_ptr, temp_ptr, seed_ptr, b, K, GREEDY_ONLY)
+    kb = row_count(nd_ptr, b, 0, K)
+    temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY)
     j = 0
     recovered_or_bonus = 0
     go_on = kb >= 0
     while go_on:
         pos = b * (K + 1) + j
-        big_m, big_s, big_a = _merged_stats(
-            part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK
+        m, s, a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK)
+        kappa, z = _filter_state(kappa_ptr, z_ptr, pos, s, HAS_FILTER)
+        jj = j.to(tl.int64)
+        row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
+        q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
+        draft = _draft(draft_ptr, stride_db, b, j, kb)
+        accepted, token = _decide(
+            row, q_row, race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,
+            draft, j, kb, V, temp, greedy, key, m, a, z, kappa, pos, NCHUNK, GREEDY_ONLY, HAS_Q,
+            True, 1, 1, LOG_X,  # CHUNK, BLOCK: unused, the race winners are the partials
         )
-        draft = tl.load(draft_ptr + b * stride_db + j, mask=j < kb, other=-1).to(tl.int32)
-        accepted = draft == big_a
-        if not GREEDY_ONLY:
-            if (greedy == 0) & (j < kb):
-                kappa = tl.full([], KEY_FLOOR, tl.int64)
-                z = big_s
-                if HAS_FILTER:
-                    kappa = tl.load(kappa_ptr + pos)
-                    z = tl.load(z_ptr + pos)
-                jj = j.to(tl.int64)
-                row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
-                q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
-                accepted = accept_draft(
-                    row, q_row, draft, V, temp, big_m, z, kappa, key, j, HAS_Q, LOG_X
-                )
-        accepted = accepted & (j < kb)
         if accepted:
             j += 1
         else:
-            recovered_or_bonus = big_a
-            if not GREEDY_ONLY:
-                if greedy == 0:
-                    r_best = tl.zeros([], tl.float32)
-                    r_idx = tl.zeros([], tl.int32)
-                    p_best = tl.full([], -1.0, tl.float32)
-                    p_idx = tl.zeros([], tl.int32)
-                    for c in range(0, NCHUNK):
-                        at = pos * NCHUNK + c
-                        r_best, r_idx = merge_best(
-                            r_best, r_idx, tl.load(race_rb_ptr + at), tl.load(race_ri_ptr + at)
-                        )
-                        p_best, p_idx = merge_best(
-                            p_best, p_idx, tl.load(race_pb_ptr + at), tl.load(race_pi_ptr + at)
-                        )
-                    recovered_or_bonus = tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+            recovered_or_bonus = token
             go_on = False
     _write_row(draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, j, recovered_or_bonus, V, K, BLOCK_K)
 # fmt: on
@@ -451,22 +432,219 @@ def _row_strategy_min_batch(device: torch.device) -> int:
     return 64
 
 
-def launch_config(vocab_size: int) -> dict:
-    """Tile sizes, fixed by ``V`` alone so that both strategies chunk a row identically."""
-    block = min(1024, triton.next_power_of_2(vocab_size))
-    chunk = block * TILES_PER_CHUNK
-    return {
-        "BLOCK": block,
-        "CHUNK": chunk,
-        "TBLOCK": min(128, block),
-        "NPIV": NUM_PIVOTS,
-        "NCHUNK": triton.cdiv(vocab_size, chunk),
-    }
-
-
 def pick_strategy(batch_size: int, device: torch.device) -> str:
     """``"row"`` when the batch alone fills the device, else ``"split"``."""
     return "row" if batch_size >= _row_strategy_min_batch(device) else "split"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """The input forms as kernel arguments: where position ``j`` of row ``b`` reads its ``[V]``
+    rows (padded ``[B, *, V]`` tensors, or ``FLAT`` rows ``start[b] + j`` of ``[R, V]`` ones)."""
+
+    logits: tuple  # (target_logits, stride_lb, stride_lk): [B, K+1, V], or FLAT [NROWS, V]
+    q: tuple  # (draft_probs, stride_qb, stride_qk): [B, K, V], or FLAT [QROWS, V]
+    lstart: torch.Tensor  # [B] int64, FLAT only: logits_row_start
+    qstart: torch.Tensor  # [B] int64, FLAT only: probs_row_start
+    nrows: int  # NROWS (FLAT)
+    qrows: int  # QROWS (FLAT with draft probabilities)
+    flat: bool
+    has_q: bool
+
+
+def _rows(target_logits, draft_probs, logits_row_start, probs_row_start, placeholder) -> _Rows:
+    """:class:`_Rows` of one call. A pointer a mode never reads still needs a tensor: the logits
+    stand in for absent draft probabilities, ``placeholder`` (a ``[B]`` tensor) for absent start
+    rows."""
+    flat = logits_row_start is not None
+    has_q = draft_probs is not None
+    q = draft_probs if has_q else target_logits  # never read when HAS_Q is false
+    if flat:  # position j of row b reads row start[b] + j: only the row stride counts
+        logits = (target_logits, 0, target_logits.stride(0))
+        q_args = (q, 0, q.stride(0) if has_q else 0)
+        lstart = logits_row_start
+        qstart = probs_row_start if has_q else logits_row_start
+    else:
+        logits = (target_logits, target_logits.stride(0), target_logits.stride(1))
+        q_args = (q, q.stride(0), q.stride(1)) if has_q else (q, 0, 0)
+        lstart = qstart = placeholder  # never read when FLAT is false
+    return _Rows(
+        logits,
+        q_args,
+        lstart,
+        qstart,
+        nrows=target_logits.shape[0] if flat else 0,
+        qrows=q.shape[0] if flat and has_q else 0,
+        flat=flat,
+        has_q=has_q,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Args:
+    """One call's kernel arguments; the properties give them in the kernels' groups."""
+
+    rows: _Rows
+    drafts: tuple  # (draft_tokens, stride_db): [B, K]
+    num_draft_tokens: torch.Tensor  # [B]
+    controls: RowControls  # [B] temperature, top_k, top_p, seeds and the filter flags
+    cfg: dict  # tile sizes: _common.launch_config(V)
+    greedy_only: bool
+    log_input: bool
+
+    @property
+    def sizes(self) -> tuple:
+        """``V, K, NCHUNK, NROWS`` (the kernels that read draft rows add ``QROWS``)."""
+        vocab = self.rows.logits[0].shape[-1]
+        return vocab, self.drafts[0].shape[1], self.cfg["NCHUNK"], self.rows.nrows
+
+    @property
+    def block_k(self) -> int:
+        return triton.next_power_of_2(self.drafts[0].shape[1] + 1)
+
+    @property
+    def has_filter(self) -> bool:
+        return self.controls.has_top_k or self.controls.has_top_p
+
+    @property
+    def layout(self) -> dict:
+        """The layout constexprs every kernel takes."""
+        return {"FLAT": self.rows.flat, "LOG_X": self.log_input}
+
+    def tiles(self, *names) -> dict:
+        """The tile-size constexprs ``names`` of :func:`_common.launch_config`."""
+        return {name: self.cfg[name] for name in names}
+
+
+# launch arguments in the kernel signature's groups, one line each: no reformatting
+# fmt: off
+def _launch_row(a: _Args, tokens, num_accepted):
+    """The row strategy: one program per row walks its positions (:func:`_verify_row_kernel`)."""
+    c = a.controls
+    launch(
+        _verify_row_kernel, (tokens.shape[0],),
+        *a.rows.logits,
+        *a.drafts,
+        *a.rows.q,
+        a.num_draft_tokens,
+        c.temperature, c.top_k, c.top_p,
+        c.seeds,
+        tokens,
+        num_accepted,
+        a.rows.lstart, a.rows.qstart,
+        *a.sizes, a.rows.qrows,
+        GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p,
+        **a.tiles("CHUNK", "BLOCK", "TBLOCK", "NPIV"), BLOCK_K=a.block_k, **a.layout,
+        **WALK_COMPILE,
+    )
+# fmt: on
+
+
+@dataclasses.dataclass(frozen=True)
+class _Partials:
+    """The split strategy's workspaces, one entry per position (``[B*(K+1)]``) or per position
+    and chunk (``[B*(K+1), NCHUNK]``)."""
+
+    stats: tuple  # [B*(K+1), NCHUNK] chunk max, sum-exp (float32), first argmax (int32)
+    filter: tuple  # [B*(K+1)] key threshold (int64), kept mass (float32)
+    race: tuple  # [B*(K+1), NCHUNK] residual best, token, plain best, token (f32, i32, f32, i32)
+
+
+def _partials(positions: int, nchunk: int, device) -> _Partials:
+    def empty(*shape, dtype):
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    f32, i32 = torch.float32, torch.int32
+    return _Partials(
+        stats=(
+            empty(positions, nchunk, dtype=f32),
+            empty(positions, nchunk, dtype=f32),
+            empty(positions, nchunk, dtype=i32),
+        ),
+        filter=(empty(positions, dtype=torch.int64), empty(positions, dtype=f32)),
+        race=tuple(empty(positions, nchunk, dtype=dt) for dt in (f32, i32, f32, i32)),
+    )
+
+
+# launch arguments in the kernel signature's groups, one line each: no reformatting
+# fmt: off
+def _launch_split_stats(a: _Args, parts: _Partials, positions: int):
+    launch(
+        _split_stats_kernel, (positions, a.cfg["NCHUNK"]),
+        *a.rows.logits,
+        a.num_draft_tokens, a.controls.temperature,
+        *parts.stats,
+        a.rows.lstart,
+        *a.sizes,
+        GREEDY_ONLY=a.greedy_only, **a.tiles("CHUNK", "BLOCK"), **a.layout, **COMPILE,
+    )
+
+
+def _launch_split_thresholds(a: _Args, parts: _Partials, positions: int):
+    c = a.controls
+    launch(
+        _split_threshold_kernel, (positions,),
+        *a.rows.logits,
+        a.num_draft_tokens, c.temperature, c.top_k, c.top_p,
+        *parts.stats,
+        *parts.filter,
+        a.rows.lstart,
+        *a.sizes,
+        HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p, **a.tiles("NPIV", "CHUNK", "TBLOCK"),
+        **a.layout, **COMPILE,
+    )
+
+
+def _launch_split_race(a: _Args, parts: _Partials, positions: int):
+    launch(
+        _split_race_kernel, (positions, a.cfg["NCHUNK"]),
+        *a.rows.logits,
+        *a.drafts,
+        *a.rows.q,
+        a.num_draft_tokens, a.controls.temperature, a.controls.seeds,
+        *parts.stats,
+        *parts.filter,
+        *parts.race,
+        a.rows.lstart, a.rows.qstart,
+        *a.sizes, a.rows.qrows,
+        HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, **a.tiles("CHUNK", "BLOCK"), **a.layout,
+        **COMPILE,
+    )
+
+
+def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
+    launch(
+        _split_decide_kernel, (tokens.shape[0],),
+        *a.rows.logits,
+        *a.drafts,
+        *a.rows.q,
+        a.num_draft_tokens, a.controls.temperature, a.controls.seeds,
+        *parts.stats,
+        *parts.filter,
+        *parts.race,
+        tokens,
+        num_accepted,
+        a.rows.lstart, a.rows.qstart,
+        *a.sizes, a.rows.qrows,
+        GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, BLOCK_K=a.block_k,
+        **a.layout, **COMPILE,
+    )
+# fmt: on
+
+
+def _launch_split(a: _Args, tokens, num_accepted):
+    """The split strategy: statistics, then (sampling) thresholds and race, then the decisions."""
+    positions = tokens.numel()  # B * (K+1)
+    parts = _partials(positions, a.cfg["NCHUNK"], tokens.device)
+    _launch_split_stats(a, parts, positions)
+    if not a.greedy_only:
+        if a.has_filter:
+            _launch_split_thresholds(a, parts, positions)
+        _launch_split_race(a, parts, positions)
+    _launch_split_decide(a, parts, tokens, num_accepted)
+
+
+_STRATEGIES = {"row": _launch_row, "split": _launch_split}
 
 
 def verify(
@@ -497,220 +675,25 @@ def verify(
     inputs are probabilities (``x = log p``; temperature must be 1 or 0).
     Returns ``(tokens [B, K+1] int64, num_accepted [B] int64)``.
     """
-    flat = logits_row_start is not None
     batch, k = draft_tokens.shape
-    k1 = k + 1
-    vocab = target_logits.shape[-1]
-    nrows = target_logits.shape[0] if flat else 0
-    qrows = draft_probs.shape[0] if flat and draft_probs is not None else 0
     device = target_logits.device
-    cfg = launch_config(vocab)
-    nchunk = cfg["NCHUNK"]
-    tokens = torch.empty((batch, k1), dtype=torch.int64, device=device)
+    tokens = torch.empty((batch, k + 1), dtype=torch.int64, device=device)
     num_accepted = torch.empty((batch,), dtype=torch.int64, device=device)
     if batch == 0:
         return tokens, num_accepted
     strategy = strategy or pick_strategy(batch, device)
-    has_q = draft_probs is not None
-    q = draft_probs if has_q else target_logits  # never read when HAS_Q is false
-    if flat:
-        stride_qb, stride_qk = (0, q.stride(0)) if has_q else (0, 0)
-        lstart = logits_row_start
-        qstart = probs_row_start if has_q else logits_row_start
-    else:
-        stride_qb, stride_qk = (q.stride(0), q.stride(1)) if has_q else (0, 0)
-        lstart = qstart = num_draft_tokens  # never read when FLAT is false
-    # Pointers that a mode never reads still need a tensor; num_draft_tokens is always there.
-    temp = num_draft_tokens if greedy_only else temperature
-    seed_t = num_draft_tokens if greedy_only else seeds
-    topk_t = top_k if top_k is not None else num_draft_tokens
-    topp_t = top_p if top_p is not None else num_draft_tokens
-    has_topk, has_topp = top_k is not None, top_p is not None
-    if flat:
-        lb, lk = 0, target_logits.stride(0)
-    else:
-        lb, lk = target_logits.stride(0), target_logits.stride(1)
-    db = draft_tokens.stride(0)
-    block_k = triton.next_power_of_2(k1)
-
-    if strategy == "row":
-        launch(
-            _verify_row_kernel,
-            (batch,),
-            target_logits,
-            lb,
-            lk,
-            draft_tokens,
-            db,
-            q,
-            stride_qb,
-            stride_qk,
-            num_draft_tokens,
-            temp,
-            topk_t,
-            topp_t,
-            seed_t,
-            tokens,
-            num_accepted,
-            lstart,
-            qstart,
-            vocab,
-            k,
-            nchunk,
-            nrows,
-            qrows,
-            GREEDY_ONLY=greedy_only,
-            HAS_Q=has_q,
-            HAS_TOPK=has_topk,
-            HAS_TOPP=has_topp,
-            CHUNK=cfg["CHUNK"],
-            BLOCK=cfg["BLOCK"],
-            TBLOCK=cfg["TBLOCK"],
-            NPIV=cfg["NPIV"],
-            BLOCK_K=block_k,
-            FLAT=flat,
-            LOG_X=log_input,
-            **_ROW_COMPILE,
-        )
-        return tokens, num_accepted
-    if strategy != "split":
+    if strategy not in _STRATEGIES:
         raise ValueError(f"strategy must be 'row', 'split' or None, got {strategy!r}")
-
-    positions = batch * k1
-    part_m = torch.empty((positions, nchunk), dtype=torch.float32, device=device)
-    part_s = torch.empty_like(part_m)
-    part_a = torch.empty((positions, nchunk), dtype=torch.int32, device=device)
-    launch(
-        _split_stats_kernel,
-        (positions, nchunk),
-        target_logits,
-        lb,
-        lk,
-        num_draft_tokens,
-        temp,
-        part_m,
-        part_s,
-        part_a,
-        lstart,
-        vocab,
-        k,
-        nchunk,
-        nrows,
-        GREEDY_ONLY=greedy_only,
-        CHUNK=cfg["CHUNK"],
-        BLOCK=cfg["BLOCK"],
-        FLAT=flat,
-        LOG_X=log_input,
-        **_COMPILE,
+    args = _Args(
+        rows=_rows(target_logits, draft_probs, logits_row_start, probs_row_start, num_draft_tokens),
+        drafts=(draft_tokens, draft_tokens.stride(0)),
+        num_draft_tokens=num_draft_tokens,
+        controls=row_controls(
+            num_draft_tokens, temperature, top_k, top_p, seeds, greedy_only=greedy_only
+        ),
+        cfg=launch_config(target_logits.shape[-1]),
+        greedy_only=greedy_only,
+        log_input=log_input,
     )
-    has_filter = (has_topk or has_topp) and not greedy_only
-    kappa = torch.empty((positions,), dtype=torch.int64, device=device)
-    z = torch.empty((positions,), dtype=torch.float32, device=device)
-    race = [
-        torch.empty((positions, nchunk), dtype=dt, device=device)
-        for dt in (torch.float32, torch.int32, torch.float32, torch.int32)
-    ]
-    if not greedy_only:
-        if has_filter:
-            launch(
-                _split_threshold_kernel,
-                (positions,),
-                target_logits,
-                lb,
-                lk,
-                num_draft_tokens,
-                temp,
-                topk_t,
-                topp_t,
-                part_m,
-                part_s,
-                part_a,
-                kappa,
-                z,
-                lstart,
-                vocab,
-                k,
-                nchunk,
-                nrows,
-                HAS_TOPK=has_topk,
-                HAS_TOPP=has_topp,
-                NPIV=cfg["NPIV"],
-                CHUNK=cfg["CHUNK"],
-                TBLOCK=cfg["TBLOCK"],
-                FLAT=flat,
-                LOG_X=log_input,
-                **_COMPILE,
-            )
-        launch(
-            _split_race_kernel,
-            (positions, nchunk),
-            target_logits,
-            lb,
-            lk,
-            draft_tokens,
-            db,
-            q,
-            stride_qb,
-            stride_qk,
-            num_draft_tokens,
-            temp,
-            seed_t,
-            part_m,
-            part_s,
-            part_a,
-            kappa,
-            z,
-            *race,
-            lstart,
-            qstart,
-            vocab,
-            k,
-            nchunk,
-            nrows,
-            qrows,
-            HAS_Q=has_q,
-            HAS_FILTER=has_filter,
-            CHUNK=cfg["CHUNK"],
-            BLOCK=cfg["BLOCK"],
-            FLAT=flat,
-            LOG_X=log_input,
-            **_COMPILE,
-        )
-    launch(
-        _split_decide_kernel,
-        (batch,),
-        target_logits,
-        lb,
-        lk,
-        draft_tokens,
-        db,
-        q,
-        stride_qb,
-        stride_qk,
-        num_draft_tokens,
-        temp,
-        seed_t,
-        part_m,
-        part_s,
-        part_a,
-        kappa,
-        z,
-        *race,
-        tokens,
-        num_accepted,
-        lstart,
-        qstart,
-        vocab,
-        k,
-        nchunk,
-        nrows,
-        qrows,
-        GREEDY_ONLY=greedy_only,
-        HAS_Q=has_q,
-        HAS_FILTER=has_filter,
-        BLOCK_K=block_k,
-        FLAT=flat,
-        LOG_X=log_input,
-        **_COMPILE,
-    )
+    _STRATEGIES[strategy](args, tokens, num_accepted)
     return tokens, num_accepted

@@ -4,8 +4,9 @@ One program per row walks the row's tree (:mod:`specdec_kernels.reference.verify
 specification; same numbers, same formulas). Nodes are in topological order, so the walk is one
 pass over the node indices: node ``i`` is tried when its parent is the current node. At every
 node the walk reaches it computes the filtered target statistics of that node's logits row (max,
-sum of exponentials and first argmax chunk by chunk, then the top-k / top-p threshold search of
-the chain kernels, :mod:`specdec_kernels.ops._common`); nodes off the accepted path are never
+sum of exponentials and first argmax chunk by chunk, then the top-k / top-p threshold search:
+``_common.position_stats``, as the chain's row kernel; the row setup and the launch config are
+the chain's too, in :mod:`specdec_kernels.ops._common`); nodes off the accepted path are never
 read beyond their token's entry. A rejected child costs nothing more in ``"deterministic"``
 mode (its token is removed from the residual: kept in a small list) and one pass over the
 vocabulary otherwise (the residual ``max(0, r - Z q_c)`` is kept in a ``[B, V]`` float32
@@ -22,57 +23,31 @@ import triton.language as tl
 
 from specdec_kernels.ops._common import (
     EXP_FLOOR,
-    KEY_FLOOR,
     PURPOSE_ACCEPT,
     PURPOSE_SAMPLE,
-    chunk_stats,
+    WALK_COMPILE,
     launch,
+    launch_config,
+    load_x,
     merge_best,
-    merge_stats,
-    row_key,
+    position_stats,
+    row_controls,
+    row_count,
+    row_filters,
+    row_sampling,
     stream_key,
     target_prob,
-    thresholds,
     uniform,
 )
-from specdec_kernels.ops.verify_sampling import launch_config
 
 MODE_DETERMINISTIC = tl.constexpr(0)
 MODE_WITHOUT_REPLACEMENT = tl.constexpr(2)
-# As the chain kernels: no FMA contraction, so the arithmetic rounds like the reference's; the
-# walk keeps a node's statistics, filter state and race state live at once (see verify_sampling).
-_COMPILE = {"enable_fp_fusion": False, "maxnreg": 192}
 
 
 def compile_options(kernel) -> dict:
-    """The compile options the tree kernel is launched with (for the AOT checks)."""
-    return _COMPILE
-
-
-# argument groups keep their shape comments: no reformatting
-# fmt: off
-@triton.jit
-def _node_stats(row_ptr,  # [V] the node's logits row
-                V, temp, greedy, top_k, top_p, NEED_SUM: tl.constexpr,
-                HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr,
-                CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NCHUNK):
-    """(max of x = logit / T, first argmax, key threshold, kept mass) of one node's row."""
-    big_m = tl.full([], float("-inf"), tl.float32)
-    big_s = tl.zeros([], tl.float32)
-    big_a = tl.zeros([], tl.int32)
-    for c in range(0, NCHUNK):
-        m, s, a = chunk_stats(row_ptr, c * CHUNK, V, temp, NEED_SUM, CHUNK, BLOCK)
-        big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
-    kappa = tl.full([], KEY_FLOOR, tl.int64)
-    z = big_s
-    if NEED_SUM:
-        if greedy == 0:
-            kappa, z = thresholds(
-                row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
-                TBLOCK, NCHUNK,
-            )
-    return big_m, big_a, kappa, z
-# fmt: on
+    """The compile options the tree kernel is launched with (for the AOT checks): as the chain's
+    walking kernel, ``_common.WALK_COMPILE``."""
+    return WALK_COMPILE
 
 
 @triton.jit
@@ -105,7 +80,7 @@ def _shrink_residual(row_ptr,  # [V] logits row of the current node
             idx = c * CHUNK + t + offs
             mask = idx < V
             if sib == 0:
-                x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+                x = load_x(row_ptr + idx, mask, temp, False)
                 r = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
             else:
                 r = tl.load(ws_row + idx, mask=mask, other=0.0)
@@ -145,7 +120,7 @@ def _race(row_ptr,  # [V] logits row of the stop node
         for t in tl.static_range(0, CHUNK, BLOCK):
             idx = c * CHUNK + t + offs
             mask = idx < V
-            x = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32) / temp
+            x = load_x(row_ptr + idx, mask, temp, False)
             p = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
             if MODE == MODE_DETERMINISTIC:
                 r = tl.where(_removed(idx, rej, sib, BLOCK_N), 0.0, p)
@@ -189,22 +164,9 @@ def _verify_tree_kernel(
     NPIV: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
-    nb = tl.minimum(tl.maximum(tl.load(nn_ptr + b).to(tl.int32), 1), N)
-    if GREEDY_ONLY:
-        temp = tl.full([], 1.0, tl.float32)
-        greedy = temp == temp
-        key = tl.zeros([], tl.uint32)
-    else:
-        temp = tl.load(temp_ptr + b).to(tl.float32)
-        greedy = temp == 0.0
-        temp = tl.where(greedy, 1.0, temp)
-        key = row_key(tl.load(seed_ptr + b))
-    top_k = 0
-    top_p = 1.0
-    if HAS_TOPK:
-        top_k = tl.load(topk_ptr + b)
-    if HAS_TOPP:
-        top_p = tl.load(topp_ptr + b).to(tl.float32)
+    nb = row_count(nn_ptr, b, 1, N)
+    temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY)
+    top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
     need_sum = not GREEDY_ONLY
     ws_row = ws_ptr + b * V
 
@@ -218,7 +180,7 @@ def _verify_tree_kernel(
     z = tl.full([], 1.0, tl.float32)  # mass of the unnormalised residual
     removed_mass = tl.zeros([], tl.float32)
     row = logits_ptr + b * stride_lb
-    m, a, kappa, zp = _node_stats(
+    m, a, kappa, zp = position_stats(
         row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
         TBLOCK, NCHUNK,
     )
@@ -236,7 +198,7 @@ def _verify_tree_kernel(
             denom = 1.0 - removed_mass
             if not GREEDY_ONLY:
                 if greedy == 0:
-                    p_x = target_prob(tl.load(row + xs).to(tl.float32) / temp, m, zp, kappa)
+                    p_x = target_prob(load_x(row + xs, xs == xs, temp, False), m, zp, kappa)
                     if MODE == MODE_DETERMINISTIC:
                         r_x = tl.where(x_removed, 0.0, p_x)
                         q_x = tl.full([], 1.0, tl.float32)
@@ -261,7 +223,7 @@ def _verify_tree_kernel(
                 removed_mass = 0.0
                 rej = tl.full([BLOCK_N], -1, tl.int32)
                 row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
-                m, a, kappa, zp = _node_stats(
+                m, a, kappa, zp = position_stats(
                     row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV,
                     CHUNK, BLOCK, TBLOCK, NCHUNK,
                 )
@@ -338,10 +300,7 @@ def verify_tree(
         if has_q
         else num_accepted  # never read in mode 0
     )
-    temp = num_nodes if greedy_only else temperature
-    seed_t = num_nodes if greedy_only else seeds
-    topk_t = top_k if top_k is not None else num_nodes
-    topp_t = top_p if top_p is not None else num_nodes
+    c = row_controls(num_nodes, temperature, top_k, top_p, seeds, greedy_only=greedy_only)
     launch(
         _verify_tree_kernel,
         (batch,),
@@ -356,10 +315,10 @@ def verify_tree(
         stride_qb,
         stride_qn,
         num_nodes,
-        temp,
-        topk_t,
-        topp_t,
-        seed_t,
+        c.temperature,
+        c.top_k,
+        c.top_p,
+        c.seeds,
         ws,
         tokens,
         nodes,
@@ -369,13 +328,13 @@ def verify_tree(
         cfg["NCHUNK"],
         GREEDY_ONLY=greedy_only,
         MODE=mode,
-        HAS_TOPK=top_k is not None and not greedy_only,
-        HAS_TOPP=top_p is not None and not greedy_only,
+        HAS_TOPK=c.has_top_k,
+        HAS_TOPP=c.has_top_p,
         CHUNK=cfg["CHUNK"],
         BLOCK=cfg["BLOCK"],
         TBLOCK=cfg["TBLOCK"],
         NPIV=cfg["NPIV"],
         BLOCK_N=triton.next_power_of_2(n),
-        **_COMPILE,
+        **WALK_COMPILE,
     )
     return tokens, num_accepted, nodes
