@@ -317,6 +317,12 @@ def test_bad_grammars_and_vocabulary_mismatches_are_value_errors(pair, any_json)
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 4, grammar=[any_json, wide])
 
+    class Sharded(Biased):  # a target with its own vocabulary-parallel ops
+        verify_ops = (None, None)
+
+    with pytest.raises(ValueError, match="vocabulary-sharded target is not supported"):
+        Decoder(Sharded(CausalLMAdapter(target), 0, 0.0)).run(prompts, 4, grammar=any_json)
+
 
 # ------------------------------------------------------------------------ specdec demo
 DEMO = ["demo", "--pair", "tiny", "-n", "40", "--repeats", "1", "--batched-only"]

@@ -420,6 +420,10 @@ class Decoder:
         if grammar is not None:
             from specdec_kernels.grammar import GrammarState
 
+            if getattr(self.target, "verify_ops", None) is not None:
+                raise ValueError(
+                    "grammar-constrained decoding with a vocabulary-sharded target is not supported"
+                )
             gs = GrammarState(grammar, len(rows_in), v, self.target.device)
         start = time.perf_counter()
         if seed is None and hasattr(self.target, "shared_seed"):
