@@ -244,6 +244,12 @@ def _reference_logprobs(logits, rows, tokens, bitmask, temp, topk, topp, process
     )  # fmt: skip
 
 
+def _triton_logprobs(*args):
+    from specdec_kernels.ops import logprobs  # imports triton: lazily
+
+    return logprobs.emitted_logprobs(*args)
+
+
 def _triton_accept_reject(draft_tokens, verifier_tokens):
     from specdec_kernels.ops import accept_reject  # imports triton: lazily
 
@@ -271,6 +277,7 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("verify_tree", "triton"): _triton_tree,
     ("verify_tree", "reference"): _reference_tree,
     ("verify_block", "reference"): _reference_chain,
+    ("emitted_logprobs", "triton"): _triton_logprobs,
     ("emitted_logprobs", "reference"): _reference_logprobs,
     ("accept_reject", "native"): _native("native_accept_reject"),
     ("accept_reject", "triton"): _triton_accept_reject,

@@ -29,7 +29,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from specdec_kernels.ops import accept_reject, verify_sampling, verify_tree  # noqa: E402
+from specdec_kernels.ops import accept_reject, logprobs, verify_sampling, verify_tree  # noqa: E402
 
 POINTER_TYPES = {
     "logits_ptr": "*bf16",
@@ -63,13 +63,19 @@ POINTER_TYPES = {
     "nn_ptr": "*i64",
     "ws_ptr": "*fp32",
     "nodes_ptr": "*i64",
+    "rows_ptr": "*i64",
+    "mask_ptr": "*i32",
+    "lp_ptr": "*fp32",
+    "top_ptr": "*fp32",
+    "ids_ptr": "*i64",
 }
-FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
+FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
 # per kernel (flat rows and probability inputs with every other sampling flag on), not in the
 # full product (that would quadruple the compile time).
 LAYOUT_FLAGS = ("FLAT", "LOG_X")
-MODES = {"MODE": (0, 1, 2)}  # non-boolean mode constexprs and their values
+# non-boolean mode constexprs and their values (NTOP: the logprobs' top-n off and at its largest)
+MODES = {"MODE": (0, 1, 2), "NTOP": (0, 20)}
 
 
 def _signature(fn, constexprs):
@@ -92,7 +98,11 @@ def _compile(fn, constexprs, target):
         _signature(fn, constexprs),
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
     )
-    module = verify_tree if fn is verify_tree._verify_tree_kernel else verify_sampling
+    own = {
+        verify_tree._verify_tree_kernel: verify_tree,
+        logprobs._emitted_logprobs_kernel: logprobs,
+    }
+    module = own.get(fn, verify_sampling)  # whose compile_options the kernel is launched with
     return triton.compile(src, target=target, options=module.compile_options(fn))
 
 
@@ -114,6 +124,7 @@ def kernels():
         verify_sampling._split_decide_kernel,
         accept_reject._accept_reject_kernel,
         verify_tree._verify_tree_kernel,
+        logprobs._emitted_logprobs_kernel,
     ):
         flags = [f for f in FLAGS if f in fn.arg_names]
         modes = [m for m in MODES if m in fn.arg_names]
@@ -135,6 +146,8 @@ def kernels():
                 or (constexprs["HAS_TOPK"] and constexprs["MODE"] != 1)
             ):
                 continue  # the filters' code is the chain kernels' (compiled above): one mode
+            if "NBLOCK" in fn.arg_names:  # the top-n list: the power of two >= n
+                constexprs["NBLOCK"] = triton.next_power_of_2(max(constexprs["NTOP"], 1))
             yield fn, {**fixed, **layout, **constexprs}
         if layout:  # vLLM's flat rows + probability inputs: the sampling variant with everything on
             richest = {f: f != "GREEDY_ONLY" for f in flags}
