@@ -24,10 +24,12 @@ scoring row ``target_logits[b, rows[b, p]]`` chunk by chunk, as the verification
   kept ones (:func:`_write_top`).
 
 A token the bitmask disallows is a ``-inf`` logit (``"processed"`` only; ``"raw"`` ignores the
-mask). ``_common``'s helpers read the logits without a mask, so the masked variant has its own
-twins of ``chunk_stats`` / ``chunk_pivot_pass`` / ``_search`` / ``thresholds`` that differ only in
-the load (:func:`_masked_x`); they belong in ``_common`` once the verification kernels read the
-bitmask themselves. Padding positions (``rows < 0`` or ``tokens < 0``) read nothing.
+mask); where it allows no finite logit the emitted token's log-probability is NaN, as
+``log_softmax`` gives (``validate=True`` rejects such inputs before). ``_common``'s helpers read
+the logits without a mask, so the masked variant has its own twins of ``chunk_stats`` /
+``chunk_pivot_pass`` / ``_search`` / ``thresholds`` that differ only in the load
+(:func:`_masked_x`); they belong in ``_common`` once the verification kernels read the bitmask
+themselves. Padding positions (``rows < 0`` or ``tokens < 0``) read nothing.
 """
 
 import torch
@@ -304,7 +306,9 @@ def _emitted_logprobs_kernel(
     else:
         x = load_x(row_ptr + t, in_vocab, temp, False)
     kept = (x > float("-inf")) & (float_key(x) >= kappa)
-    tl.store(lp_ptr + pid, tl.where(kept, (x - safe_m) - log_z, float("-inf")))
+    lp = tl.where(kept, (x - safe_m) - log_z, float("-inf"))
+    nothing = in_vocab & (big_m == float("-inf"))  # no finite logit allowed: NaN, as log_softmax
+    tl.store(lp_ptr + pid, tl.where(nothing, float("nan"), lp))
     if NTOP > 0:
         _write_top(row_ptr, top_ptr + pid * NTOP, ids_ptr + pid * NTOP, best, temp, safe_m, log_z,
                    kappa, NTOP, NBLOCK)
