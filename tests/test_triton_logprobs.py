@@ -1,9 +1,9 @@
 """The Triton logprob kernel (:mod:`specdec_kernels.ops.logprobs`, backend ``"triton"`` of
 ``specdec::emitted_logprobs``) against the float64 reference (``backend="reference"``): raw and
 processed modes, greedy rows, every filter (``top_k = 1`` and a tiny ``top_p`` among the rows),
-``-inf`` logits, bitmasks, bfloat16 logits, top-n order and ties across chunks, padding, flat
-expanded views, strided logits, garbage values; the kept set against the verification kernels'
-own; and the public ops with ``logprobs=`` on both backends.
+``-inf`` logits, bitmasks, bfloat16 / float16 logits, top-n order and ties across chunks,
+padding, flat expanded views, strided logits, garbage values; the kept set against the
+verification kernels' own; and the public ops with ``logprobs=`` on both backends.
 
 Shapes are small: on a CPU the kernel runs in Triton's interpreter."""
 
@@ -79,11 +79,15 @@ def test_triton_matches_float64_reference(v, processed, masked):
     _both(logits, rows, tokens, mask, *_controls(), processed, 6)
 
 
-@pytest.mark.parametrize("processed", [False, True])
-def test_bfloat16_logits(processed):
-    """The kernel reads bfloat16 as it is; the reference widens the same values: same result."""
+@pytest.mark.parametrize(
+    "dtype, processed",
+    [(torch.bfloat16, False), (torch.bfloat16, True), (torch.float16, True)],
+)
+def test_half_precision_logits(dtype, processed):
+    """The kernel reads bfloat16 / float16 as they are; the reference widens the same values:
+    the same result."""
     b, v = len(ROWS), 100
-    logits, rows, tokens = _problem(b, 2, 2, v, seed=3, dtype=torch.bfloat16)
+    logits, rows, tokens = _problem(b, 2, 2, v, seed=3, dtype=dtype)
     _both(logits, rows, tokens, _bitmask(b, 2, v, 2), *_controls(), processed, 5)
 
 
