@@ -3,7 +3,8 @@
 
 #if SPECDEC_VERIFY_CPU_X86  // elsewhere the adapter never selects this build
 #include "verify_cpu_capability.h"
-#include "cpu_target_avx512.h"
+#define SPECDEC_TARGET_AVX512
+#include "cpu_target.h"
 #include "logprobs_cpu_launcher.h"
 
 static_assert(specdec::verify_cpu::Vec::size() == 16,
