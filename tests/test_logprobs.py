@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from test_logprobs_reference import ROWS, _controls
 
 import specdec_kernels as sk
 from specdec_kernels import _dispatch
@@ -19,24 +20,6 @@ pytestmark = pytest.mark.skipif(
 )
 
 TOL = 1e-5  # the contract's tolerance against float64
-
-ROWS = [  # (temperature, top_k, top_p) per batch row: greedy, plain, each filter, all together
-    (0.0, 0, 1.0),
-    (1.0, 0, 1.0),
-    (0.7, 0, 1.0),
-    (1.0, 5, 1.0),
-    (1.0, 0, 0.8),
-    (1.3, 7, 0.9),
-    (0.5, 1, 1.0),
-    (1.0, 0, 1e-6),
-]
-
-
-def _controls():
-    t = torch.tensor([r[0] for r in ROWS], dtype=torch.float32)
-    tk = torch.tensor([r[1] for r in ROWS])
-    tp = torch.tensor([r[2] for r in ROWS], dtype=torch.float32)
-    return t, tk, tp
 
 
 def _problem(b, n, p, v, seed, dtype=torch.float32, neg_inf=False):
