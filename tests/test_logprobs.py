@@ -86,6 +86,20 @@ def test_native_matches_float64_reference(v, processed, masked):
     _both(logits, rows, tokens, mask, *_controls(), processed, 6)
 
 
+@pytest.mark.parametrize("top_k", [3, 2000, 20000])
+def test_kept_mass_from_candidates_or_second_pass(top_k):
+    """Top-k rows sum the kept mass over the pushed candidates' ids, or (more than 2**15 of
+    them: top_k = 20000) read the row again; both match."""
+    b, v = 3, 60000
+    logits, rows, tokens = _problem(b, 2, 3, v, seed=top_k)
+    temp, tk, tp = (
+        torch.tensor([0.8, 1.0, 1.5]),
+        torch.full((b,), top_k),
+        torch.tensor([1.0, 0.9, 0.5]),
+    )
+    _both(logits, rows, tokens, _bitmask(b, 2, v, 6), temp, tk, tp, True, 20)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("processed", [False, True])
 def test_half_precision_logits_match_reference_on_same_input(dtype, processed):

@@ -13,9 +13,11 @@
 // top-n insertion array (a token enters only when it beats the n-th value, so ties keep the lower
 // id: tokens come in id order), and (filtered rows) the top-k / top-p candidates of the
 // verification kernels, from x = l / T in float as they see it. Filtered rows then take the
-// verifier's threshold kappa (thresholds()) and read the row a second time for the kept mass
-// Z = sum over x >= kappa of exp((l - M) / T). Values are (double(l) - M) / T - log Z in double:
-// within 1e-5 of a float64 log_softmax for float32 logits. Nothing of size V is written.
+// verifier's threshold kappa (thresholds()) and the kept mass Z = sum over x >= kappa of
+// exp((l - M) / T): from the ids of the pushed candidates where top-k is on, else by reading the
+// row a second time (top-p alone). Values are (double(l) - M) / T - log Z in double:
+// within 1e-5 of a float64 log_softmax for float32 logits. No [B, P, V] tensor: per thread only
+// the verifier's candidate buffer (up to V floats for top-p alone, as in the verifier).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -24,6 +26,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "logprobs_cpu.h"
 
@@ -132,7 +135,14 @@ struct Scan {
   double s = 0.0;
   TopN top;
   Candidates cand;
+  // With top-k on: the ids of every candidate pushed, a superset of the kept tokens (the cutoff
+  // never passes the final k-th value, and top-p keeps a subset of top-k's), so the kept mass
+  // needs no second pass over the row. Given up past kMaxTracked ids (then: kept_mass()).
+  std::vector<int64_t> pushed;
+  bool track = false;
 };
+
+constexpr size_t kMaxTracked = size_t{1} << 15;
 
 inline float lane_max(const Vec& v) {
   alignas(64) float lanes[W];
@@ -178,7 +188,13 @@ void scan_chunk(const Row<T>& row, int64_t base, int64_t n, const Setup& su, Sca
     if ((xv >= Vec(cand.cutoff)).zero_mask() == kAllLanes) continue;
     xv.store(lanes);
     for (int64_t l = 0; l < W && i + l < row.V; ++l) {
-      if (lanes[l] >= cand.cutoff) cand.push(lanes[l]);
+      if (!(lanes[l] >= cand.cutoff)) continue;
+      cand.push(lanes[l]);
+      if (sc.track) sc.pushed.push_back(i + l);
+    }
+    if (sc.pushed.size() > kMaxTracked) {
+      sc.track = false;
+      sc.pushed.clear();
     }
   }
 }
@@ -195,6 +211,18 @@ double kept_mass(const Row<T>& row, const Setup& su, float m, float kappa) {
     sum.add(Vec::blendv(zero, su.x(v - shift).exp(), keep));
   }
   return sum.value();
+}
+
+// The same from the ids of the pushed candidates (a superset of the kept tokens), in double.
+template <typename T>
+double kept_mass(const Row<T>& row, const std::vector<int64_t>& ids, const Setup& su, float m,
+                 float kappa) {
+  double z = 0.0;
+  for (const int64_t t : ids) {
+    const float l = row.allowed(t) ? static_cast<float>(row.logits[t]) : kNegInf;
+    if (su.x(l) >= kappa) z += std::exp((static_cast<double>(l) - m) / su.temp);
+  }
+  return z;
 }
 
 // Scores one emitted position (b, p): logprobs[b, p] and its n top entries.
@@ -236,6 +264,8 @@ void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
   sc.top.n = n;
   sc.top.count = 0;
   if (su.filtered) sc.cand.reset(su.topk_on ? su.top_k : V, V);
+  sc.track = su.topk_on;
+  sc.pushed.clear();
   for (int64_t base = 0; base < V; base += CHUNK) {
     scan_chunk(row, base, std::min(CHUNK, V - base), su, sc);
   }
@@ -252,7 +282,7 @@ void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
     const Filter f = verify_cpu::thresholds(sc.cand.buf, st, su.topk_on, su.top_k, su.topp_on,
                                             su.top_p);
     kappa = f.kappa;
-    z = kept_mass(row, su, m, kappa);
+    z = sc.track ? kept_mass(row, sc.pushed, su, m, kappa) : kept_mass(row, su, m, kappa);
   }
   const double log_z = std::log(z), t = su.temp, dm = m;
   auto value = [&](float l) { return static_cast<float>((l - dm) / t - log_z); };
