@@ -8,7 +8,8 @@
 // serial, so results never depend on the thread count. With l = float(logit) (-inf where the
 // bitmask disallows the token, processed mode only), T the temperature (1 for raw mode and greedy
 // rows) and M = max l, a task reads its logits row once, in chunks of CHUNK tokens resident in
-// L1: per chunk the max, then (unfiltered rows) sum exp((l - max) / T) in float lanes flushed
+// L1: per chunk the max, then (unfiltered rows) sum exp((l - max) / T) (ATen's exp_u20, as the
+// verifier's statistics: 20 ulp, so log Z is off by at most 1.2e-6) in float lanes flushed
 // to double every FLUSH vectors and merged across chunks in double (online log-sum-exp), the
 // top-n insertion array (a token enters only when it beats the n-th value, so ties keep the lower
 // id: tokens come in id order), and (filtered rows) the top-k / top-p candidates of the
@@ -172,7 +173,7 @@ void scan_chunk(const Row<T>& row, int64_t base, int64_t n, const Setup& su, Sca
   if (!su.filtered) {  // online log-sum-exp, chunk sum relative to the chunk's max
     LaneSum sum;
     const Vec shift(cmax);
-    for (int64_t i = base; i < base + n; i += W) sum.add(su.x(row.load(i) - shift).exp());
+    for (int64_t i = base; i < base + n; i += W) sum.add(su.x(row.load(i) - shift).exp_u20());
     const float m = cmax > sc.m ? cmax : sc.m;
     const double t = su.temp;
     sc.s = sc.s * std::exp((static_cast<double>(sc.m) - m) / t) +
@@ -208,7 +209,7 @@ double kept_mass(const Row<T>& row, const Setup& su, float m, float kappa) {
     const Vec v = row.load(i);
     const Vec keep = su.x(v) >= kv;
     if (keep.zero_mask() == kAllLanes) continue;
-    sum.add(Vec::blendv(zero, su.x(v - shift).exp(), keep));
+    sum.add(Vec::blendv(zero, su.x(v - shift).exp_u20(), keep));
   }
   return sum.value();
 }
