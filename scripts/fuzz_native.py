@@ -1,7 +1,7 @@
 """Fuzz the native C++ ops with garbage: every call must return or raise a Python exception.
 
-Calls the extension's ops (``torch.ops.specdec.native_*``: the KV-cache ops and the
-verification ops), the public KV ops that route to them, and the cache classes' verbs with
+Calls the extension's ops (``torch.ops.specdec.native_*``: the KV-cache ops, the verification
+ops and the logprob op), the public KV ops that route to them, and the cache classes' verbs with
 ``validate=False``, with random small shapes and garbage values: positions and counts near
 ``INT64_MAX`` / ``INT64_MIN``, ``-1``, out-of-range token ids, block ids and parents, NaN / inf
 logits and probabilities, wrong dtypes, shapes and strides. Nothing is compared: the point is that
@@ -245,6 +245,23 @@ def verify_tree(z: Garbage) -> None:
     )
 
 
+def emitted_logprobs(z: Garbage) -> None:
+    B, N, P, V = z.size(0, 4), z.size(0 if z.wild else 1, 6), z.size(0, 6), z.size(1, 70)
+    logits = z.floats(z.maybe_wrong_shape([B, N, V]))
+    if z.chance(0.2) and logits.dim() == 3 and logits.shape[0] > 0:
+        logits = logits[:1].expand(B, -1, -1)  # a flat layout's view (stride 0 in dim 0)
+    rows = z.ints(z.maybe_wrong_shape([B, P]), -2, N + 2)
+    tokens = z.ints(z.maybe_wrong_shape([B, P]), -2, V + 2)
+    words = (V + 31) // 32
+    mask = z.ints(z.maybe_wrong_shape([B, N, words]), I32_MIN, I32_MAX, dtype=torch.int32)
+    c = _controls(z, B)
+    n = z.r.choice([0, 1, 5, 20, 21, -1, I64_MAX] if z.wild else [0, 1, 5, 20])
+    torch.ops.specdec.native_emitted_logprobs(
+        logits, rows, tokens, mask if z.chance(0.5) else None, c["temperature"], c["top_k"],
+        c["top_p"], z.chance(0.7), n,
+    )  # fmt: skip
+
+
 def accept_reject(z: Garbage) -> None:
     B, K = z.size(0, 4), z.size(0, 6)
     d = z.ints(z.maybe_wrong_shape([B, K]), -2, 5)
@@ -289,6 +306,7 @@ CALLS = {
     "native_verify_ex (flat)": lambda z: verify(z, flat=True),
     "native_verify_tree": verify_tree,
     "native_accept_reject": accept_reject,
+    "native_emitted_logprobs": emitted_logprobs,
     "rowinv_linear": rowinv_linear,
     "rowinv_attention": rowinv_attention,
 }

@@ -277,6 +277,7 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("verify_tree", "triton"): _triton_tree,
     ("verify_tree", "reference"): _reference_tree,
     ("verify_block", "reference"): _reference_chain,
+    ("emitted_logprobs", "native"): _native("native_emitted_logprobs"),
     ("emitted_logprobs", "triton"): _triton_logprobs,
     ("emitted_logprobs", "reference"): _reference_logprobs,
     ("accept_reject", "native"): _native("native_accept_reject"),

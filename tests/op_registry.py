@@ -151,6 +151,10 @@ def _emitted_logprobs(backend):
     return args
 
 
+def _native_emitted_logprobs(device):
+    return _emitted_logprobs("native")(device)[:-1]
+
+
 def _native_accept_reject(device):
     return _accept_reject("native")(device)[:2]
 
@@ -257,6 +261,7 @@ def _cases() -> list[Case]:
             cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
     for label, args, needs in _backends(_emitted_logprobs):
         cases.append(Case("emitted_logprobs", label, args, needs))
+    cases.append(_native("native_emitted_logprobs", "", _native_emitted_logprobs))
     cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
