@@ -40,12 +40,13 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_verify_ex(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
         "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "Tensor? seeds, bool greedy_only, Tensor? logits_row_start, Tensor? probs_row_start, "
-        "bool log_input, bool typical, float posterior_threshold, float posterior_alpha) "
-        "-> (Tensor, Tensor)");
+        "Tensor? token_bitmask, bool log_input, int mode, float posterior_threshold, "
+        "float posterior_alpha) -> (Tensor, Tensor)");
   m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
   m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
         "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
-        "Tensor? top_p, Tensor? seeds, bool greedy_only) -> (Tensor, Tensor, Tensor)");
+        "Tensor? top_p, Tensor? seeds, Tensor? token_bitmask, bool greedy_only) "
+        "-> (Tensor, Tensor, Tensor)");
   m.def("rowinv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor");
 }
