@@ -42,12 +42,13 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_verify_ex(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
         "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "Tensor? seeds, bool greedy_only, Tensor? logits_row_start, Tensor? probs_row_start, "
-        "bool log_input, bool typical, float posterior_threshold, float posterior_alpha) "
-        "-> (Tensor, Tensor)");
+        "Tensor? token_bitmask, bool log_input, int mode, float posterior_threshold, "
+        "float posterior_alpha) -> (Tensor, Tensor)");
   m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
   m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
         "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
-        "Tensor? top_p, Tensor? seeds, bool greedy_only) -> (Tensor, Tensor, Tensor)");
+        "Tensor? top_p, Tensor? seeds, Tensor? token_bitmask, bool greedy_only) "
+        "-> (Tensor, Tensor, Tensor)");
   m.def("native_emitted_logprobs(Tensor target_logits, Tensor rows, Tensor tokens, "
         "Tensor? token_bitmask, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "bool processed, int num_logprobs) -> (Tensor, Tensor, Tensor)");

@@ -99,6 +99,20 @@ class Garbage:
             return torch.cat([t, t], dim=-1)[..., ::2]  # last dim strided
         return t
 
+    def bitmask(self, lead: list[int], vocab: int) -> torch.Tensor | None:
+        """A token bitmask ``lead + [ceil(V / 32)]`` of random int32 words (or None); when wild,
+        sometimes a wrong width or leading shape, another dtype or a strided last dim (the
+        ints' own garbage)."""
+        if self.chance(0.4):
+            return None
+        width = (vocab + 31) // 32
+        if self.wild and self.chance(0.1):
+            width = max(0, width + self.r.choice([-1, 1]))
+        words = self.ints(self.maybe_wrong_shape([*lead, width]), I32_MIN, I32_MAX, torch.int32)
+        if words.dtype == torch.int32 and words.numel() and self.chance(0.3):
+            words = words | self.r.choice([-1, 0x55555555, 1])  # mostly allowed, every other
+        return words
+
     def maybe_wrong_shape(self, shape: list[int]) -> list[int]:
         shape = list(shape)
         if shape and self.wild and self.chance(0.05):
@@ -206,15 +220,17 @@ def verify(z: Garbage, flat: bool) -> None:
         layout = (  # logits_row_start ... posterior_alpha
             lstart,
             pstart,
+            z.bitmask([rows], V),
             z.chance(0.3),
-            z.chance(0.3),
+            z.r.choice([0, 1, 2, -1, 3, I64_MAX] if z.wild else [0, 1, 2]),
             z.r.choice([0.0, 0.09, 1.0, -1.0, float("nan"), float("inf")]),
             z.r.choice([0.0, 0.3, -1.0, float("nan"), 1e30]),
         )
     else:
         logits = z.floats(z.maybe_wrong_shape([B, K + 1, V]), dtype)
         q = z.probs(z.maybe_wrong_shape([B, K, V]), dtype) if z.chance(0.6) else None
-        layout = (None, None, False, False, 0.0, 0.0)  # padded logits, no typical acceptance
+        mode = z.r.choice([0, 1]) if not z.wild else z.r.choice([0, 1, 2, -1])
+        layout = (None, None, z.bitmask([B, K + 1], V), False, mode, 0.0, 0.0)  # padded logits
     torch.ops.specdec.native_verify_ex(
         logits, drafts, q, nd, c["temperature"], c["top_k"], c["top_p"], c["seeds"], greedy, *layout
     )
@@ -241,6 +257,7 @@ def verify_tree(z: Garbage) -> None:
         c["top_k"],
         c["top_p"],
         c["seeds"],
+        z.bitmask([B, N], V),
         z.chance(0.3),
     )
 
