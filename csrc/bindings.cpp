@@ -8,11 +8,13 @@
 // kernels are registered there too.
 // Verification: specdec::native_verify_ex / native_accept_reject / native_verify_tree are the CPU
 // kernels behind backend="native" of the public verification ops
-// (specdec_kernels/verification.py, tree_verification.py).
+// (specdec_kernels/verification.py, tree_verification.py); specdec::native_emitted_logprobs is
+// the one behind backend="native" of specdec::emitted_logprobs (specdec_kernels/logprobs.py).
 #include <Python.h>
 #include <torch/library.h>
 
 #include "kv_cache.h"
+#include "logprobs.h"
 #include "model.h"
 #include "verify.h"
 
@@ -40,12 +42,16 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_verify_ex(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs, "
         "Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "Tensor? seeds, bool greedy_only, Tensor? logits_row_start, Tensor? probs_row_start, "
-        "bool log_input, bool typical, float posterior_threshold, float posterior_alpha) "
-        "-> (Tensor, Tensor)");
+        "Tensor? token_bitmask, bool log_input, int mode, float posterior_threshold, "
+        "float posterior_alpha) -> (Tensor, Tensor)");
   m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
   m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
         "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
-        "Tensor? top_p, Tensor? seeds, bool greedy_only) -> (Tensor, Tensor, Tensor)");
+        "Tensor? top_p, Tensor? seeds, Tensor? token_bitmask, bool greedy_only) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("native_emitted_logprobs(Tensor target_logits, Tensor rows, Tensor tokens, "
+        "Tensor? token_bitmask, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
+        "bool processed, int num_logprobs) -> (Tensor, Tensor, Tensor)");
   m.def("rowinv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor");
 }
@@ -58,6 +64,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_verify_ex", &specdec::native_verify_ex_cpu);
   m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
   m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);
+  m.impl("native_emitted_logprobs", &specdec::native_emitted_logprobs_cpu);
   m.impl("rowinv_linear", &specdec::rowinv_linear_cpu);
   m.impl("rowinv_attention", &specdec::rowinv_attention_cpu);
 }

@@ -4,20 +4,24 @@
 //   native_verify_ex(Tensor target_logits, Tensor draft_tokens, Tensor? draft_probs,
 //                    Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p,
 //                    Tensor? seeds, bool greedy_only, Tensor? logits_row_start,
-//                    Tensor? probs_row_start, bool log_input, bool typical,
+//                    Tensor? probs_row_start, Tensor? token_bitmask, bool log_input, int mode,
 //                    float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor)
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
 //   native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents,
 //                      Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature,
-//                      Tensor? top_k, Tensor? top_p, Tensor? seeds, bool greedy_only)
-//                      -> (Tensor, Tensor, Tensor)
+//                      Tensor? top_k, Tensor? top_p, Tensor? seeds, Tensor? token_bitmask,
+//                      bool greedy_only) -> (Tensor, Tensor, Tensor)
 //
 // target_logits [B, K+1, V] float32/bfloat16/float16 (vocabulary stride 1, other dims any
 // stride); draft_tokens [B, K] int32/int64; draft_probs [B, K, V] float or None;
 // num_draft_tokens [B] int; temperature [B] float, top_k [B] int, top_p [B] float, seeds [B]
 // int64 (temperature and seeds required unless greedy_only). Returns tokens [B, K+1] int64 and
-// num_accepted [B] int64. The plain chain call passes logits_row_start = probs_row_start = None,
-// log_input = typical = false and posterior_threshold = posterior_alpha = 0. They are the
+// num_accepted [B] int64. mode (rows that are not greedy): 0 token verification (rejection
+// sampling), 1 block verification (Sun et al. 2024), 2 typical acceptance. token_bitmask: None or
+// int32 in the logits' row layout ([B, K+1, W], or [rows, W] with logits_row_start; trees
+// [B, N, W]), W = ceil(V / 32): a token whose bit is clear is read as a -inf logit. The plain
+// chain call passes logits_row_start = probs_row_start = token_bitmask = None, log_input =
+// false, mode = 0 and posterior_threshold = posterior_alpha = 0. They are the
 // `backend="native"` implementation of the public custom ops specdec::verify_greedy /
 // verify_sampling / accept_reject and of verify_ex (specdec_kernels/verification.py);
 // native_verify_tree (target_logits [B, N, V], tree_tokens and parents [B, N], draft_probs
@@ -39,19 +43,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, int64_t mode,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    bool greedy_only);
+    const std::optional<at::Tensor>& token_bitmask, bool greedy_only);
 
 // Chain verification, padded ([B, K+1, V]) or flattened (logits_row_start / probs_row_start: [B]
 // row of position 0 in a [rows, V] target_logits / draft_probs; rows are clamped into the
-// tensor), of logits or probabilities (log_input: x = log(value)), by rejection sampling or
-// typical acceptance (typical: posterior_threshold, posterior_alpha).
+// tensor), of logits or probabilities (log_input: x = log(value)), under a token bitmask or not,
+// by rejection sampling, block verification or typical acceptance (mode 0 / 1 / 2; typical:
+// posterior_threshold, posterior_alpha).
 std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_tokens,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
     bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
-    const std::optional<at::Tensor>& probs_row_start, bool log_input, bool typical,
+    const std::optional<at::Tensor>& probs_row_start,
+    const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
     double posterior_threshold, double posterior_alpha);
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,

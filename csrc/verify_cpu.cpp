@@ -10,6 +10,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/verify_cpu.h"
 
@@ -52,6 +53,23 @@ void check_vocab_stride(const char* name, const at::Tensor& t) {
   TORCH_CHECK_VALUE(t.stride(2) == 1 || t.size(2) == 1, "native_verify: ", name,
                     " must have stride 1 in its last (vocabulary) dim, got strides ",
                     t.strides());
+}
+
+// A token bitmask (xgrammar's layout): int32 `lead + [ceil(V / 32)]` on the CPU, stride 1 in its
+// last dim; `labels` names the leading dims for the message (e.g. "[B, K+1, W]").
+void check_bitmask(const char* op, const at::Tensor& m, at::IntArrayRef lead, int64_t V,
+                   const char* labels) {
+  check_cpu(op, "token_bitmask", m);
+  TORCH_CHECK_TYPE(m.scalar_type() == at::kInt, op,
+                   ": token_bitmask must be int32 (xgrammar's layout), got ", m.scalar_type());
+  std::vector<int64_t> want(lead.begin(), lead.end());
+  want.push_back((V + 31) / 32);
+  TORCH_CHECK_VALUE(m.sizes() == at::IntArrayRef(want), op, ": token_bitmask must have shape ",
+                    labels, " = ", at::IntArrayRef(want), " (W = ceil(V / 32) for V = ", V,
+                    "), got ", m.sizes());
+  TORCH_CHECK_VALUE(m.stride(-1) == 1 || want.back() == 1, op,
+                    ": token_bitmask must have stride 1 in its last dim, got strides ",
+                    m.strides());
 }
 
 // The per-row tensors of the sampling controls, kept alive by the caller until the launch.
@@ -111,9 +129,12 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
     bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
-    const std::optional<at::Tensor>& probs_row_start, bool log_input, bool typical,
+    const std::optional<at::Tensor>& probs_row_start,
+    const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
     double posterior_threshold, double posterior_alpha) {
   const char* op = "native_verify";
+  TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, op,
+                    ": mode must be 0 (token), 1 (block) or 2 (typical), got ", mode);
   check_cpu(op, "target_logits", target_logits);
   check_cpu(op, "draft_tokens", draft_tokens);
   check_int(op, "draft_tokens", draft_tokens);
@@ -165,7 +186,7 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
   a.vocab = V;
   a.greedy_only = greedy_only;
   a.log_input = log_input;
-  a.typical = typical;
+  a.mode = static_cast<int32_t>(mode);
   a.posterior_threshold = static_cast<float>(posterior_threshold);
   a.posterior_alpha = static_cast<float>(posterior_alpha);
 
@@ -175,6 +196,18 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     lstart = per_row("logits_row_start", *logits_row_start, B, at::kLong);
     a.logits_row_start = lstart.const_data_ptr<int64_t>();
     a.logits_rows = target_logits.size(0);
+  }
+  if (token_bitmask.has_value()) {  // the logits' row layout
+    const at::Tensor& m = *token_bitmask;
+    if (flat) {
+      check_bitmask(op, m, {target_logits.size(0)}, V, "[rows, W] (the rows of target_logits)");
+      a.mask_stride_k = m.stride(0);
+    } else {
+      check_bitmask(op, m, {B, K + 1}, V, "[B, K+1, W]");
+      a.mask_stride_b = m.stride(0);
+      a.mask_stride_k = m.stride(1);
+    }
+    a.token_bitmask = m.const_data_ptr<int32_t>();
   }
   Controls controls;
   if (!greedy_only) {
@@ -219,7 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, int64_t mode,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    bool greedy_only) {
+    const std::optional<at::Tensor>& token_bitmask, bool greedy_only) {
   const char* op = "native_verify_tree";
   check_cpu(op, "target_logits", target_logits);
   TORCH_CHECK_VALUE(target_logits.dim() == 3, op,
@@ -259,6 +292,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
   a.vocab = V;
   a.greedy_only = greedy_only;
   a.mode = greedy_only ? 0 : static_cast<int32_t>(mode);
+  if (token_bitmask.has_value()) {
+    const at::Tensor& m = *token_bitmask;
+    check_bitmask(op, m, {B, N}, V, "[B, N, W]");
+    a.token_bitmask = m.const_data_ptr<int32_t>();
+    a.mask_stride_b = m.stride(0);
+    a.mask_stride_n = m.stride(1);
+  }
 
   Controls controls;
   if (!greedy_only) {

@@ -1,7 +1,7 @@
 """Fuzz the native C++ ops with garbage: every call must return or raise a Python exception.
 
-Calls the extension's ops (``torch.ops.specdec.native_*``: the KV-cache ops and the
-verification ops), the public KV ops that route to them, and the cache classes' verbs with
+Calls the extension's ops (``torch.ops.specdec.native_*``: the KV-cache ops, the verification
+ops and the logprob op), the public KV ops that route to them, and the cache classes' verbs with
 ``validate=False``, with random small shapes and garbage values: positions and counts near
 ``INT64_MAX`` / ``INT64_MIN``, ``-1``, out-of-range token ids, block ids and parents, NaN / inf
 logits and probabilities, wrong dtypes, shapes and strides. Nothing is compared: the point is that
@@ -98,6 +98,20 @@ class Garbage:
         if t.dim() >= 1 and t.numel() and self.wild and self.chance(0.1):
             return torch.cat([t, t], dim=-1)[..., ::2]  # last dim strided
         return t
+
+    def bitmask(self, lead: list[int], vocab: int) -> torch.Tensor | None:
+        """A token bitmask ``lead + [ceil(V / 32)]`` of random int32 words (or None); when wild,
+        sometimes a wrong width or leading shape, another dtype or a strided last dim (the
+        ints' own garbage)."""
+        if self.chance(0.4):
+            return None
+        width = (vocab + 31) // 32
+        if self.wild and self.chance(0.1):
+            width = max(0, width + self.r.choice([-1, 1]))
+        words = self.ints(self.maybe_wrong_shape([*lead, width]), I32_MIN, I32_MAX, torch.int32)
+        if words.dtype == torch.int32 and words.numel() and self.chance(0.3):
+            words = words | self.r.choice([-1, 0x55555555, 1])  # mostly allowed, every other
+        return words
 
     def maybe_wrong_shape(self, shape: list[int]) -> list[int]:
         shape = list(shape)
@@ -206,15 +220,17 @@ def verify(z: Garbage, flat: bool) -> None:
         layout = (  # logits_row_start ... posterior_alpha
             lstart,
             pstart,
+            z.bitmask([rows], V),
             z.chance(0.3),
-            z.chance(0.3),
+            z.r.choice([0, 1, 2, -1, 3, I64_MAX] if z.wild else [0, 1, 2]),
             z.r.choice([0.0, 0.09, 1.0, -1.0, float("nan"), float("inf")]),
             z.r.choice([0.0, 0.3, -1.0, float("nan"), 1e30]),
         )
     else:
         logits = z.floats(z.maybe_wrong_shape([B, K + 1, V]), dtype)
         q = z.probs(z.maybe_wrong_shape([B, K, V]), dtype) if z.chance(0.6) else None
-        layout = (None, None, False, False, 0.0, 0.0)  # padded logits, no typical acceptance
+        mode = z.r.choice([0, 1]) if not z.wild else z.r.choice([0, 1, 2, -1])
+        layout = (None, None, z.bitmask([B, K + 1], V), False, mode, 0.0, 0.0)  # padded logits
     torch.ops.specdec.native_verify_ex(
         logits, drafts, q, nd, c["temperature"], c["top_k"], c["top_p"], c["seeds"], greedy, *layout
     )
@@ -241,8 +257,26 @@ def verify_tree(z: Garbage) -> None:
         c["top_k"],
         c["top_p"],
         c["seeds"],
+        z.bitmask([B, N], V),
         z.chance(0.3),
     )
+
+
+def emitted_logprobs(z: Garbage) -> None:
+    B, N, P, V = z.size(0, 4), z.size(0 if z.wild else 1, 6), z.size(0, 6), z.size(1, 70)
+    logits = z.floats(z.maybe_wrong_shape([B, N, V]))
+    if z.chance(0.2) and logits.dim() == 3 and logits.shape[0] > 0:
+        logits = logits[:1].expand(B, -1, -1)  # a flat layout's view (stride 0 in dim 0)
+    rows = z.ints(z.maybe_wrong_shape([B, P]), -2, N + 2)
+    tokens = z.ints(z.maybe_wrong_shape([B, P]), -2, V + 2)
+    words = (V + 31) // 32
+    mask = z.ints(z.maybe_wrong_shape([B, N, words]), I32_MIN, I32_MAX, dtype=torch.int32)
+    c = _controls(z, B)
+    n = z.r.choice([0, 1, 5, 20, 21, -1, I64_MAX] if z.wild else [0, 1, 5, 20])
+    torch.ops.specdec.native_emitted_logprobs(
+        logits, rows, tokens, mask if z.chance(0.5) else None, c["temperature"], c["top_k"],
+        c["top_p"], z.chance(0.7), n,
+    )  # fmt: skip
 
 
 def accept_reject(z: Garbage) -> None:
@@ -289,6 +323,7 @@ CALLS = {
     "native_verify_ex (flat)": lambda z: verify(z, flat=True),
     "native_verify_tree": verify_tree,
     "native_accept_reject": accept_reject,
+    "native_emitted_logprobs": emitted_logprobs,
     "rowinv_linear": rowinv_linear,
     "rowinv_attention": rowinv_attention,
 }

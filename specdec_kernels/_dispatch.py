@@ -172,14 +172,15 @@ def interpreter_active() -> bool:
 # Logprob kernels: see specdec_kernels.logprobs. KV kernels: the public op's arguments -> None.
 
 
+#: ``native_verify_ex``'s ``mode`` (the rule of the rows that are not greedy) per chain mode.
+_NATIVE_CHAIN_MODE = {"greedy": 0, "sampling": 0, "block": 1, "typical": 2}
+
+
 def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
                   log_input, threshold, alpha):  # fmt: skip
-    if bitmask is not None:  # not in the C++ kernels yet
-        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
-                                bitmask, mode, log_input, threshold, alpha)  # fmt: skip
     return torch.ops.specdec.native_verify_ex(
-        logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs,
-        log_input, mode == "typical", threshold, alpha,
+        logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs, bitmask,
+        log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha,
     )  # fmt: skip
 
 
@@ -197,13 +198,6 @@ def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
 def _reference_chain(*args):
     tokens, accepted, _ = ref_chain.verify_chain(*args)
     return tokens, accepted
-
-
-def _native_tree(*args):
-    *head, bitmask, greedy_only = args
-    if bitmask is not None:  # not in the C++ kernels yet
-        return _reference_tree(*args)
-    return torch.ops.specdec.native_verify_tree(*head, greedy_only)
 
 
 def _triton_tree(*args):
@@ -239,6 +233,12 @@ def _reference_logprobs(logits, rows, tokens, bitmask, temp, topk, topp, process
     )  # fmt: skip
 
 
+def _triton_logprobs(*args):
+    from specdec_kernels.ops import logprobs  # imports triton: lazily
+
+    return logprobs.emitted_logprobs(*args)
+
+
 def _triton_accept_reject(draft_tokens, verifier_tokens):
     from specdec_kernels.ops import accept_reject  # imports triton: lazily
 
@@ -255,18 +255,22 @@ def _native(name: str) -> Callable:
 
 KV_OPS = ("kv_write_", "kv_compact_", "paged_kv_write_", "paged_kv_compact_")
 
-#: (op, backend) -> kernel. ``verify_typical`` is the chain op in typical mode.
+#: (op, backend) -> kernel. ``verify_typical`` / ``verify_block`` are the chain op in typical /
+#: block mode.
 _TABLE: dict[tuple[str, str], Callable] = {
     ("verify_chain", "native"): _native_chain,
     ("verify_chain", "triton"): _triton_chain,
     ("verify_chain", "reference"): _reference_chain,
     ("verify_typical", "native"): _native_chain,
     ("verify_typical", "reference"): _reference_chain,
-    ("verify_tree", "native"): _native_tree,
+    ("verify_tree", "native"): _native("native_verify_tree"),
     ("verify_tree", "triton"): _triton_tree,
     ("verify_tree", "reference"): _reference_tree,
+    ("verify_block", "native"): _native_chain,
     ("verify_block", "triton"): _triton_chain,
     ("verify_block", "reference"): _reference_chain,
+    ("emitted_logprobs", "native"): _native("native_emitted_logprobs"),
+    ("emitted_logprobs", "triton"): _triton_logprobs,
     ("emitted_logprobs", "reference"): _reference_logprobs,
     ("accept_reject", "native"): _native("native_accept_reject"),
     ("accept_reject", "triton"): _triton_accept_reject,

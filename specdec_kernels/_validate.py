@@ -156,6 +156,12 @@ def sampling_controls(b: int, device: torch.device, temperature, top_k, top_p):
     return temp, topk, topp
 
 
+def all_greedy(temperature) -> bool:
+    """The one rule "temperature 0 is greedy" for a whole call: a host scalar ``0`` (a ``[B]``
+    tensor decides per row, inside the kernels)."""
+    return isinstance(temperature, numbers.Real) and temperature == 0
+
+
 def check_scalar_ranges(temperature, top_k, top_p) -> None:
     """Range checks of Python-number arguments: free, so they always run."""
     if isinstance(temperature, numbers.Real) and not temperature >= 0:
@@ -253,20 +259,7 @@ def check_values(
         )
     check_logit_values(target_logits)
     if draft_probs is not None:
-        tol = probs_tolerance(draft_probs.dtype)
-        negative = (draft_probs < 0).any(dim=-1) & live
-        sums = draft_probs.float().sum(dim=-1)
-        off = ((sums - 1).abs() > tol) & live | ~torch.isfinite(sums) & live
-        for bad, what in (
-            (negative, "has negative entries"),
-            (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})"),
-        ):
-            if bool(bad.any()):
-                row, pos = first_index(bad)
-                raise ValueError(
-                    f"draft_probs[{row}, {pos}] {what}: sum = {float(sums[row, pos]):.6g}, "
-                    f"min = {float(draft_probs[row, pos].min()):.6g}"
-                )
+        check_probability_values("draft_probs", draft_probs, live)
     check_control_values(temperature, top_k, top_p)
     if temperature is not None:
         check_temperature_range(target_logits, temperature)
@@ -421,31 +414,32 @@ def check_flat_values(target_logits, draft_tokens, draft_probs=None) -> None:
         (row,) = first_index(empty)
         raise ValueError(f"target_logits[{row}] has no finite entry: there is nothing to emit")
     if draft_probs is not None:
-        tol = probs_tolerance(draft_probs.dtype)
-        sums = draft_probs.float().sum(dim=-1)
-        bad = (draft_probs < 0).any(dim=-1) | ((sums - 1).abs() > tol) | ~torch.isfinite(sums)
-        if bool(bad.any()):
-            (row,) = first_index(bad)
-            raise ValueError(
-                f"draft_probs[{row}] must be non-negative and sum to 1 (tolerance {tol:.3g}), "
-                f"got sum = {float(sums[row]):.6g}, min = {float(draft_probs[row].min()):.6g}"
-            )
+        check_probability_values("draft_probs", draft_probs)
 
 
-def check_probability_values(name: str, probs: torch.Tensor) -> None:
-    """Rows of a probability input (``[..., V]``): finite, non-negative, some mass, summing to
-    1 within :func:`probs_tolerance` (reads them; synchronises)."""
+def check_probability_values(name: str, probs: torch.Tensor, live=None, describe=None) -> None:
+    """The one check of probability rows (``[..., V]``; only those ``live`` marks, all when
+    None): non-negative, finite, summing to 1 within :func:`probs_tolerance` (reads them;
+    synchronises). The message names the first bad row, ``name[i, j]`` then ``describe(index)``
+    (what that row is), and its sum and minimum."""
     tol = probs_tolerance(probs.dtype)
     sums = probs.float().sum(dim=-1)
-    bad = (probs < 0).any(dim=-1) | ~torch.isfinite(sums) | ((sums - 1).abs() > tol)
-    if bool(bad.any()):
-        index = first_index(bad)
-        where = ", ".join(str(i) for i in index)
-        raise ValueError(
-            f"{name}[{where}] must be non-negative and sum to 1 (tolerance {tol:.3g} for "
-            f"{probs.dtype}), got sum = {float(sums[index]):.6g}, "
-            f"min = {float(probs[index].min()):.6g}"
-        )
+    negative = (probs < 0).any(dim=-1)
+    off = ((sums - 1).abs() > tol) | ~torch.isfinite(sums)
+    if live is not None:
+        negative, off = negative & live, off & live
+    for bad, what in (
+        (negative, "has negative entries"),
+        (off, f"does not sum to 1 (tolerance {tol:.3g} for {probs.dtype})"),
+    ):
+        if bool(bad.any()):
+            index = first_index(bad)
+            where = ", ".join(str(i) for i in index)
+            about = describe(index) if describe is not None else ""
+            raise ValueError(
+                f"{name}[{where}]{about} {what}: sum = {float(sums[index]):.6g}, "
+                f"min = {float(probs[index].min()):.6g}"
+            )
 
 
 def check_flat_temperature_range(
@@ -550,21 +544,12 @@ def check_tree_values(
         index = parents.to(torch.int64).clamp(0, n - 1)
         has_child = torch.zeros((b, n), dtype=torch.int64, device=parents.device)
         has_child = has_child.scatter_add(1, index, child.to(torch.int64)) > 0
-        tol = probs_tolerance(draft_probs.dtype)
-        negative = (draft_probs < 0).any(dim=-1) & has_child
-        sums = draft_probs.float().sum(dim=-1)
-        off = has_child & (((sums - 1).abs() > tol) | ~torch.isfinite(sums))
-        for bad, what in (
-            (negative, "has negative entries"),
-            (off, f"does not sum to 1 (tolerance {tol:.3g} for {draft_probs.dtype})"),
-        ):
-            if bool(bad.any()):
-                row, node = first_index(bad)
-                raise ValueError(
-                    f"draft_probs[{row}, {node}] (the proposal of node {node}'s children) "
-                    f"{what}: sum = {float(sums[row, node]):.6g}, "
-                    f"min = {float(draft_probs[row, node].min()):.6g}"
-                )
+        check_probability_values(
+            "draft_probs",
+            draft_probs,
+            has_child,
+            lambda index: f" (the proposal of node {index[1]}'s children)",
+        )
     check_control_values(temperature, top_k, top_p)
     if temperature is not None:
         check_temperature_range(live_logits, temperature)

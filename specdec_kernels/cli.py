@@ -1,6 +1,7 @@
 """``specdec``: the command line. ``specdec demo`` runs the bundled draft/target pair (``--tp N``
-or ``torchrun --nproc-per-node N -m specdec_kernels.cli demo``: with the target tensor parallel);
-``specdec bench ops|e2e|distributed`` runs the benchmarks."""
+or ``torchrun --nproc-per-node N -m specdec_kernels.cli demo``: with the target tensor parallel;
+``--json`` / ``--grammar FILE``: under a grammar); ``specdec bench ops|e2e|distributed`` runs the
+benchmarks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,12 @@ DEFAULT_PROMPTS = (
     "    def __repr__(self):\n        return ",
     "        for i in range(len(self.",
     "    except ValueError:\n        raise ",
+)
+# ``specdec demo --json``: lines of Python that a JSON value may follow
+JSON_PROMPTS = (
+    "    return json.dumps(",
+    "        self.config = ",
+    "    headers = ",
 )
 
 
@@ -51,6 +58,60 @@ def render(ids, accepted, prompt_len: int, color: bool) -> str:
         out.append(text)
         i = j
     return "".join(out)
+
+
+def demo_grammar(args, model):
+    """The grammar of ``specdec demo --json`` / ``--schema FILE`` / ``--grammar FILE`` compiled for
+    ``model``'s vocabulary, and a line saying what it is; ``(None, None)`` without one.
+    ``ValueError`` (a bad schema or grammar, named) and ``OSError`` (an unreadable file)."""
+    if not (args.json or args.schema or args.grammar):
+        return None, None
+    import json
+
+    from specdec_kernels import grammar as sg
+    from specdec_kernels.benchmarks.e2e import DEMO_SCHEMA
+
+    info = sg.tokenizer_info(model)
+    if args.grammar:
+        with open(args.grammar, encoding="utf-8") as fh:
+            return sg.compile_grammar(info, fh.read()), f"EBNF grammar {args.grammar}"
+    if args.schema == "any":
+        return sg.compile_json(info), "any JSON (xgrammar's builtin JSON grammar)"
+    if args.schema:
+        with open(args.schema, encoding="utf-8") as fh:
+            text = fh.read()
+        what = f"JSON schema {args.schema}"
+    else:
+        text, what = json.dumps(DEMO_SCHEMA), f"JSON schema {json.dumps(DEMO_SCHEMA)}"
+    return sg.compile_json(info, text, any_whitespace=False), what
+
+
+def check_rows(compiled, rows, is_json: bool) -> list[str]:
+    """Per generated row, what a fresh xgrammar matcher says of it: ``valid`` (it ended, and
+    parses as JSON when ``is_json``), ``valid prefix`` (the budget ended it) or the first
+    token it rejects."""
+    import json
+
+    import xgrammar as xgr
+
+    verdicts = []
+    for row in rows:
+        m = xgr.GrammarMatcher(compiled)
+        bad = next((j for j, t in enumerate(row) if not m.accept_token(t)), None)
+        if bad is not None:
+            verdicts.append(f"INVALID at token {bad} ({row[bad]})")
+        elif not m.is_terminated():
+            verdicts.append("valid prefix (the budget ended it)")
+        elif is_json:
+            text = bytes(t for t in row if t < 256).decode("utf-8", errors="surrogatepass")
+            try:
+                json.loads(text)
+                verdicts.append("valid JSON (json.loads parses it)")
+            except ValueError as exc:
+                verdicts.append(f"INVALID JSON: {exc}")
+        else:
+            verdicts.append("accepted by the grammar")
+    return verdicts
 
 
 def demo(args) -> int:
@@ -130,7 +191,15 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
     if world_size > 1:
         target = sk.distributed.TensorParallelCausalLM.from_single(single)
     quiet = rank != 0  # every rank runs the same loop; the first one prints
-    prompts = args.prompt or list(DEFAULT_PROMPTS)
+    try:
+        grammar, grammar_what = demo_grammar(args, single)
+    except (OSError, ValueError) as exc:
+        print(f"specdec demo: error: {exc}", file=sys.stderr)
+        return 2
+    if grammar is not None and world_size > 1:
+        print("specdec demo: error: no grammar masks on sharded targets yet", file=sys.stderr)
+        return 2
+    prompts = args.prompt or list(JSON_PROMPTS if grammar is not None else DEFAULT_PROMPTS)
     ids = [encode(p) for p in prompts]
     gen = sk.SpeculativeGenerator(target, "ngram" if args.draft == "ngram" else draft, k)
     kw = dict(
@@ -138,6 +207,7 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
         temperature=args.temperature,
         eos_token_id=EOS_ID,
         seed=args.seed,
+        grammar=grammar,
     )
     total = args.max_new_tokens * len(ids)
     drafter = (
@@ -164,12 +234,15 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
             f"{'on' if single.row_invariant else 'off'}",
             flush=True,
         )
+        if grammar is not None:
+            print(f"under a grammar (xgrammar), speculative and target alone: {grammar_what}")
 
         def progress(label):
             return None if quiet else _Progress(label, total)
 
-        gen.generate([ids[0][:4]], max_new_tokens=2, temperature=args.temperature, seed=0)
-        sk.autoregressive_generate(target, [ids[0][:4]], max_new_tokens=2)  # warm-up
+        warm = dict(max_new_tokens=2, grammar=grammar)
+        gen.generate([ids[0][:4]], temperature=args.temperature, seed=0, **warm)
+        sk.autoregressive_generate(target, [ids[0][:4]], **warm)  # warm-up
 
         def timed(batches, label):
             """Speculative and target-alone runs over ``batches`` (lists of prompts),
@@ -194,9 +267,17 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
         legend = "\x1b[32mgreen\x1b[0m" if color else "«…»"
         print(f"(accepted draft tokens in {legend})\n")
         spec = cases["batched"]["spec"][1][0]
+        new_rows = [q[n:] for q, n in zip(spec.sequences, spec.prompt_lengths)]
+        verdicts = (
+            check_rows(grammar, new_rows, is_json=not args.grammar)
+            if grammar is not None
+            else [None] * len(new_rows)
+        )
         for b, (seq, acc) in enumerate(zip(spec.sequences, spec.draft_accepted)):
             print(f"--- prompt {b} " + "-" * 40)
             print(render(seq, acc, spec.prompt_lengths[b], color))
+            if verdicts[b] is not None:
+                print(f"[generated text: {verdicts[b]}]")
         print("-" * 54)
         same_all, figures = True, {}
         for name in ("interactive", "batched"):
@@ -230,7 +311,7 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
                 mean_k=round(drafted / max(passes, 1) / rows, 4),
                 greedy_identical=seqs == base_seqs if args.temperature == 0 else None,
             )
-        if args.json and not quiet:
+        if args.record and not quiet:
             from specdec_kernels.benchmarks import results
 
             header = results.run_header(torch.device("cpu"), "demo")
@@ -245,10 +326,15 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
                 temperature=args.temperature,
                 num_speculative_tokens=str(k),
             )
-            results.append_rows(args.json, [{**header, **common, **f} for f in figures.values()])
+            if grammar is not None:
+                common["grammar"] = grammar_what
+                common["grammar_valid_rows"] = sum(not v.startswith("INVALID") for v in verdicts)
+            rows = [{**header, **common, **f} for f in figures.values()]
+            results.append_rows(args.record, rows)
         if args.temperature == 0:
             same = "identical to" if same_all else "differs from"
-            print(f"greedy output {same} the target's own greedy decoding")
+            under = " under the same grammar" if grammar is not None else ""
+            print(f"greedy output {same} the target's own greedy decoding{under}")
             if world_size > 1 and not quiet:  # the unsplit model, in this process alone
                 alone = sk.autoregressive_generate(single, ids, **kw)
                 same = "identical to" if spec.sequences == alone.sequences else "differs from"
@@ -268,7 +354,9 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="speculative generation with the bundled draft/target pair")
     d.add_argument("prompt", nargs="*", help="prompts (default: three lines of Python)")
-    d.add_argument("-n", "--max-new-tokens", type=int, default=64)
+    d.add_argument(
+        "-n", "--max-new-tokens", type=int, default=None, help="default 64 (96 with --json)"
+    )
     d.add_argument(
         "-k",
         "--num-speculative-tokens",
@@ -282,7 +370,22 @@ def main(argv=None) -> int:
         default="auto",
         help="the models' dtype (default auto: the fastest on this machine, measured once)",
     )
-    d.add_argument("--json", default="", help="append the figures to this JSON file")
+    d.add_argument(
+        "--json",
+        action="store_true",
+        help="write JSON: decode under a small JSON schema (xgrammar), speculative and target "
+        "alone alike, and check every row",
+    )
+    d.add_argument(
+        "--schema",
+        default=None,
+        help="with --json: a JSON schema file instead of the built-in one, or 'any' for any "
+        "JSON value (xgrammar's builtin JSON grammar)",
+    )
+    d.add_argument(
+        "--grammar", default=None, help="decode under this EBNF grammar file (xgrammar's GBNF)"
+    )
+    d.add_argument("--record", default="", help="append the figures to this JSON file")
     d.add_argument(
         "--batched-only",
         action="store_true",
@@ -326,6 +429,21 @@ def main(argv=None) -> int:
     add_bench_parser(sub)  # specdec bench ops|e2e ... (see bench/README.md)
     args = parser.parse_args(argv)
     if args.command == "demo":
+        constrained = args.json or args.schema or args.grammar
+        if args.max_new_tokens is None:
+            args.max_new_tokens = 96 if constrained else 64
+        if args.grammar and (args.json or args.schema):
+            parser.error("--grammar and --json/--schema are alternatives")
+        if args.schema and not args.json:
+            parser.error("--schema goes with --json")
+        if constrained and args.tp > 1:
+            parser.error("--json/--grammar with --tp: no grammar masks on sharded targets yet")
+        stale = [p for p in args.prompt if p.endswith(".json") and "\n" not in p]
+        if args.json and stale:
+            parser.error(
+                f"--json takes no file now (it decodes JSON under a grammar); {stale[0]!r} "
+                "would be a prompt: to append the figures to a file use --record PATH"
+            )
         k = args.num_speculative_tokens
         if k != "auto" and not k.isdigit():
             parser.error(f"--num-speculative-tokens must be an int or 'auto', got {k!r}")

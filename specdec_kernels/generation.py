@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from specdec_kernels._dispatch import check_backend
 from specdec_kernels.adaptive import PassCosts, measure_pass_costs
 from specdec_kernels.decoding import (
@@ -21,6 +23,7 @@ from specdec_kernels.decoding import (
     ModelDrafter,
     NgramDrafter,
     Sampling,
+    TopLogprobs,
 )
 from specdec_kernels.decoding.adapters import CausalLMAdapter, adapter_for
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
@@ -37,17 +40,30 @@ __all__ = [
 @dataclass
 class GenerationOutput:
     """``sequences[b]``: prompt + generated tokens of row ``b``; ``draft_accepted[b][i]``: whether
-    generated token ``i`` of row ``b`` was a draft token the target accepted."""
+    generated token ``i`` of row ``b`` was a draft token the target accepted. With
+    ``logprobs=``: ``logprobs[b]`` (``[T_b]`` float32, one per generated token) and, with
+    ``num_logprobs = n > 0``, ``top_logprobs[b]`` (a
+    :class:`~specdec_kernels.decoding.TopLogprobs` of ``values`` / ``ids`` ``[T_b, n]``), as
+    :class:`~specdec_kernels.decoding.DecodeResult` has them; else ``None``."""
 
     sequences: list[list[int]]
     stats: GenerationStats
     draft_accepted: list[list[bool]]
     prompt_lengths: list[int]
+    logprobs: list[torch.Tensor] | None = None
+    top_logprobs: list[TopLogprobs] | None = None
 
     @classmethod
     def from_result(cls, result: DecodeResult) -> GenerationOutput:
         lens = [len(s) - len(f) for s, f in zip(result.sequences, result.from_draft)]
-        return cls(result.sequences, result.stats, result.from_draft, lens)
+        return cls(
+            result.sequences,
+            result.stats,
+            result.from_draft,
+            lens,
+            result.logprobs,
+            result.top_logprobs,
+        )
 
 
 def cost_per_token(model) -> float:
@@ -207,6 +223,11 @@ class SpeculativeGenerator:
         eos_token_id: int | None = None,
         seed: int | None = None,
         progress=None,
+        *,
+        verify_method: str = "token",
+        logprobs: str | None = None,
+        num_logprobs: int = 0,
+        grammar=None,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens for every prompt.
 
@@ -227,18 +248,40 @@ class SpeculativeGenerator:
             prompt, its index in ``prompts`` and the seed, never on the other rows.
         progress : callable, optional
             Called as ``progress(generated_tokens_so_far, live_rows)`` after each target pass.
+        verify_method : {"token", "block"}
+            The acceptance rule when sampling (:class:`~specdec_kernels.decoding.Sampling`):
+            ``"block"`` is block verification (chains only: ``ValueError`` with ``tree``);
+            greedy decoding is the same either way.
+        logprobs : {None, "raw", "processed"}
+            Also return each generated token's log-probability (``GenerationOutput.logprobs``):
+            of the target's raw logits, or of the distribution it was drawn from.
+        num_logprobs : int
+            ``0 .. 20``: also the most likely tokens at each position (``top_logprobs``).
+        grammar : xgrammar.CompiledGrammar or list of them, optional
+            Constrain each row's generated tokens to a grammar (one for all rows, or one per
+            row), compiled with :func:`specdec_kernels.grammar.tokenizer_info` of the target
+            (:mod:`specdec_kernels.grammar`: JSON, a JSON schema, EBNF, a regex). Drafts are
+            proposed under it and verified with its masks; a row stops when its grammar ends
+            (at the stop token, ``<eos>`` for the bundled models). Greedy output equals the
+            target's own constrained greedy decoding; sampling follows its masked distribution.
 
         Returns
         -------
         GenerationOutput
+
+        Raises
+        ------
+        ValueError
+            A bad argument (named in the message), before any work.
         """
         result = self._decoder().run(
             prompts,
             max_new_tokens,
-            Sampling(temperature, top_k, top_p),
+            Sampling(temperature, top_k, top_p, verify_method, logprobs, num_logprobs),
             eos_token_id=eos_token_id,
             seed=seed,
             progress=progress,
+            grammar=grammar,
         )
         return GenerationOutput.from_result(result)
 
@@ -310,18 +353,24 @@ def autoregressive_generate(
     progress=None,
     *,
     backend: str | None = None,
+    logprobs: str | None = None,
+    num_logprobs: int = 0,
+    grammar=None,
 ) -> GenerationOutput:
     """The target alone: one token per forward pass, batched over ragged prompts with a KV
     cache. The baseline that speculative generation must equal (greedy) and beat (speed).
-    Same arguments and output as :meth:`SpeculativeGenerator.generate`; the tokens are drawn by
-    the same verification ops with no draft (``K = 0``), on ``backend`` (as in
-    :class:`SpeculativeGenerator`; a bad name raises ``ValueError`` before any work)."""
+    Same arguments and output as :meth:`SpeculativeGenerator.generate` (``logprobs`` and
+    ``num_logprobs`` included: greedy speculative logprobs equal these; ``grammar`` too: each
+    token is drawn under its row's grammar mask); the tokens are drawn by the same verification
+    ops with no draft (``K = 0``), on ``backend`` (as in :class:`SpeculativeGenerator`; a bad
+    name raises ``ValueError`` before any work)."""
     result = Decoder(adapter_for(model), backend=backend).run(
         prompts,
         max_new_tokens,
-        Sampling(temperature, top_k, top_p),
+        Sampling(temperature, top_k, top_p, logprobs=logprobs, num_logprobs=num_logprobs),
         eos_token_id=eos_token_id,
         seed=seed,
         progress=progress,
+        grammar=grammar,
     )
     return GenerationOutput.from_result(result)

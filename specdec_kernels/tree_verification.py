@@ -470,7 +470,7 @@ def verify_tree_sampling(
     n_logprobs = _serving_args(target_logits, nn, token_bitmask, logprobs, num_logprobs, validate)
     resolved = resolve_backend(backend, device)
 
-    if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
+    if check.all_greedy(temperature):  # all rows greedy
         if validate:
             check.check_tree_values(target_logits, tree_tokens, parents, nn)
             _check_depth(parents, nn, max_depth)

@@ -574,7 +574,7 @@ def verify_sampling(
             check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
         serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
         seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
-        greedy = isinstance(temperature, numbers.Real) and temperature == 0
+        greedy = check.all_greedy(temperature)
         resolved = resolve_backend(backend, target_logits.device)
         ver = run_chain(
             target_logits,
@@ -605,7 +605,7 @@ def verify_sampling(
     serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
     resolved = resolve_backend(backend, device)
 
-    if isinstance(temperature, numbers.Real) and temperature == 0:  # all rows greedy
+    if check.all_greedy(temperature):  # all rows greedy
         return verify_greedy(
             target_logits,
             draft_tokens,

@@ -29,7 +29,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from specdec_kernels.ops import accept_reject, verify_sampling, verify_tree  # noqa: E402
+from specdec_kernels.ops import accept_reject, logprobs, verify_sampling, verify_tree  # noqa: E402
 
 POINTER_TYPES = {
     "logits_ptr": "*bf16",
@@ -65,18 +65,24 @@ POINTER_TYPES = {
     "nodes_ptr": "*i64",
     "bits_ptr": "*i32",
     "mass_ptr": "*fp32",
+    "rows_ptr": "*i64",
+    "mask_ptr": "*i32",
+    "lp_ptr": "*fp32",
+    "top_ptr": "*fp32",
+    "ids_ptr": "*i64",
 }
-FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER")
+FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
 # per kernel (flat rows and probability inputs with every other sampling flag on), not in the
 # full product (that would quadruple the compile time).
 LAYOUT_FLAGS = ("FLAT", "LOG_X")
-# The token bitmask (issue 23): off in every variant above; on in the richest variant of each
-# kernel (with the layout flags where it has them) and in its greedy-only one.
+# The token bitmask (issue 23) in the verification kernels: off in every variant of the product
+# above (the logprobs kernel has it in its product); on in the richest variant of each kernel
+# (with the layout flags where it has them) and in its greedy-only one.
 MASK_FLAGS = ("HAS_MASK",)
-# non-boolean mode constexprs and their values; METHOD (block verification, issue 22) with every
-# sampling flag combination of the chain kernels
-MODES = {"MODE": (0, 1, 2), "METHOD": (0, 1)}
+# non-boolean mode constexprs and their values (NTOP: the logprobs' top-n off and at its largest;
+# METHOD: block verification, issue 22, with every sampling flag combination of the chain kernels)
+MODES = {"MODE": (0, 1, 2), "NTOP": (0, 20), "METHOD": (0, 1)}
 
 
 def _signature(fn, constexprs):
@@ -99,7 +105,11 @@ def _compile(fn, constexprs, target):
         _signature(fn, constexprs),
         constexprs={(fn.arg_names.index(k),): v for k, v in constexprs.items()},
     )
-    module = verify_tree if fn is verify_tree._verify_tree_kernel else verify_sampling
+    own = {
+        verify_tree._verify_tree_kernel: verify_tree,
+        logprobs._emitted_logprobs_kernel: logprobs,
+    }
+    module = own.get(fn, verify_sampling)  # whose compile_options the kernel is launched with
     return triton.compile(src, target=target, options=module.compile_options(fn))
 
 
@@ -121,15 +131,17 @@ def kernels():
         verify_sampling._split_decide_kernel,
         accept_reject._accept_reject_kernel,
         verify_tree._verify_tree_kernel,
+        logprobs._emitted_logprobs_kernel,
     ):
-        flags = [f for f in FLAGS if f in fn.arg_names]
+        sampled = fn is not logprobs._emitted_logprobs_kernel  # HAS_MASK outside the product
+        masks = {k: False for k in MASK_FLAGS if k in fn.arg_names and sampled}
+        flags = [f for f in FLAGS if f in fn.arg_names and f not in masks]
         modes = [m for m in MODES if m in fn.arg_names]
         fixed = {k: v for k, v in sizes.items() if k in fn.arg_names}
         if "BLOCK_K" in fn.arg_names and fn is accept_reject._accept_reject_kernel:
             fixed["BLOCK_K"] = 64
         choices = [(False, True)] * len(flags) + [MODES[m] for m in modes]
         layout = {k: False for k in LAYOUT_FLAGS if k in fn.arg_names}
-        masks = {k: False for k in MASK_FLAGS if k in fn.arg_names}
         for values in itertools.product(*choices):
             constexprs = dict(zip(flags + modes, values))
             if constexprs.get("GREEDY_ONLY") and (
@@ -145,6 +157,8 @@ def kernels():
                 or (constexprs["HAS_TOPK"] and constexprs["MODE"] != 1)
             ):
                 continue  # the filters' code is the chain kernels' (compiled above): one mode
+            if "NBLOCK" in fn.arg_names:  # the top-n list: the power of two >= n
+                constexprs["NBLOCK"] = triton.next_power_of_2(max(constexprs["NTOP"], 1))
             yield fn, {**fixed, **layout, **masks, **constexprs}
         richest = {f: f != "GREEDY_ONLY" for f in flags}
         richest.update({m: MODES[m][1] for m in modes})  # tree: the mode compiled with filters

@@ -2,6 +2,10 @@
 comparison helper, input builders for the verification ops, the tiny model pair of the
 generation tests, and the chi-square check of the statistical tests."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -130,10 +134,31 @@ def make_draft_probs(b, k, v, drafts=None, seed=1, device="cpu", dtype=torch.flo
     return q.to(device=device, dtype=dtype), drafts.to(device)
 
 
-#: ``torch.ops.specdec.native_verify_ex``'s last six arguments for a plain chain call: padded
-#: ``[B, K+1, V]`` logits (no logits_row_start / probs_row_start), not log_input, not typical
-#: (posterior_threshold and posterior_alpha unused).
-PLAIN_CHAIN = (None, None, False, False, 0.0, 0.0)
+def run_under_capability(script: str, capability: str, timeout: int = 300) -> None:
+    """Run ``script`` (``python -c``, from the repository root) with
+    ``ATEN_CPU_CAPABILITY=capability``: the native kernels' build for that CPU capability. The
+    script prints torch's capability, then ``ok``. Skips when the CPU cannot run that build
+    (torch chose another); fails when the script fails."""
+    tests = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=dict(os.environ, ATEN_CPU_CAPABILITY=capability),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=os.path.dirname(tests),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    used, verdict = proc.stdout.split()[-2:]
+    if capability != "default" and used != capability.upper():
+        pytest.skip(f"this CPU cannot run {capability} (torch chose {used})")
+    assert used == capability.upper() and verdict == "ok"
+
+
+#: ``torch.ops.specdec.native_verify_ex``'s last seven arguments for a plain chain call: padded
+#: ``[B, K+1, V]`` logits (no logits_row_start / probs_row_start), no token_bitmask, not
+#: log_input, mode 0 (token verification; posterior_threshold and posterior_alpha unused).
+PLAIN_CHAIN = (None, None, None, False, 0, 0.0, 0.0)
 
 
 def flatten_layout(logits, drafts, nd, q=None):

@@ -129,10 +129,11 @@ def _native_verify_ex_plain(device):
 def _native_verify_ex(mode):
     def args(device):
         (target, drafts, q, nd, temperature, top_k, top_p, seeds, logits_start, probs_start,
-         _bitmask, mode_, flat, threshold, alpha) = _chain_inputs(mode)  # fmt: skip
+         bitmask, mode_, flat, threshold, alpha) = _chain_inputs(mode)  # fmt: skip
+        native_mode = {"sampling": 0, "block": 1, "typical": 2}[mode]
         return _on(
             device, target, drafts, q, nd, temperature, top_k, top_p, seeds, False,
-            logits_start, probs_start, flat, mode == "typical", threshold, alpha,
+            logits_start, probs_start, bitmask, flat, native_mode, threshold, alpha,
         )  # fmt: skip
 
     return args
@@ -149,6 +150,10 @@ def _emitted_logprobs(backend):
         return _on(device, logits, rows, tokens, mask, temperature, top_k, None, True, 3, backend)
 
     return args
+
+
+def _native_emitted_logprobs(device):
+    return _emitted_logprobs("native")(device)[:-1]
 
 
 def _native_accept_reject(device):
@@ -182,7 +187,8 @@ def _tree_sampling(backend):
 
 def _native_verify_tree(device):
     logits, tokens, parents, nn, q, temp, seeds = _tree_inputs()
-    return _on(device, logits, tokens, parents, q, nn, 1, temp, None, None, seeds, False)
+    mask = torch.full((3, 5, 1), 0x7F7, dtype=torch.int32)  # token 3 forbidden
+    return _on(device, logits, tokens, parents, q, nn, 1, temp, None, None, seeds, mask, False)
 
 
 # ---------------------------------------------------------------- KV caches
@@ -254,10 +260,10 @@ def _cases() -> list[Case]:
             needs = "extension" if backend == "native" else None
             label = f"{mode}-form-{backend}"
             cases.append(Case("verify_chain", label, _chain_form(backend, mode), needs))
-        if mode != "block":
-            cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
+        cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
     for label, args, needs in _backends(_emitted_logprobs):
         cases.append(Case("emitted_logprobs", label, args, needs))
+    cases.append(_native("native_emitted_logprobs", "", _native_emitted_logprobs))
     cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):

@@ -359,3 +359,103 @@ def test_same_seed_same_tokens_as_causal_lm_generator(top_k, top_p):
         assert theirs[b, ids.shape[1] :].tolist() == ours.sequences[b][len(prompts[b]) :], (
             f"row {b}"
         )
+
+
+# ---------------------------------------------------------------- scores, logits, logprobs
+def serving_kwargs(**kwargs):
+    return dict(
+        return_dict_in_generate=True,
+        output_scores=True,
+        output_logits=True,
+        logprobs="processed",
+        num_logprobs=3,
+        **kwargs,
+    )
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # reference fallback for logprobs
+def test_greedy_scores_and_logits_are_generates(pair):
+    """``scores`` / ``logits`` equal ``generate(output_scores=True, output_logits=True)``'s for
+    every new token of every row (taken from the verifying pass: no second model pass); past a
+    row's end they are ``-inf``; ``logprobs`` is ``compute_transition_scores(...,
+    normalize_logits=True)`` of them."""
+    target, draft = pair
+    ids, mask = left_padded(4)
+    eos = hf_greedy(target, ids[1:2], mask[1:2], 12, None)[0][3]  # row 1 stops after 4 tokens
+    out = speculative_generate(
+        target, draft, ids, mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=PAD,
+        **serving_kwargs(),
+    )  # fmt: skip
+    assert isinstance(out, transformers.generation.utils.GenerateDecoderOnlyOutput)
+    plain = speculative_generate(target, draft, ids, mask, 12, eos_token_id=eos, pad_token_id=PAD)
+    assert torch.equal(out.sequences, plain)
+    assert len(out.scores) == len(out.logits) == out.sequences.shape[1] - ids.shape[1] == 12
+    for b in range(4):
+        row = ids[b][mask[b].bool()][None]
+        ref = target.generate(
+            row, attention_mask=torch.ones_like(row), do_sample=False, max_new_tokens=12,
+            eos_token_id=eos, pad_token_id=PAD, output_scores=True, output_logits=True,
+            return_dict_in_generate=True,
+        )  # fmt: skip
+        n = len(ref.scores)  # generate() stops at the row's eos
+        assert out.sequences[b, ids.shape[1] : ids.shape[1] + n].tolist() == (
+            ref.sequences[0, row.shape[1] :].tolist()
+        )
+        for i in range(12):
+            for name in ("scores", "logits"):
+                got = getattr(out, name)[i][b]
+                if i < n:
+                    torch.testing.assert_close(got, getattr(ref, name)[i][0], atol=1e-6, rtol=0)
+                else:
+                    assert (got == -torch.inf).all(), (b, i, name)
+        assert (out.logprobs[b, n:] == -torch.inf).all() and (out.top_ids[b, n:] == -1).all()
+    lp = target.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    live = out.logprobs > -torch.inf
+    assert live.sum() > 12 and not live[1, 4:].any()
+    torch.testing.assert_close(out.logprobs[live], lp.float()[live], atol=1e-5, rtol=0)
+    assert torch.equal(out.top_ids[..., 0][live], out.sequences[:, ids.shape[1] :][live])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("verify_method", ["token", "block"])
+def test_sampled_scores_are_warped_logits(pair, verify_method):
+    """With ``do_sample``, ``scores`` are ``generate()``'s warped logits (temperature, top-k,
+    top-p: ``transformers``' own warpers applied to a fresh pass over the final sequence),
+    ``logits`` the raw ones, and ``logprobs`` the normalised scores at the sampled tokens."""
+    target, draft = pair
+    ids, mask = left_padded(3)
+    out = speculative_generate(
+        target, draft, ids, mask, max_new_tokens=10, do_sample=True, temperature=0.7, top_k=12,
+        top_p=0.9, seed=4, **serving_kwargs(verify_method=verify_method),
+    )  # fmt: skip
+    warpers = transformers.LogitsProcessorList(
+        [
+            transformers.TemperatureLogitsWarper(0.7),
+            transformers.TopKLogitsWarper(12),
+            transformers.TopPLogitsWarper(0.9),
+        ]
+    )
+    T = ids.shape[1]
+    full = torch.cat([mask, torch.ones_like(out.sequences[:, T:])], 1)  # left padding kept
+    with torch.no_grad():
+        raw = target(
+            out.sequences, attention_mask=full, position_ids=(full.cumsum(1) - 1).clamp_min(0)
+        ).logits.float()
+    for i in range(10):
+        step_raw = raw[:, T - 1 + i]  # [B, V]: scores new token i
+        torch.testing.assert_close(out.logits[i], step_raw, atol=1e-5, rtol=0)
+        want = warpers(out.sequences[:, : T + i], step_raw.clone())
+        assert torch.equal(out.scores[i] == -torch.inf, want == -torch.inf), i
+        finite = want > -torch.inf
+        torch.testing.assert_close(out.scores[i][finite], want[finite], atol=1e-5, rtol=0)
+    lp = target.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    torch.testing.assert_close(out.logprobs, lp.float(), atol=1e-5, rtol=0)
+    assert torch.isfinite(out.logprobs).all()
+
+
+def test_return_dict_without_scores(pair):
+    target, draft = pair
+    ids, mask = left_padded(2)
+    out = speculative_generate(target, draft, ids, mask, 6, return_dict_in_generate=True)
+    assert out.scores is None and out.logits is None and out.logprobs is None
+    assert torch.equal(out.sequences, speculative_generate(target, draft, ids, mask, 6))

@@ -160,6 +160,9 @@ def _calls(backend):
             top_p=torch.tensor([1.0, 0.5, 0.9, 0.99]),
             **kw,
         ),
+        lambda: sk.verify_sampling(
+            logits, drafts, q, top_k=5, logprobs="processed", num_logprobs=3, seed=3, **kw
+        ),
         lambda: sk.accept_reject(drafts, drafts, backend=backend),
         lambda: sk.verify_tree_greedy(
             logits,
@@ -197,3 +200,16 @@ def test_validate_false_never_synchronises(backend):
     # and the guard really trips on a synchronising call
     with pytest.raises(AssertionError, match="host synchronisation"), no_host_sync():
         sk.verify_greedy(*make_inputs(2, 2, 9)[:2], validate=True)
+
+
+@pytest.mark.parametrize("num_logprobs", [0, 5])
+def test_logprobs_add_exactly_one_launch(num_logprobs):
+    """``logprobs=`` (with or without the top-n) costs one more launch, the logprob kernel's."""
+    logits, drafts, _ = make_inputs(2, 3, 37)
+    kw = dict(top_k=5, top_p=0.9, seed=1, backend="triton", validate=False)
+    with count_launches() as plain:
+        sk.verify_sampling(logits, drafts, **kw)
+    with count_launches() as launches:
+        sk.verify_sampling(logits, drafts, logprobs="processed", num_logprobs=num_logprobs, **kw)
+    assert launches - plain == {"_emitted_logprobs_kernel": 1}
+    assert plain - launches == {}

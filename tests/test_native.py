@@ -4,8 +4,6 @@ not depend on the thread count (row vs split strategy) or on the CPU capability 
 compiled for, the adapter's own argument checks, and how the backend is chosen."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -20,6 +18,7 @@ from helpers import (
     assert_verification_equal,
     make_draft_probs,
     make_inputs,
+    run_under_capability,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -92,20 +91,7 @@ def test_every_cpu_capability_build_matches_the_reference(capability):
     ATEN_CPU_CAPABILITY lowers: the DEFAULT (scalar) and AVX2 builds are exercised here on any
     machine that runs them (the AVX-512 one runs in every other test where the CPU has it)."""
     tests = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
-    proc = subprocess.run(
-        [sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=os.path.dirname(tests),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    used, verdict = proc.stdout.split()[-2:]
-    if capability == "avx2" and used != "AVX2":
-        pytest.skip(f"this CPU cannot run AVX2 (torch chose {used})")
-    assert used == capability.upper() and verdict == "ok"
+    run_under_capability(_CAPABILITY_SCRIPT.format(tests=tests), capability)
 
 
 def test_adapter_checks_name_the_argument():
@@ -135,6 +121,24 @@ def test_adapter_checks_name_the_argument():
         op(logits.transpose(1, 2), drafts.new_zeros(2, 9), None, nd, None, None, None, None, True)
     with pytest.raises(TypeError, match="target_logits must be float32, bfloat16 or float16"):
         op(logits.double(), drafts, None, nd, None, None, None, None, True)
+    mask = torch.full((2, 4, 1), -1, dtype=torch.int32)
+
+    def masked(bitmask, mode=0):
+        tail = (None, None, bitmask, False, mode, 0.0, 0.0)
+        return torch.ops.specdec.native_verify_ex(
+            logits, drafts, None, nd, torch.ones(2), None, None, torch.arange(2), False, *tail
+        )
+
+    with pytest.raises(
+        ValueError, match=r"token_bitmask must have shape \[B, K\+1, W\] = \[2, 4, 1\]"
+    ):
+        masked(mask[:, :3])
+    with pytest.raises(ValueError, match=r"token_bitmask must have shape"):
+        masked(mask.new_zeros(2, 4, 2))  # W != ceil(V / 32)
+    with pytest.raises(TypeError, match="token_bitmask must be int32"):
+        masked(mask.long())
+    with pytest.raises(ValueError, match="mode must be 0"):
+        masked(None, mode=3)
     with pytest.raises(ValueError, match="same shape"):
         torch.ops.specdec.native_accept_reject(drafts, drafts[:, :2])
 
@@ -183,8 +187,9 @@ def test_flat_row_starts_near_int64_max_clamp_to_the_last_row(start):
             greedy,
             torch.tensor([first]),
             None if greedy else torch.tensor([first]),
+            None,
             False,
-            False,
+            0,
             0.0,
             0.0,
         )

@@ -11,7 +11,14 @@ from scipy import stats
 
 import specdec_kernels as sk
 
-from helpers import NATIVE, assert_same, native_tree_case, random_draft_probs, random_trees
+from helpers import (
+    NATIVE,
+    assert_same,
+    native_tree_case,
+    random_draft_probs,
+    random_trees,
+    run_under_capability,
+)
 
 MODES = ["deterministic", "independent", "without_replacement"]
 FILTERS = [(None, None), (3, None), (None, 0.8), (20, 0.9)]
@@ -730,23 +737,9 @@ print("ok")
 )  # a subprocess each (~10 s of imports on the shared CI machine); AVX-512 runs in-process
 def test_native_every_cpu_capability_build_matches_the_reference(capability):
     import os
-    import subprocess
-    import sys
 
     tests = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.run(
-        [sys.executable, "-c", _CAPABILITY_SCRIPT.format(tests=tests, modes=MODES)],
-        env=dict(os.environ, ATEN_CPU_CAPABILITY=capability),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=os.path.dirname(tests),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    used, verdict = proc.stdout.split()[-2:]
-    if capability == "avx2" and used != "AVX2":
-        pytest.skip(f"this CPU cannot run AVX2 (torch chose {used})")
-    assert used == capability.upper() and verdict == "ok"
+    run_under_capability(_CAPABILITY_SCRIPT.format(tests=tests, modes=MODES), capability)
 
 
 @NATIVE_ONLY
@@ -755,13 +748,20 @@ def test_native_adapter_checks_name_the_argument():
     nn, temp, seeds = kw["num_nodes"], kw["temperature"], kw["seed"]
     op = torch.ops.specdec.native_verify_tree
     with pytest.raises(ValueError, match=r"parents must have shape \[B, N\] = \[2, 4\]"):
-        op(logits, tokens, parents[:, :3], None, nn, 0, temp, None, None, seeds, False)
+        op(logits, tokens, parents[:, :3], None, nn, 0, temp, None, None, seeds, None, False)
     with pytest.raises(ValueError, match=r"mode must be 0"):
-        op(logits, tokens, parents, q, nn, 5, temp, None, None, seeds, False)
+        op(logits, tokens, parents, q, nn, 5, temp, None, None, seeds, None, False)
     with pytest.raises(ValueError, match=r"needs draft_probs"):
-        op(logits, tokens, parents, None, nn, 1, temp, None, None, seeds, False)
+        op(logits, tokens, parents, None, nn, 1, temp, None, None, seeds, None, False)
     with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, N, V\]"):
-        op(logits, tokens, parents, q[:, :3], nn, 2, temp, None, None, seeds, False)
+        op(logits, tokens, parents, q[:, :3], nn, 2, temp, None, None, seeds, None, False)
+    mask = torch.full((2, 4, 1), -1, dtype=torch.int32)
+    with pytest.raises(
+        ValueError, match=r"token_bitmask must have shape \[B, N, W\] = \[2, 4, 1\]"
+    ):
+        op(logits, tokens, parents, q, nn, 1, temp, None, None, seeds, mask[:, :3], False)
+    with pytest.raises(TypeError, match=r"token_bitmask must be int32"):
+        op(logits, tokens, parents, q, nn, 1, temp, None, None, seeds, mask.long(), False)
 
 
 # --- validate decides checks only, never shapes or types ----------------------------------------

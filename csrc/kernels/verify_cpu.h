@@ -51,11 +51,21 @@ struct VerifyArgs {
   int64_t probs_rows = 0;
   // The inputs are probabilities, not logits: x = log(value) (temperature unused, must be 1).
   bool log_input = false;
-  // Typical acceptance (Medusa): accept x_j when p_j(x_j) > min(posterior_threshold,
-  // posterior_alpha * exp(-H(p_j))); at a rejection sample from p_j.
-  bool typical = false;
+  // Token bitmask (xgrammar's layout), int32 [B, K+1, words] with these strides (padded layout)
+  // or [logits_rows, words] rows of stride mask_stride_k read through logits_row_start (flat
+  // layout); words = ceil(V / 32), bit j of word w set = token 32 w + j allowed. nullptr: none.
+  const int32_t* token_bitmask = nullptr;
+  int64_t mask_stride_b = 0, mask_stride_k = 0;
+  // The acceptance rule of the rows that are not greedy (kChainToken, kChainBlock,
+  // kChainTypical). Typical acceptance (Medusa): accept x_j when p_j(x_j) >
+  // min(posterior_threshold, posterior_alpha * exp(-H(p_j))); at a rejection sample from p_j.
+  int32_t mode = 0;
   float posterior_threshold = 0.09f, posterior_alpha = 0.3f;
 };
+
+// VerifyArgs::mode: token verification (rejection sampling), block verification (Sun et al.
+// 2024), typical acceptance.
+constexpr int32_t kChainToken = 0, kChainBlock = 1, kChainTypical = 2;
 
 // Pointers of one tree verify call (specdec_kernels/reference/verify_tree.py). Strides are in
 // elements; the vocabulary dim has stride 1.
@@ -79,6 +89,10 @@ struct TreeArgs {
   int64_t batch = 0, num_nodes_max = 0, vocab = 0;  // B, N, V
   int32_t mode = 0;  // 0 deterministic, 1 independent, 2 without replacement
   bool greedy_only = false;
+  // Token bitmask (xgrammar's layout), int32 [B, N, words] with these strides, words =
+  // ceil(V / 32); nullptr: none.
+  const int32_t* token_bitmask = nullptr;
+  int64_t mask_stride_b = 0, mask_stride_n = 0;
 };
 
 // Pointers of one accept_reject call (both [B, K] int64 contiguous; out [B]).

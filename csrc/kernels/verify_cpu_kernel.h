@@ -22,6 +22,10 @@
 // No sort of V.
 //
 // Randomness: the uint32 counter RNG of specdec_kernels/reference/rng.py, bit for bit.
+//
+// Block verification (VerifyArgs::mode == kChainBlock, verify_row_block) walks every position
+// up to k_b (or until its weight is 0) before it decides, then races once at the stop; token
+// bitmasks are read where the logits are (XMap, load_logits, logit_at): no masked copy.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -111,17 +115,65 @@ inline Vec load_x(const T* src, int64_t i, int64_t n, float temp, float pad) {
   return temp != 1.0f ? v / Vec(temp) : v;
 }
 
-// How a logits row maps to x: x = value / temp, or x = log(value) for probability inputs.
+// How a logits row maps to x: x = value / temp, or x = log(value) for probability inputs; and
+// the row's token bitmask (xgrammar's layout, API.md section 9), when there is one: a token whose
+// bit is clear reads as x = -inf wherever the kernels read a logit (load_logits, logit_at), so
+// the max, the sums, the filters' thresholds, the argmax and the race all see the masked row
+// and no masked copy is ever written.
 struct XMap {
   float temp = 1.0f;
   bool log = false;
+  const int32_t* mask = nullptr;  // [ceil(n / 32)] words of the span the map reads, or nullptr
+
+  // The map of the span that starts at token `base` of the row (a multiple of 32: a chunk).
+  XMap at(int64_t base) const {
+    XMap out = *this;
+    if (mask != nullptr) out.mask = mask + base / 32;
+    return out;
+  }
+
+  // Whether token i of the span is allowed.
+  bool allowed(int64_t i) const {
+    return mask == nullptr || ((static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & 1u) != 0;
+  }
 };
 
-// W values of x from a logits (or probability) row; lanes at or past n hold -inf.
+// x of token i of a logits (or probability) row, -inf where the mask forbids it.
+template <typename T>
+inline float logit_at(const T* src, int64_t i, const XMap& xm) {
+  if (!xm.allowed(i)) return kNegInf;
+  alignas(64) float e[W];
+  const Vec v = xm.log ? Vec(static_cast<float>(src[i])).log()
+                       : Vec(static_cast<float>(src[i]) / xm.temp);
+  v.store(e);
+  return e[0];
+}
+
+// v with the lanes of tokens [i, i + W) that the mask forbids set to -inf. W divides 32 and i is
+// a multiple of W, so the W bits lie in one word (word i / 32 < ceil(n / 32) for i < n).
+inline Vec apply_mask(const Vec& v, int64_t i, const int32_t* mask) {
+  constexpr uint32_t lanes = W >= 32 ? 0xFFFFFFFFu : (1u << W) - 1u;
+  const uint32_t bits = (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & lanes;
+  if (bits == lanes) return v;
+  if (bits == 0) return Vec(kNegInf);
+  alignas(64) float out[W];
+  v.store(out);
+  for (int64_t l = 0; l < W; ++l) {
+    if (((bits >> l) & 1u) == 0) out[l] = kNegInf;
+  }
+  return Vec::loadu(out);
+}
+
+// W values of x from a logits (or probability) row; lanes at or past n, or masked, hold -inf.
 template <typename T>
 inline Vec load_logits(const T* src, int64_t i, int64_t n, const XMap& xm) {
-  if (xm.log) return load_x(src, i, n, 1.0f, 0.0f).log();  // log(0) = -inf: masked
-  return load_x(src, i, n, xm.temp, kNegInf);
+  if (xm.mask != nullptr && i < n) {
+    constexpr uint32_t lanes = W >= 32 ? 0xFFFFFFFFu : (1u << W) - 1u;
+    if (((static_cast<uint32_t>(xm.mask[i >> 5]) >> (i & 31)) & lanes) == 0) return Vec(kNegInf);
+  }
+  const Vec v = xm.log ? load_x(src, i, n, 1.0f, 0.0f).log()  // log(0) = -inf: masked
+                       : load_x(src, i, n, xm.temp, kNegInf);
+  return xm.mask != nullptr && i < n ? apply_mask(v, i, xm.mask) : v;
 }
 
 // --- per-chunk statistics ---------------------------------------------------------------------
@@ -371,13 +423,14 @@ struct RaceState {
 };
 
 // The race of one chunk over x = src[0, n) / temp: argmax of w / E with E = max(-log u, 2**-25)
-// and w = max(0, p - q) (residual) or p (plain); zero (or NaN) weights never score. q comes
-// from q_src [n] or, when q_src is nullptr, is one-hot at chunk-local `draft_local` (-1: q = 0).
+// and w = max(0, scale p - q) (residual; scale = 1 for token verification, the weight p_tau
+// <= 1 at a block's stop) or p (plain); zero (or NaN) weights never score. q comes from q_src
+// [n] or, when q_src is nullptr, is one-hot at chunk-local `draft_local` (-1: q = 0).
 template <RaceKind KIND, typename T, typename Q>
 inline void chunk_race(RaceState& rs, const T* src,  // [n]
                        const Q* q_src,                // [n] or nullptr
                        int64_t draft_local, int64_t n, const XMap& xm, int64_t base, float m,
-                       const Filter& f, uint32_t stream) {
+                       const Filter& f, uint32_t stream, float scale) {
   const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), one(1.0f), ln2(LN2);
   const Vec floor(EXP_FLOOR), draft(static_cast<float>(draft_local));
   const int full = (1 << W) - 1;
@@ -397,7 +450,7 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
       const Vec idx = Vec::arange(static_cast<float>(i), 1.0f);
       const Vec qv = q_src != nullptr ? load_x(q_src, i, n, 1.0f, 0.0f)
                                       : Vec::blendv(zero, one, idx == draft);
-      w = p - qv;
+      w = (scale != 1.0f ? Vec(scale) * p : p) - qv;
     }
     const Vec e = at::vec::maximum(Vec::loadu(u).log().neg(), floor);
     const Vec score = KIND == RaceKind::kResidual ? Vec::blendv(zero, w / e, w > zero)
@@ -432,8 +485,9 @@ inline Stats position_stats(const T* row,  // [V]
     if (mine) mine->reset(keep, V);
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n = std::min(CHUNK, V - c * CHUNK);
-      parts[c] = chunk_stats(row + c * CHUNK, n, xm, c * CHUNK, need_sum);
-      if (mine) mine->add(row + c * CHUNK, n, xm, parts[c].m);
+      const XMap cm = xm.at(c * CHUNK);
+      parts[c] = chunk_stats(row + c * CHUNK, n, cm, c * CHUNK, need_sum);
+      if (mine) mine->add(row + c * CHUNK, n, cm, parts[c].m);
     }
   });
   Stats st;
@@ -448,7 +502,8 @@ template <RaceKind KIND, typename T, typename Q>
 inline RaceState position_race(const T* row,    // [V]
                                const Q* q_row,  // [V] draft probabilities, or nullptr
                                int64_t draft, int64_t V, const XMap& xm, float m,
-                               const Filter& f, uint32_t stream, bool split) {
+                               const Filter& f, uint32_t stream, bool split,
+                               float scale = 1.0f) {
   const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
   std::vector<RaceState> parts(nchunks, RaceState(KIND, f.z));  // one per range, at its start
   std::vector<char> used(nchunks, 0);
@@ -460,7 +515,8 @@ inline RaceState position_race(const T* row,    // [V]
       const int64_t n = std::min(CHUNK, V - base);
       const Q* qp = q_row != nullptr ? q_row + base : nullptr;
       const int64_t draft_local = draft >= base && draft < base + n ? draft - base : -1;
-      chunk_race<KIND>(rs, row + base, qp, draft_local, n, xm, base, m, f, stream);
+      chunk_race<KIND>(rs, row + base, qp, draft_local, n, xm.at(base), base, m, f, stream,
+                       scale);
     }
   });
   RaceState best(KIND, f.z);
@@ -470,14 +526,15 @@ inline RaceState position_race(const T* row,    // [V]
   return best;
 }
 
-// The extra token of a position: at a rejection the residual race (when the residual has mass),
-// else (or at the bonus position) the plain race over p.
+// The extra token of a position: at a rejection the residual race over max(0, scale p - q) (when
+// the residual has mass), else (or at the bonus position) the plain race over p.
 template <typename T, typename Q>
 inline int64_t extra_token(const T* row, const Q* q_row, int64_t draft, bool rejected, int64_t V,
-                           const XMap& xm, float m, const Filter& f, uint32_t stream, bool split) {
+                           const XMap& xm, float m, const Filter& f, uint32_t stream, bool split,
+                           float scale = 1.0f) {
   if (rejected) {
     const RaceState r = position_race<RaceKind::kResidual>(row, q_row, draft, V, xm, m, f,
-                                                           stream, split);
+                                                           stream, split, scale);
     if (r.s > 0.0f) return r.index;
   }
   return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, xm, m, f, stream, split)
@@ -513,71 +570,143 @@ inline int64_t clamp_row(int64_t first, int64_t j, int64_t rows) {
   return std::max<int64_t>(first + j, 0);
 }
 
-// --- one row ----------------------------------------------------------------------------------
+// Sum over the vocabulary of max(0, scale p(x) - q(x)) (p the filtered target probabilities of
+// one position, q [V] the draft's): block verification's residual mass R_i (scale = p_i). Chunk
+// sums are added in chunk order, so the result does not depend on the strategy.
 template <typename T, typename Q>
-void verify_row(const VerifyArgs& a, int64_t b, bool split) {
-  const int64_t K = a.num_draft, V = a.vocab;
-  const T* logits = static_cast<const T*>(a.logits);
-  const Q* probs = static_cast<const Q*>(a.draft_probs);
-  const int64_t* drafts = a.draft_tokens + b * K;
-  const int64_t kb = std::min(std::max<int64_t>(a.num_draft_tokens[b], 0), K);
-  float temp = a.greedy_only ? 1.0f : a.temperature[b];
-  const bool greedy = a.greedy_only || temp == 0.0f;
-  if (temp == 0.0f || a.log_input) temp = 1.0f;
-  const XMap xm{temp, a.log_input};
-  const uint32_t key = greedy ? 0u : row_key(a.seeds[b]);
-  const int64_t top_k = (!greedy && a.top_k != nullptr) ? a.top_k[b] : 0;
-  const float top_p = (!greedy && a.top_p != nullptr) ? a.top_p[b] : 1.0f;
-  const bool topk_on = top_k > 0 && top_k < V;
-  const bool topp_on = top_p < 1.0f;
-  const int64_t keep = topk_on ? top_k : (topp_on ? V : 0);
-  auto logits_row = [&](int64_t j) -> const T* {
-    if (a.logits_row_start != nullptr) {
-      return logits + clamp_row(a.logits_row_start[b], j, a.logits_rows) * a.logits_stride_k;
+inline float residual_mass(const T* row,    // [V]
+                           const Q* q_row,  // [V]
+                           int64_t V, const XMap& xm, float m, const Filter& f, float scale,
+                           bool split) {
+  const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
+  std::vector<float> parts(nchunks, 0.0f);
+  const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), weight(scale);
+  for_chunks(nchunks, split, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t base = c * CHUNK;
+      const int64_t n = std::min(CHUNK, V - base);
+      const XMap cm = xm.at(base);
+      Vec acc(0.0f);
+      for (int64_t i = 0; i < n; i += W) {
+        const Vec xv = load_logits(row + base, i, n, cm);
+        const Vec p = Vec::blendv(zero, (xv - shift).exp() / z, xv >= kappa);
+        const Vec qv = load_x(q_row + base, i, n, 1.0f, 0.0f);
+        acc = acc + at::vec::maximum(weight * p - qv, zero);
+      }
+      alignas(64) float lanes[W];
+      acc.store(lanes);
+      float sum = 0.0f;
+      for (int64_t l = 0; l < W; ++l) sum += lanes[l];
+      parts[c] = sum;
     }
+  });
+  float total = 0.0f;
+  for (float v : parts) total += v;
+  return total;
+}
+
+// The inputs of one row b: where its positions' logits, draft probabilities and bitmask words
+// live, and its sampling controls.
+template <typename T, typename Q>
+struct RowInputs {
+  const VerifyArgs& a;
+  int64_t b, K, V, kb;
+  const int64_t* drafts;  // [K]
+  float temp;
+  bool greedy;
+  uint32_t key;
+  int64_t top_k, keep;
+  float top_p;
+  bool topk_on, topp_on, split;
+
+  RowInputs(const VerifyArgs& args, int64_t row, bool split_chunks)
+      : a(args), b(row), K(args.num_draft), V(args.vocab), split(split_chunks) {
+    drafts = a.draft_tokens + b * K;
+    kb = std::min(std::max<int64_t>(a.num_draft_tokens[b], 0), K);
+    temp = a.greedy_only ? 1.0f : a.temperature[b];
+    greedy = a.greedy_only || temp == 0.0f;
+    if (temp == 0.0f || a.log_input) temp = 1.0f;
+    key = greedy ? 0u : row_key(a.seeds[b]);
+    top_k = (!greedy && a.top_k != nullptr) ? a.top_k[b] : 0;
+    top_p = (!greedy && a.top_p != nullptr) ? a.top_p[b] : 1.0f;
+    topk_on = top_k > 0 && top_k < V;
+    topp_on = top_p < 1.0f;
+    keep = topk_on ? top_k : (topp_on ? V : 0);
+  }
+
+  // The logits row of position j (flat layout: row logits_row_start[b] + j, clamped); the
+  // bitmask shares the logits' row layout.
+  int64_t flat_row(int64_t j) const { return clamp_row(a.logits_row_start[b], j, a.logits_rows); }
+  const T* logits_row(int64_t j) const {
+    const T* logits = static_cast<const T*>(a.logits);
+    if (a.logits_row_start != nullptr) return logits + flat_row(j) * a.logits_stride_k;
     return logits + b * a.logits_stride_b + j * a.logits_stride_k;
-  };
-  auto probs_row = [&](int64_t j) -> const Q* {
+  }
+  XMap xmap(int64_t j) const {
+    XMap xm{temp, a.log_input, nullptr};
+    if (a.token_bitmask != nullptr) {
+      xm.mask = a.token_bitmask + (a.logits_row_start != nullptr
+                                       ? flat_row(j) * a.mask_stride_k
+                                       : b * a.mask_stride_b + j * a.mask_stride_k);
+    }
+    return xm;
+  }
+  const Q* probs_row(int64_t j) const {
+    const Q* probs = static_cast<const Q*>(a.draft_probs);
+    if (probs == nullptr) return nullptr;
     if (a.probs_row_start != nullptr) {
       return probs + clamp_row(a.probs_row_start[b], j, a.probs_rows) * a.probs_stride_k;
     }
     return probs + b * a.probs_stride_b + j * a.probs_stride_k;
-  };
+  }
 
+  // The filtered target probability p_j(x) of token x (clamped into [0, V)): the accept test's
+  // arithmetic; 0 for an x outside the vocabulary.
+  float prob(const T* row, const XMap& xm, int64_t x, const Stats& st, const Filter& f) const {
+    if (x < 0 || x >= V) return 0.0f;
+    const float lx = logit_at(row, x, xm);
+    alignas(64) float e[W];
+    (Vec(lx) - Vec(safe_max(st.m))).exp().store(e);
+    return lx >= f.kappa ? e[0] / f.z : 0.0f;
+  }
+};
+
+// Token verification (and greedy rows, and typical acceptance): positions walked in order, the
+// walk stops at the first rejection. Returns the number of accepted drafts; `extra` gets the
+// recovered (or bonus) token.
+template <typename T, typename Q>
+int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
+  const VerifyArgs& a = r.a;
+  const bool typical = a.mode == kChainTypical;
   std::vector<float> cand;
-  int64_t j = 0, extra = 0;
+  int64_t j = 0;
   for (;;) {
-    const T* row = logits_row(j);
-    const Stats st = position_stats(row, V, xm, !greedy, keep, split, cand);
-    const int64_t draft = j < kb ? drafts[j] : -1;
-    bool accepted = j < kb && draft == st.a;
-    if (greedy) {
+    const T* row = r.logits_row(j);
+    const XMap xm = r.xmap(j);
+    const Stats st = position_stats(row, r.V, xm, !r.greedy, r.keep, r.split, cand);
+    const int64_t draft = j < r.kb ? r.drafts[j] : -1;
+    bool accepted = j < r.kb && draft == st.a;
+    if (r.greedy) {
       if (accepted) {
         ++j;
         continue;
       }
       extra = st.a;
-      break;
+      return j;
     }
-    const Filter f = thresholds(cand, st, topk_on, top_k, topp_on, top_p);
-    const Q* q_row = probs != nullptr && j < kb && !a.typical ? probs_row(j) : nullptr;
-    if (j < kb) {  // the accept test
-      const bool in_vocab = draft >= 0 && draft < V;
-      const int64_t d = std::min(std::max<int64_t>(draft, 0), V - 1);
-      alignas(64) float e[W];
-      const Vec xv = a.log_input ? Vec(static_cast<float>(row[d])).log()
-                                 : Vec(static_cast<float>(row[d]) / temp);
-      xv.store(e);
-      const float x = e[0];
-      (xv - Vec(safe_max(st.m))).exp().store(e);
-      const float p = x >= f.kappa ? e[0] / f.z : 0.0f;
-      if (a.typical) {  // p(x) > min(threshold, alpha * exp(-H))
-        const float h = position_entropy(row, V, xm, st.m, f);
+    const Filter f = thresholds(cand, st, r.topk_on, r.top_k, r.topp_on, r.top_p);
+    const Q* q_row = j < r.kb && !typical ? r.probs_row(j) : nullptr;
+    if (j < r.kb) {  // the accept test
+      const bool in_vocab = draft >= 0 && draft < r.V;
+      const int64_t d = std::min(std::max<int64_t>(draft, 0), r.V - 1);
+      const float p = r.prob(row, xm, d, st, f);
+      if (typical) {  // p(x) > min(threshold, alpha * exp(-H))
+        const float h = position_entropy(row, r.V, xm, st.m, f);
         const float bound = std::min(a.posterior_threshold, a.posterior_alpha * std::exp(-h));
         accepted = p > bound && in_vocab;
       } else {  // u * q(x) < p(x)
         const float q = q_row != nullptr ? static_cast<float>(q_row[d]) : 1.0f;
-        const float u = uniform(stream_key(key, j, PURPOSE_ACCEPT), 0);
+        const float u = uniform(stream_key(r.key, j, PURPOSE_ACCEPT), 0);
         accepted = (u * q < p) && q > 0.0f && in_vocab;
       }
     }
@@ -586,14 +715,93 @@ void verify_row(const VerifyArgs& a, int64_t b, bool split) {
       continue;
     }
     // Typical acceptance samples the extra token from p itself (the plain race).
-    const bool rejected = j < kb && !a.typical;
-    const int64_t one_hot = rejected && draft >= 0 && draft < V ? draft : -1;
-    extra = extra_token(row, q_row, one_hot, rejected, V, xm, st.m, f,
-                        stream_key(key, j, PURPOSE_SAMPLE), split);
-    break;
+    const bool rejected = j < r.kb && !typical;
+    const int64_t one_hot = rejected && draft >= 0 && draft < r.V ? draft : -1;
+    extra = extra_token(row, q_row, one_hot, rejected, r.V, xm, st.m, f,
+                        stream_key(r.key, j, PURPOSE_SAMPLE), r.split);
+    return j;
   }
-  int64_t* out = a.tokens + b * (K + 1);
-  for (int64_t i = 0; i <= K; ++i) out[i] = i < j ? drafts[i] : (i == j ? extra : -1);
+}
+
+// Block verification (specdec_kernels/reference/verify_block.py, whose notation this follows:
+// gamma = k_b, weights p_i, thresholds h_i, stop tau), in three stages:
+//  1. walk positions i = 0 .. gamma - 1: the statistics and filter of P_i, P_i(X_{i+1}) and
+//     Q_i(X_{i+1}), the threshold h_i (i >= 1; R_i by a pass over the q row, or p_i (1 -
+//     P_i(X_{i+1})) for one-hot drafts) and the next weight p_{i+1}; a weight of 0 ends the walk
+//     (every later h is 0, so later rows are never read); h_gamma = p_gamma;
+//  2. tau = max{i : eta_i < h_i} (the token method's accept uniforms), 0 when none fires;
+//  3. the recovered token by the race over max(0, p_tau P_tau - Q_tau) at tau < gamma (one-hot:
+//     max(0, P_tau - Q_tau), the token method's residual), else the bonus token from P_gamma.
+template <typename T, typename Q>
+int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
+  const int64_t kb = r.kb;
+  std::vector<float> cand;
+  std::vector<Stats> stats;     // the positions walked
+  std::vector<Filter> filters;  // their filters
+  std::vector<float> weights;   // p_0 .. of the positions walked
+  std::vector<float> h(kb, 0.0f);  // h_1 .. h_gamma at 0-based index i - 1
+  float weight = 1.0f;  // p_i
+  for (int64_t i = 0; i < kb && weight > 0.0f; ++i) {
+    const T* row = r.logits_row(i);
+    const XMap xm = r.xmap(i);
+    const Stats st = position_stats(row, r.V, xm, true, r.keep, r.split, cand);
+    const Filter f = thresholds(cand, st, r.topk_on, r.top_k, r.topp_on, r.top_p);
+    stats.push_back(st);
+    filters.push_back(f);
+    weights.push_back(weight);
+    const int64_t x = r.drafts[i];
+    const bool in_vocab = x >= 0 && x < r.V;
+    const Q* q_row = r.probs_row(i);
+    const float p_x = r.prob(row, xm, x, st, f);  // P_i(X_{i+1}), 0 out of vocabulary
+    const float q_x = !in_vocab ? 0.0f : (q_row != nullptr ? static_cast<float>(q_row[x]) : 1.0f);
+    if (i >= 1) {  // h_i = R_i / (R_i + 1 - p_i), 1 when the denominator is 0
+      const float mass = q_row != nullptr
+                             ? residual_mass(row, q_row, r.V, xm, st.m, f, weight, r.split)
+                             : weight * (1.0f - p_x);
+      const float denom = mass + (1.0f - weight);
+      h[i - 1] = denom > 0.0f ? mass / denom : 1.0f;
+    }
+    // p_{i+1} = min(p_i P_i(X_{i+1}), Q_i(X_{i+1})) / Q_i(X_{i+1}), 0 when Q_i(X_{i+1}) = 0
+    weight = q_x > 0.0f ? std::min(weight * p_x, q_x) / q_x : 0.0f;
+  }
+  // h_gamma = p_gamma (when the walk ended early, p_gamma = 0 = weight)
+  if (kb > 0) h[kb - 1] = weight;
+
+  int64_t tau = 0;
+  for (int64_t i = kb; i >= 1; --i) {
+    if (uniform(stream_key(r.key, i - 1, PURPOSE_ACCEPT), 0) < h[i - 1]) {
+      tau = i;
+      break;
+    }
+  }
+
+  const uint32_t stream = stream_key(r.key, tau, PURPOSE_SAMPLE);
+  const T* row = r.logits_row(tau);
+  const XMap xm = r.xmap(tau);
+  if (tau < kb) {  // walked in stage 1: h_tau > 0 needs p_tau > 0
+    const Q* q_row = r.probs_row(tau);
+    const int64_t x = r.drafts[tau];
+    const int64_t one_hot = x >= 0 && x < r.V ? x : -1;
+    const float scale = q_row != nullptr ? weights[tau] : 1.0f;
+    extra = extra_token(row, q_row, one_hot, true, r.V, xm, stats[tau].m, filters[tau], stream,
+                        r.split, scale);
+  } else {  // the bonus token from P_gamma
+    const Stats st = position_stats(row, r.V, xm, true, r.keep, r.split, cand);
+    const Filter f = thresholds(cand, st, r.topk_on, r.top_k, r.topp_on, r.top_p);
+    extra = extra_token<T, Q>(row, nullptr, -1, false, r.V, xm, st.m, f, stream, r.split);
+  }
+  return tau;
+}
+
+// --- one row ----------------------------------------------------------------------------------
+template <typename T, typename Q>
+void verify_row(const VerifyArgs& a, int64_t b, bool split) {
+  const RowInputs<T, Q> r(a, b, split);
+  int64_t extra = 0;
+  const int64_t j = !r.greedy && a.mode == kChainBlock ? verify_row_block(r, extra)
+                                                       : verify_row_token(r, extra);
+  int64_t* out = a.tokens + b * (r.K + 1);
+  for (int64_t i = 0; i <= r.K; ++i) out[i] = i < j ? r.drafts[i] : (i == j ? extra : -1);
   a.num_accepted[b] = j;
 }
 

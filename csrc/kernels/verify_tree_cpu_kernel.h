@@ -28,7 +28,7 @@ constexpr int32_t kModeDeterministic = 0, kModeWithoutReplacement = 2;
 // bound (derived from p) still holds. Scores as chunk_race's residual race.
 template <typename T, typename WeightFn>
 inline void chunk_race_weights(RaceState& rs, const T* src,  // [n]
-                               int64_t n, float temp, int64_t base, float m, const Filter& f,
+                               int64_t n, const XMap& xm, int64_t base, float m, const Filter& f,
                                uint32_t stream, const WeightFn& weight) {
   const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), ln2(LN2);
   const Vec floor(EXP_FLOOR);
@@ -37,7 +37,7 @@ inline void chunk_race_weights(RaceState& rs, const T* src,  // [n]
   alignas(64) float lg[W];
   alignas(64) float lanes[W];
   for (int64_t i = 0; i < n; i += W) {
-    const Vec xv = load_x(src, i, n, temp, kNegInf);
+    const Vec xv = load_logits(src, i, n, xm);
     const Vec keep = xv >= kappa;
     const Vec d = xv - shift;
     if ((keep & (d >= Vec(rs.log_sz - 24.0f * LN2))).zero_mask() == full) continue;
@@ -53,8 +53,8 @@ inline void chunk_race_weights(RaceState& rs, const T* src,  // [n]
 
 // The filtered target probability of one token (the chain's accept-test arithmetic).
 template <typename T>
-inline float prob_at(const T* row, int64_t token, float temp, float m, const Filter& f) {
-  const float x = static_cast<float>(row[token]) / temp;
+inline float prob_at(const T* row, int64_t token, const XMap& xm, float m, const Filter& f) {
+  const float x = logit_at(row, token, xm);
   alignas(64) float e[W];
   (Vec(x) - Vec(safe_max(m))).exp().store(e);
   return x >= f.kappa ? e[0] / f.z : 0.0f;
@@ -75,6 +75,7 @@ struct TreeWalk {
   std::vector<float> r;        // [V padded] residual buffer, allocated by the first shrink()
   std::vector<int64_t> rej;    // the current node's rejected children's in-vocabulary tokens
   const T* row = nullptr;      // [V] logits row of the current node
+  XMap xm;                     // how it reads (temperature, the node's bitmask words)
   Stats st;
   Filter f;
 
@@ -92,7 +93,11 @@ struct TreeWalk {
 
   void enter(int64_t node) {
     row = static_cast<const T*>(a.logits) + b * a.logits_stride_b + node * a.logits_stride_n;
-    st = position_stats(row, a.vocab, XMap{temp, false}, !greedy, keep, split, cand);
+    xm = XMap{temp, false, nullptr};
+    if (a.token_bitmask != nullptr) {
+      xm.mask = a.token_bitmask + b * a.mask_stride_b + node * a.mask_stride_n;
+    }
+    st = position_stats(row, a.vocab, xm, !greedy, keep, split, cand);
     if (!greedy) f = thresholds(cand, st, topk_on, top_k, topp_on, top_p);
     rej.clear();
   }
@@ -142,7 +147,7 @@ struct TreeWalk {
     for (int64_t i = 0; i < V; i += W) {
       Vec rv;
       if (pd.first) {
-        const Vec xv = load_x(row, i, V, temp, kNegInf);
+        const Vec xv = load_logits(row, i, V, xm);
         rv = Vec::blendv(zero, (xv - shift).exp() / zf, xv >= kappa);
       } else {
         rv = Vec::loadu(r.data() + i);
@@ -184,7 +189,7 @@ struct TreeWalk {
         for (int64_t c = c0; c < c1; ++c) {
           const int64_t base = c * CHUNK;
           const int64_t n = std::min(CHUNK, V - base);
-          chunk_race_weights(rs, row + base, n, temp, base, st.m, f, stream,
+          chunk_race_weights(rs, row + base, n, xm.at(base), base, st.m, f, stream,
                              [&](int64_t i, const Vec& p) {
                                if (!det) {
                                  const Pending& pd = pending;
@@ -210,8 +215,7 @@ struct TreeWalk {
       }
       if (best.s > 0.0f) return best.index;
     }
-    return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, XMap{temp, false}, st.m, f, stream,
-                                                 split)
+    return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, xm, st.m, f, stream, split)
         .index;
   }
 };
@@ -246,7 +250,7 @@ void verify_tree_row(const TreeArgs& a, int64_t b, bool split) {
                                       : nullptr;
     if (w.pending.active) z = w.shrink();  // this sibling needs r and Z
     if (!w.greedy) {
-      const float p_x = prob_at(w.row, xs, w.temp, w.st.m, w.f);
+      const float p_x = prob_at(w.row, xs, w.xm, w.st.m, w.f);
       float q_x = 1.0f;
       if (a.mode == kModeDeterministic) {
         r_x = x_removed ? 0.0f : p_x;

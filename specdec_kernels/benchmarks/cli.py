@@ -126,7 +126,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--systems",
         type=_csv(str),
         default=None,
-        help="comma-separated: specdec,target_only,hf_assisted,hf_target_only",
+        help="comma-separated: specdec,target_only,hf_assisted,hf_target_only "
+        "(default), specdec_block",
+    )
+    e.add_argument(
+        "--block",
+        action="store_true",
+        help="also specdec with verify_method='block' (block verification) at the sampling "
+        "temperatures: accepted per pass and tokens/s against 'token' (system specdec_block)",
     )
     e.add_argument(
         "--threads",
@@ -154,6 +161,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     e.add_argument("--json", default=DEFAULT_E2E_JSON, help="append rows here ('' for none)")
     e.add_argument("--plot", default=None, help="draw speedup against K to this PNG")
+    e.add_argument(
+        "--grammar",
+        default=None,
+        choices=("json", "any"),
+        help="specdec and target_only both under a grammar (xgrammar): 'json' the schema of "
+        "specdec demo --json, 'any' any JSON value; the hf_* systems are left out",
+    )
     e.add_argument(
         "--trees",
         action="store_true",
@@ -324,10 +338,13 @@ def _e2e(args) -> int:
             systems=args.systems,
             pair=args.pair,
             dtype=args.dtype,
+            grammar=args.grammar,
         ).items()
         if v is not None
     }
     cfg = dataclasses.replace(cfg, **over)
+    if args.block and "specdec_block" not in cfg.systems:
+        cfg = dataclasses.replace(cfg, systems=(*cfg.systems, "specdec_block"))
     unknown = set(cfg.systems) - set(e2e.SYSTEMS)
     if unknown:
         raise SystemExit(
@@ -339,7 +356,7 @@ def _e2e(args) -> int:
         f"specdec bench e2e: {header['machine']['cpu']}, {torch.get_num_threads()} threads, "
         f"commit {header['commit']}, B={cfg.batch_sizes}, K={cfg.ks}, "
         f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s), "
-        f"dtype {cfg.dtype}",
+        f"dtype {cfg.dtype}" + (f", grammar {cfg.grammar}" if cfg.grammar else ""),
         flush=True,
     )
     t0 = time.perf_counter()

@@ -10,10 +10,20 @@ Systems (the same weights throughout; the Hugging Face models come from ``Causal
   only (it refuses more). Fixed ``K``: ``num_assistant_tokens=K``, schedule ``"constant"``,
   confidence threshold 0; ``"auto"``: its own ``"heuristic"`` schedule with its defaults.
 - ``hf_target_only``: plain ``transformers`` ``generate`` of the target (left-padded batch).
+- ``specdec_block`` (``--block``; not run by default): ``specdec`` with block verification
+  (``verify_method="block"``, Sun et al. 2024, arXiv 2403.10444), at the sampling temperatures
+  only (greedy decoding is the same under both rules); each of its rows carries
+  ``mean_accepted_vs_token`` and ``tokens_per_second_vs_token`` against the ``specdec`` row of
+  the same ``(B, K, T)``.
 
 Runs are interleaved (for each repeat, every system runs once per configuration) and the figure
 kept is the median over repeats. No system stops at ``<eos>``: every row generates exactly
 ``max_new_tokens``, so all systems do the same amount of work.
+
+``grammar`` (``specdec bench e2e --grammar json``): ``specdec`` and ``target_only`` both decode
+under a grammar (xgrammar): ``"json"`` the schema of ``specdec demo --json``, ``"any"`` any JSON
+value; a row stops where its grammar ends (greedy: at the same token in both systems), and the
+``transformers`` systems, which take no grammar, are left out. Rows carry ``grammar``.
 
 Per row: ``tokens_per_second`` (generated tokens of all rows per wall second, prefill included),
 ``acceptance_rate`` and ``mean_accepted`` (from the generator's statistics), ``cost_ratio``
@@ -30,6 +40,7 @@ measured cost (on a GPU that pass costs about one token's; on a CPU it does not)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
@@ -39,7 +50,11 @@ import torch
 
 from specdec_kernels.adaptive import expected_tokens
 
-SYSTEMS = ("specdec", "target_only", "hf_assisted", "hf_target_only")
+SYSTEMS = ("specdec", "target_only", "hf_assisted", "hf_target_only", "specdec_block")
+#: what runs unless ``systems`` says otherwise (``specdec_block``: ``--block``)
+DEFAULT_SYSTEMS = SYSTEMS[:4]
+#: the loop's ``verify_method`` of each speculative system
+VERIFY_METHOD = {"specdec": "token", "specdec_block": "block"}
 
 
 @dataclass(frozen=True)
@@ -50,10 +65,30 @@ class E2EConfig:
     max_new_tokens: int = 128
     prompt_len: int = 64
     repeats: int = 3
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = DEFAULT_SYSTEMS
     seed: int = 0
     pair: str = "default"
     dtype: str = "auto"  # the target's: "auto" (the fastest here, measured), float32, bfloat16
+    grammar: str | None = None  # None, "json" (the demo's schema) or "any" (any JSON value)
+
+
+# the schema of ``specdec demo --json`` and of ``--grammar json`` here: strings as patterns, not
+# maxLength (xgrammar 0.2.9 lets raw control characters through length-bounded strings,
+# mlc-ai/xgrammar#800)
+DEMO_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "[a-z_]{1,16}"},
+        "size": {"type": "integer"},
+        "args": {
+            "type": "array",
+            "items": {"type": "string", "pattern": "[a-z_]{1,16}"},
+            "maxItems": 3,
+        },
+        "default": {"anyOf": [{"type": "string", "pattern": "[a-z_]{1,16}"}, {"type": "null"}]},
+    },
+    "required": ["name", "size", "args", "default"],
+}
 
 
 QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=1)
@@ -169,13 +204,29 @@ class _HF:
         return out[:, ids.shape[1] :].tolist(), wall
 
 
-def _run_specdec(target, draft, prompts, cfg, k, temperature, seed, costs=None):
+def _run_specdec(
+    target,
+    draft,
+    prompts,
+    cfg,
+    k,
+    temperature,
+    seed,
+    costs=None,
+    verify_method="token",
+    grammar=None,
+):
     import specdec_kernels as sk
 
     # "auto" prices each step with the pair's measured pass costs (measure_pass_costs, cached)
     gen = sk.SpeculativeGenerator(target, draft, k)
     out = gen.generate(
-        prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
+        prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        verify_method=verify_method,
+        grammar=grammar,
     )
     s = out.stats
     hist = s.accepted_histogram  # hist[n]: (row, pass) pairs that accepted n drafts
@@ -201,11 +252,16 @@ def _run_specdec(target, draft, prompts, cfg, k, temperature, seed, costs=None):
     }
 
 
-def _run_target_only(target, prompts, cfg, temperature, seed):
+def _run_target_only(target, prompts, cfg, temperature, seed, grammar=None):
     import specdec_kernels as sk
 
     out = sk.autoregressive_generate(
-        target, prompts, max_new_tokens=cfg.max_new_tokens, temperature=temperature, seed=seed
+        target,
+        prompts,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        grammar=grammar,
     )
     return {
         "new_tokens": [seq[len(p) :] for seq, p in zip(out.sequences, prompts)],
@@ -232,6 +288,8 @@ def _configs(cfg: E2EConfig, hf_ok: bool):
             for k in cfg.ks:
                 if "specdec" in cfg.systems:
                     yield "specdec", b, k, t
+                if "specdec_block" in cfg.systems and t > 0:
+                    yield "specdec_block", b, k, t
                 if "hf_assisted" in cfg.systems and hf_ok and b == 1:
                     yield "hf_assisted", b, k, t
 
@@ -241,6 +299,10 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     ``(system, batch_size, K, temperature)`` with the median figures."""
     target, draft, text = load_pair(assets, cfg.pair, cfg.dtype)
     from specdec_kernels.adaptive import measure_pass_costs
+
+    grammar = e2e_grammar(cfg.grammar, target)
+    if grammar is not None:  # transformers' generate takes no grammar of ours
+        cfg = dataclasses.replace(cfg, systems=tuple(s for s in cfg.systems if s[:3] != "hf_"))
 
     pass_costs = measure_pass_costs(target, draft, max_k=8, max_batch=max(cfg.batch_sizes))
     try:
@@ -258,8 +320,10 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     warm = E2EConfig(max_new_tokens=4, prompt_len=cfg.prompt_len)
     p1 = prompts_of[cfg.batch_sizes[0]][:1]
     for t in cfg.temperatures:
-        _run_specdec(target, draft, p1, warm, 2, t, 0)
-        _run_target_only(target, p1, warm, t, 0)
+        _run_specdec(target, draft, p1, warm, 2, t, 0, grammar=grammar)
+        if "specdec_block" in cfg.systems and t > 0:
+            _run_specdec(target, draft, p1, warm, 2, t, 0, verify_method="block", grammar=grammar)
+        _run_target_only(target, p1, warm, t, 0, grammar=grammar)
         if hf is not None:
             _run_hf(hf, p1, warm, t, 0)
             _run_hf(hf, p1, warm, t, 0, k=2)
@@ -279,10 +343,12 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     for rep in range(cfg.repeats):
         for sys_, b, k, t in configs:
             prompts, seed = prompts_of[b], cfg.seed + rep
-            if sys_ == "specdec":
-                r = _run_specdec(target, draft, prompts, cfg, k, t, seed, costs[b])
+            if sys_ in VERIFY_METHOD:
+                r = _run_specdec(
+                    target, draft, prompts, cfg, k, t, seed, costs[b], VERIFY_METHOD[sys_], grammar
+                )
             elif sys_ == "target_only":
-                r = _run_target_only(target, prompts, cfg, t, seed)
+                r = _run_target_only(target, prompts, cfg, t, seed, grammar)
             elif sys_ == "hf_target_only":
                 r = _run_hf(hf, prompts, cfg, t, seed)
             else:
@@ -294,7 +360,27 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
                 f"{r['tokens_per_second']:7.1f} tok/s"
                 + (f", alpha {r['alpha']:.2f}" if "alpha" in r else "")
             )
-    return _rows(cfg, runs, costs, pass_costs, _dtypes(target, draft))
+    rows = _rows(cfg, runs, costs, pass_costs, _dtypes(target, draft))
+    if cfg.grammar is not None:
+        for row in rows:
+            row["grammar"] = cfg.grammar
+    return rows
+
+
+def e2e_grammar(name: str | None, target):
+    """The compiled grammar of ``E2EConfig.grammar`` for ``target``'s vocabulary, or ``None``."""
+    if name is None:
+        return None
+    import json
+
+    from specdec_kernels import grammar as sg
+
+    info = sg.tokenizer_info(target)
+    if name == "any":
+        return sg.compile_json(info)
+    if name == "json":
+        return sg.compile_json(info, json.dumps(DEMO_SCHEMA), any_whitespace=False)
+    raise ValueError(f"grammar must be None, 'json' or 'any', got {name!r}")
 
 
 def _dtypes(target, draft) -> dict:
@@ -354,7 +440,8 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None)
             row["speedup_vs_hf_target_only"] = round(tps / hf_base[(b, t)], 4)
         if t == 0 and b in greedy_ref:
             row["matches_target_only"] = all(r["new_tokens"] == greedy_ref[b] for r in rs)
-        if sys_ == "specdec":
+        if sys_ in VERIFY_METHOD:
+            row["verify_method"] = VERIFY_METHOD[sys_]
             alpha = _median(rs, "alpha")
             gamma = _median(rs, "mean_k")
             w = (k + 1) if k != "auto" else min(9, round(gamma) + 1)  # tokens per target pass
@@ -404,10 +491,29 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None)
                 / max(rs[0]["target_forwards"], 1),
                 4,
             )
-        if sys_ in ("specdec", "target_only"):
+        if sys_ in ("specdec", "specdec_block", "target_only"):
             row["draft_forward_ms"] = round(costs[b]["draft_ms"], 4)
             row["target_forward_ms"] = round(costs[b]["target_ms_1"], 4)
         rows.append(row)
+    return _against_token(rows)
+
+
+def _against_token(rows: list[dict]) -> list[dict]:
+    """Each ``specdec_block`` row with its gain over the ``specdec`` (token verification) row of
+    the same ``(B, K, T)``: ``mean_accepted_vs_token`` (difference of accepted drafts per pass)
+    and ``tokens_per_second_vs_token`` (ratio)."""
+    token = {
+        (r["batch_size"], r["num_speculative_tokens"], r["temperature"]): r
+        for r in rows
+        if r["system"] == "specdec"
+    }
+    for r in rows:
+        t = token.get((r["batch_size"], r["num_speculative_tokens"], r["temperature"]))
+        if r["system"] == "specdec_block" and t is not None:
+            r["mean_accepted_vs_token"] = round(r["mean_accepted"] - t["mean_accepted"], 4)
+            r["tokens_per_second_vs_token"] = round(
+                r["tokens_per_second"] / max(t["tokens_per_second"], 1e-9), 4
+            )
     return rows
 
 
@@ -518,6 +624,14 @@ def check_targets(rows: list[dict]) -> list[str]:
             f"{verdict(r >= 3)} B=16 greedy: {s16['tokens_per_second']:.1f} tok/s vs own "
             f"B=1 {b1['tokens_per_second']:.1f}: {r:.2f}x (target >= 3x)"
         )
+    for r in rows:  # issue 22: block verification against token verification
+        if r.get("mean_accepted_vs_token") is not None:
+            out.append(
+                f"info block vs token B={r['batch_size']} K={r['num_speculative_tokens']} "
+                f"T={r['temperature']:g}: accepted/pass {r['mean_accepted']:.3f} "
+                f"({r['mean_accepted_vs_token']:+.3f}), tokens/s x"
+                f"{r['tokens_per_second_vs_token']:.3f}"
+            )
     h1 = best("hf_assisted", 1, 0.0)
     if b1 and h1:
         out.append(

@@ -22,10 +22,22 @@ Token trees plug into the same loop through their drafter: ``TreeDrafter(CausalL
 draft_lm), DynamicTree(num_nodes=16, top_k=4, depth=5))`` (or a ``StaticTree``) proposes a tree
 per row, the target scores it in one pass, ``sk.verify_tree_*`` decides and both caches keep the
 accepted path (:mod:`specdec_kernels.decoding.proposals`).
+
+Serving options (API.md section 9) ride on :class:`Sampling`: ``verify_method="block"`` (block
+verification of sampled chains), ``logprobs="raw"|"processed"`` and ``num_logprobs=n``, which
+fill ``result.logprobs[b]`` (``[T_b]`` float32, one per generated token) and
+``result.top_logprobs[b]`` (:class:`TopLogprobs`: ``values`` / ``ids`` ``[T_b, n]``) from the
+passes that verify.
 """
 
 from specdec_kernels.decoding.adapters import CachedModel, CausalLMAdapter, HFAdapter
-from specdec_kernels.decoding.core import Decoder, DecodeResult, GenerationStats, Sampling
+from specdec_kernels.decoding.core import (
+    Decoder,
+    DecodeResult,
+    GenerationStats,
+    Sampling,
+    TopLogprobs,
+)
 from specdec_kernels.decoding.drafters import Drafter, ModelDrafter, NgramDrafter
 from specdec_kernels.decoding.proposals import ChainProposal, TreeProposal
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
@@ -44,6 +56,7 @@ __all__ = [
     "NgramDrafter",
     "Sampling",
     "StaticTree",
+    "TopLogprobs",
     "TreeDrafter",
     "TreeProposal",
 ]

@@ -9,6 +9,12 @@ Every row keeps its own length, budget (``limit``), draft count and seed; finish
 retired from the batch (caches included), so they cost no more work. The loop synchronises with
 the device once per step, to learn which rows are done and the next ``k_loop``.
 
+Under a grammar (``run(..., grammar=)``, API.md section 9) each row has an xgrammar matcher
+(:class:`specdec_kernels.grammar.GrammarState`, on the host): the proposal carries the masks of
+its positions, verification applies them in the op (``token_bitmask=``), the commit advances the
+matchers by the kept tokens, and a row whose grammar has ended is done as at eos. The matchers
+read the drafts and the emitted tokens on the host: a few more transfers per step.
+
 References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al. 2023
 (https://arxiv.org/abs/2302.01318); gpt-fast's ``speculative_decode``.
 """
@@ -18,25 +24,56 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from specdec_kernels._dispatch import check_backend
-from specdec_kernels._validate import require_int64
+from specdec_kernels._validate import check_logprob_args, require_int64
 from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, expected_tokens
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
+from specdec_kernels.verification import METHODS
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """How tokens are chosen: ``temperature == 0`` is greedy; otherwise temperature, then
-    top-k, then top-p (``transformers``' warper order), the same filter for draft and target."""
+    """How tokens are chosen and what is reported about them (API.md sections 4 and 9).
+
+    Parameters
+    ----------
+    temperature, top_k, top_p
+        ``temperature == 0`` is greedy; otherwise temperature, then top-k, then top-p
+        (``transformers``' warper order), the same filter for draft and target.
+    verify_method : {"token", "block"}
+        The acceptance rule of sampled chains (:func:`sk.verify_sampling`'s ``method``):
+        token-by-token, or block verification (Sun et al. 2024, arXiv 2403.10444), lossless
+        too and never fewer accepted drafts in expectation. Greedy rows are decided by argmax
+        either way: ``"block"`` is accepted with ``temperature == 0`` and changes nothing. Token
+        trees have no block rule (``Decoder.run`` raises ``ValueError`` for a tree drafter).
+    logprobs : {None, "raw", "processed"}
+        Report the log-probability of every generated token (``DecodeResult.logprobs``):
+        ``"raw"``: ``log_softmax`` of the target's logits, before temperature and filters;
+        ``"processed"``: the log of the distribution the token was drawn from (temperature,
+        top-k, top-p; greedy: ``log_softmax`` at temperature 1). As the verification ops define
+        them (``logprobs=``), from the pass that verifies.
+    num_logprobs : int
+        ``n`` in ``[0, 20]``: also the ``n`` most likely tokens of the same distribution at
+        every generated position (``DecodeResult.top_logprobs``); needs ``logprobs``.
+
+    Raises
+    ------
+    ValueError
+        A bad value of any argument (named in the message).
+    """
 
     temperature: float = 0.0
     top_k: int | None = None
     top_p: float | None = None
+    verify_method: str = "token"
+    logprobs: str | None = None
+    num_logprobs: int = 0
 
     def __post_init__(self):
         try:
@@ -51,6 +88,25 @@ class Sampling:
             require_int64("top_k", self.top_k)
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.verify_method not in METHODS:
+            raise ValueError(f"verify_method must be one of {METHODS}, got {self.verify_method!r}")
+        try:
+            check_logprob_args(self.logprobs, self.num_logprobs)
+        except TypeError as e:  # num_logprobs of another type: a bad value here too
+            raise ValueError(str(e)) from None
+
+    @property
+    def logprob_kwargs(self) -> dict:
+        """The verification ops' ``logprobs`` / ``num_logprobs`` keywords (empty when no
+        logprobs are asked for, so ops without them, a sharded target's, still apply)."""
+        if self.logprobs is None:
+            return {}
+        return {"logprobs": self.logprobs, "num_logprobs": self.num_logprobs}
+
+    @property
+    def method_kwargs(self) -> dict:
+        """``verify_sampling``'s ``method`` keyword (empty for the default ``"token"``)."""
+        return {} if self.verify_method == "token" else {"method": self.verify_method}
 
     @property
     def greedy(self) -> bool:
@@ -118,14 +174,31 @@ class GenerationStats:
         return self.mean_accepted + 1.0
 
 
+class TopLogprobs(NamedTuple):
+    """The ``n`` most likely tokens at each of a row's ``T`` generated positions, most likely
+    first, ties by the lower id (``-inf`` / ``-1`` past the tokens with nonzero probability)."""
+
+    values: torch.Tensor  # [T, n] float32: their log-probabilities
+    ids: torch.Tensor  # [T, n] int64: their token ids
+
+
 @dataclass
 class DecodeResult:
     """Per row of the caller's batch: ``sequences[b]`` (prompt + generated tokens),
-    ``from_draft[b][i]`` (generated token ``i`` was an accepted draft), and the statistics."""
+    ``from_draft[b][i]`` (generated token ``i`` was an accepted draft), and the statistics.
+
+    With ``Sampling(logprobs=...)``: ``logprobs[b]``, a ``[T_b]`` float32 CPU tensor, the
+    log-probability of each of row ``b``'s ``T_b = len(sequences[b]) - len(prompt)`` generated
+    tokens, in order (cut with the row at eos and at its budget); with ``num_logprobs = n > 0``
+    also ``top_logprobs[b]``, a :class:`TopLogprobs` of ``[T_b, n]`` tensors. ``None`` when not
+    asked for. The first generated token is scored like the others (the loop's first target pass
+    decides it)."""
 
     sequences: list[list[int]]
     from_draft: list[list[bool]]
     stats: GenerationStats
+    logprobs: list[torch.Tensor] | None = None
+    top_logprobs: list[TopLogprobs] | None = None
 
 
 @dataclass
@@ -139,11 +212,17 @@ class _Rows:
     prompt_len: torch.Tensor  # [B] int64
     limit: torch.Tensor  # [B] int64: seq_len at which the row is done
     num_draft: torch.Tensor  # [B] int64: draft tokens wanted next step
+    logprobs: torch.Tensor | None = None  # [B, cap] float32, in step with tokens
+    top_values: torch.Tensor | None = None  # [B, cap, n] float32
+    top_ids: torch.Tensor | None = None  # [B, cap, n] int64
+
+    def serving_tensors(self) -> tuple:
+        return self.logprobs, self.top_values, self.top_ids
 
     def select(self, order: torch.Tensor) -> _Rows:
         return _Rows(
             *(
-                t[order]
+                None if t is None else t[order]
                 for t in (
                     self.ids,
                     self.tokens,
@@ -152,6 +231,9 @@ class _Rows:
                     self.prompt_len,
                     self.limit,
                     self.num_draft,
+                    self.logprobs,
+                    self.top_values,
+                    self.top_ids,
                 )
             )
         )
@@ -302,8 +384,27 @@ class Decoder:
         eos_token_id: int | None = None,
         seed: int | None = None,
         progress=None,
+        on_step=None,
+        grammar=None,
     ) -> DecodeResult:
-        """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc)."""
+        """Generate up to ``max_new_tokens`` tokens for every prompt (see the module doc).
+
+        ``progress(generated_tokens, live_rows)`` is called after each step's host sync.
+        ``on_step(rows, start, count, logits, ver)`` is called after each step's commit, with
+        device tensors and no sync: ``rows`` ``[B]`` (the live rows' indices in ``prompts``),
+        ``start`` / ``count`` ``[B]`` (the step committed generated tokens ``start ..
+        start + count - 1`` of each row, after the eos and budget cuts), the pass's target
+        ``logits`` ``[B, W, V]`` and the verification ``ver`` (chains: emitted token ``j`` was
+        decided at ``logits[:, j]``; trees: at node ``ver.accepted_nodes[:, j]``). The
+        ``transformers`` integration collects ``scores`` with it.
+
+        ``grammar``: ``None``, an ``xgrammar.CompiledGrammar`` for every row or a list of them,
+        one per row (:mod:`specdec_kernels.grammar`), compiled for the target's vocabulary: the
+        generated tokens of each row (not its prompt) are accepted by its grammar, or are a
+        prefix of an accepted string when the budget ends; a row stops once its grammar has
+        taken its stop token. ``ValueError`` for a bad grammar or a vocabulary mismatch, before
+        any work.
+        """
         if (
             not isinstance(max_new_tokens, int)
             or isinstance(max_new_tokens, bool)
@@ -314,6 +415,16 @@ class Decoder:
         if eos_token_id is not None and not 0 <= eos_token_id < v:
             raise ValueError(f"eos_token_id {eos_token_id} is outside [0, {v})")
         rows_in = self.check_prompts(prompts)
+        self._check_sampling(sampling)
+        gs = None
+        if grammar is not None:
+            from specdec_kernels.grammar import GrammarState
+
+            if getattr(self.target, "verify_ops", None) is not None:
+                raise ValueError(
+                    "grammar-constrained decoding with a vocabulary-sharded target is not supported"
+                )
+            gs = GrammarState(grammar, len(rows_in), v, self.target.device)
         start = time.perf_counter()
         if seed is None and hasattr(self.target, "shared_seed"):
             seed = self.target.shared_seed()  # the ranks of a sharded target must draw alike
@@ -322,16 +433,16 @@ class Decoder:
         base_seed = (
             seed if seed is not None or sampling.greedy else int(torch.randint(0, 2**62, (1,)))
         )
-        st, tracker = self._start(rows_in, max_new_tokens)
+        st, tracker = self._start(rows_in, max_new_tokens, sampling)
         stats = GenerationStats()
         counts = torch.zeros(2 + self.max_k + 1, dtype=torch.int64, device=st.ids.device)
-        results: dict[int, tuple[list[int], list[bool]]] = {}
+        results: dict[int, tuple] = {}  # row -> (tokens, from_draft, logprobs, top)
         done_tokens = 0  # generated tokens of retired rows
-        kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results)
+        kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results, gs)
         k_loop = self.max_k
         while kept is not None:
             st, tracker, _ = kept
-            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed)
+            n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed, on_step, gs)
             stats.target_forwards += 1
             if self.drafter is not None:
                 stats.draft_forwards += self.drafter.forwards_per_step(k_loop)
@@ -348,7 +459,7 @@ class Decoder:
             ] + ([] if dvalue is None else [dvalue])
             host = torch.stack([x.long() for x in parts]).tolist()
             done_tokens += sum(g for g, d in zip(host[2], host[0]) if d)
-            kept = self._retire(st, tracker, host[0], results)
+            kept = self._retire(st, tracker, host[0], results, gs)
             if kept is None:
                 break
             order = kept[2]
@@ -360,8 +471,25 @@ class Decoder:
                 progress(done_tokens + sum(host[2][i] for i in order), len(order))
         return self._finish(rows_in, results, counts, stats, start)
 
+    def _check_sampling(self, sampling) -> None:
+        """``ValueError`` for what ``sampling`` asks that this decoder cannot do."""
+        if not isinstance(sampling, Sampling):
+            raise ValueError(f"sampling must be a Sampling, got {type(sampling).__name__}")
+        if sampling.verify_method == "block" and getattr(self.drafter, "tree", None) is not None:
+            raise ValueError(
+                "verify_method='block' does not apply to token trees (a TreeDrafter): block "
+                "verification is a chain rule; use verify_method='token'"
+            )
+        if getattr(self.target, "verify_ops", None) is not None and (
+            sampling.logprob_kwargs or sampling.method_kwargs
+        ):
+            raise ValueError(
+                "a vocabulary-sharded target verifies with its own ops, which take no "
+                "logprobs and no verify_method='block'"
+            )
+
     # ------------------------------------------------------------------------------ verbs
-    def _start(self, rows_in: list[list[int]], max_new_tokens: int):
+    def _start(self, rows_in: list[list[int]], max_new_tokens: int, sampling=Sampling()):
         """Per-row state and both caches prefilled with all but each prompt's last token."""
         dev, b, k = self.target.device, len(rows_in), self.max_k
         ctx = self.target.max_seq_len
@@ -382,6 +510,12 @@ class Decoder:
             limit=torch.tensor(limits, device=dev),
             num_draft=torch.full((b,), k, dtype=torch.int64, device=dev),
         )
+        if sampling.logprobs is not None:
+            st.logprobs = torch.full((b, cap), -torch.inf, device=dev)
+            if sampling.num_logprobs:
+                n = sampling.num_logprobs
+                st.top_values = torch.full((b, cap, n), -torch.inf, device=dev)
+                st.top_ids = torch.full((b, cap, n), -1, dtype=torch.int64, device=dev)
         tracker = AcceptanceTracker.new(b, dev)
         if self.auto:  # the prior's choice until acceptance is measured
             st.num_draft = self._auto_k(tracker)
@@ -391,11 +525,22 @@ class Decoder:
             self.drafter.prefill(rows_in, capacity)
         return st, tracker
 
-    def _step(self, st: _Rows, tracker, k_loop: int, sampling: Sampling, eos, base_seed):
+    def _step(
+        self,
+        st: _Rows,
+        tracker,
+        k_loop: int,
+        sampling: Sampling,
+        eos,
+        base_seed,
+        on_step=None,
+        gs=None,
+    ):
         """Draft, one target pass, verify, commit. Returns ``(num_accepted, k)``.
 
         The step's seeds ``[B]`` key the drafter's draws (``rng.PURPOSE_DRAFT``) and the
-        verifier's (accept / sample): one stream per purpose, none shared."""
+        verifier's (accept / sample): one stream per purpose, none shared. ``gs``: the rows'
+        :class:`~specdec_kernels.grammar.GrammarState`, or ``None``."""
         dev = st.ids.device
         ctx = self.target.max_seq_len
         room = (
@@ -409,9 +554,13 @@ class Decoder:
             # "auto" chose the target alone: the draft falls one more token behind
             self.drafter.skip(st.tokens, st.seq_len, self.width + 2)
         if self.drafter is not None and k_loop > 0:
-            prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, seeds)
+            masked = gs is not None and getattr(self.drafter, "drafts_under_grammar", False)
+            kw = {"grammar": gs} if masked else {}
+            prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, seeds, **kw)
         else:
             prop = ChainProposal(torch.zeros(st.ids.numel(), 0, dtype=torch.int64, device=dev), k)
+        if gs is not None and prop.token_bitmask is None:
+            prop.fill_bitmask(gs)
         if prop.draft_probs is not None:
             prop.draft_probs = verifiable(prop.draft_probs)
         cur = st.tokens.gather(1, (st.seq_len - 1)[:, None])  # [B, 1]
@@ -420,7 +569,10 @@ class Decoder:
         ops = getattr(self.target, "verify_ops", None)
         ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend)
         prop.keep(self.target, self.drafter, ver)
-        self._commit(st, ver, eos)
+        before = None if on_step is None else st.seq_len.clone()  # [B]
+        self._commit(st, ver, eos, gs)
+        if on_step is not None:
+            on_step(st.ids, before - st.prompt_len, st.seq_len - before, logits, ver)
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]
         tracker.update(n, k)
         if self.auto:
@@ -441,9 +593,11 @@ class Decoder:
         return best.expand(b).clone()
 
     @staticmethod
-    def _commit(st: _Rows, ver, eos) -> None:
+    def _commit(st: _Rows, ver, eos, gs=None) -> None:
         """Append the emitted tokens, cut at the row's limit and at its first eos (after which
-        the row is done: ``limit`` drops to its length)."""
+        the row is done: ``limit`` drops to its length); under a grammar (``gs``) the matchers
+        take the kept tokens, and a row whose grammar ended is cut after its stop token and
+        done likewise."""
         width = ver.tokens.shape[1]
         j = torch.arange(width, device=st.ids.device)
         keep = torch.minimum(ver.num_emitted, st.limit - st.seq_len)  # [B]
@@ -453,13 +607,23 @@ class Decoder:
             hit = first < keep
             keep = torch.where(hit, first + 1, keep)
             st.limit = torch.where(hit, st.seq_len + keep, st.limit)
+        if gs is not None:
+            ended = gs.advance(ver.tokens, keep)  # [B] bool
+            keep = torch.where(ended, gs.num_advanced.to(keep.device), keep)
+            st.limit = torch.where(ended, st.seq_len + keep, st.limit)
         pos = st.seq_len[:, None] + j  # [B, width]
         st.tokens.scatter_(1, pos, ver.tokens.clamp_min(0))
         st.from_draft.scatter_(1, pos, j[None] < ver.num_accepted[:, None])
+        if st.logprobs is not None:  # in step with the tokens; the cut is seq_len's
+            st.logprobs.scatter_(1, pos, ver.logprobs)
+        if st.top_values is not None:
+            at = pos[..., None].expand_as(ver.top_logprobs)
+            st.top_values.scatter_(1, at, ver.top_logprobs)
+            st.top_ids.scatter_(1, at, ver.top_ids)
         st.seq_len = st.seq_len + keep
 
-    def _retire(self, st: _Rows, tracker, done: list, results: dict):
-        """Collect finished rows and keep the others (caches included). Returns
+    def _retire(self, st: _Rows, tracker, done: list, results: dict, gs=None):
+        """Collect finished rows and keep the others (caches and matchers included). Returns
         ``(state, tracker, order)``, or ``None`` when no row is left."""
         if not any(done):
             return st, tracker, list(range(len(done)))
@@ -468,8 +632,16 @@ class Decoder:
             t.tolist()
             for t in (st.ids[gone], st.tokens[gone], st.from_draft[gone], st.seq_len[gone])
         )
+        pl = st.prompt_len[gone].tolist()
+        lp, tv, ti = (None if t is None else t[gone].cpu() for t in st.serving_tensors())
         for i, row in enumerate(ids):
-            results[row] = (toks[i][: sl[i]], fd[i][: sl[i]])
+            span = slice(pl[i], sl[i])  # the generated positions
+            results[row] = (
+                toks[i][: sl[i]],
+                fd[i][: sl[i]],
+                None if lp is None else lp[i, span].clone(),
+                None if tv is None else TopLogprobs(tv[i, span].clone(), ti[i, span].clone()),
+            )
         if all(done):
             return None
         order = swap_remove_order([bool(d) for d in done])
@@ -477,6 +649,8 @@ class Decoder:
         self.target.select(order_t)
         if self.drafter is not None:
             self.drafter.select(order_t)
+        if gs is not None:
+            gs.select(order)
         return st.select(order_t), tracker.select(order_t), order
 
     def _finish(self, rows_in, results, counts, stats: GenerationStats, start) -> DecodeResult:
@@ -484,6 +658,8 @@ class Decoder:
         lens = [len(r) for r in rows_in]
         seqs = [results[b][0] for b in range(len(rows_in))]
         from_draft = [results[b][1][lens[b] :] for b in range(len(rows_in))]
+        logprobs = [results[b][2] for b in range(len(rows_in))]
+        top = [results[b][3] for b in range(len(rows_in))]
         stats.wall_seconds = time.perf_counter() - start
         stats.accepted_histogram = hist
         stats.accepted_tokens, stats.drafted_tokens = accepted, drafted
@@ -492,7 +668,13 @@ class Decoder:
         stats.acceptance_rate = accepted / max(drafted, 1)
         stats.generated_tokens = sum(len(s) - n for s, n in zip(seqs, lens))
         stats.tokens_per_second = stats.generated_tokens / max(stats.wall_seconds, 1e-9)
-        return DecodeResult(seqs, from_draft, stats)
+        return DecodeResult(
+            seqs,
+            from_draft,
+            stats,
+            None if logprobs[0] is None else logprobs,
+            None if top[0] is None else top,
+        )
 
 
 def verifiable(x: torch.Tensor | None) -> torch.Tensor | None:

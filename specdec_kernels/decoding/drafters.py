@@ -12,6 +12,7 @@ import torch
 
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.ngram import ngram_draft
+from specdec_kernels.reference.bitmask import masked_logits
 
 
 class Drafter(Protocol):
@@ -31,6 +32,11 @@ class Drafter(Protocol):
     (chains; a tree proposal carries its own bookkeeping).
     ``select(order)``, ``sync_value()``, ``on_sync(values)``: as for model adapters.
     ``forwards_per_step(k_loop)``: model passes of one ``propose`` (statistics).
+
+    Under a grammar, a drafter whose ``drafts_under_grammar`` is true is called as
+    ``propose(..., grammar=state)`` (a :class:`specdec_kernels.grammar.GrammarState`): it drafts
+    from its masked distribution and returns the proposal with its ``token_bitmask``; any other
+    drafter proposes as usual and the loop fills the masks from its proposal.
     """
 
     def prefill(self, prompts: list[list[int]], capacity: int) -> None: ...
@@ -54,7 +60,13 @@ class ModelDrafter:
     The drafter's cache lags the committed sequence by one or two tokens (the last committed
     token, and the last accepted draft when all were accepted); ``propose`` first feeds those
     (one ragged pass), then one token per further draft.
+
+    Under a grammar each draft is drawn from the draft's logits masked by the row's matcher
+    after the drafts before it (``q`` is that masked distribution, so sampling stays lossless
+    against the masked target), and the masks of positions ``0 .. k_loop`` go with the proposal.
     """
+
+    drafts_under_grammar = True
 
     def __init__(self, model):
         self.model = model  # a CachedModel
@@ -91,18 +103,28 @@ class ModelDrafter:
         )
         return self.model.extend(tokens.gather(1, at), behind, logits_index=behind - 1)
 
-    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds):
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
         logits = self.catch_up(tokens, seq_len)
-        drafts, probs = [], []
+        drafts, probs, masks = [], [], []
         for i in range(k_loop):
+            if grammar is not None:  # the row's mask after its drafts 0 .. i-1
+                masks.append(grammar.mask_for_next())  # [B, W]
+                logits = masked_logits(logits, masks[-1])
             x, p = sampling.draw(logits, seeds, position=i)  # [B], [B, V] or None
             drafts.append(x)
             probs.append(p)
+            if grammar is not None:  # rows past their num_draft keep their bonus mask
+                grammar.push_drafts(x, i < num_draft)
             if i + 1 < k_loop:
                 ones = torch.ones_like(x)
                 logits = self.model.extend(x[:, None], ones, logits_index=ones - 1)
         q = None if sampling.greedy else torch.stack(probs, 1)  # [B, k_loop, V]
-        return ChainProposal(torch.stack(drafts, 1), num_draft, q)
+        prop = ChainProposal(torch.stack(drafts, 1), num_draft, q)
+        if grammar is not None:
+            masks.append(grammar.mask_for_next())  # the bonus position's
+            grammar.discard_drafts()
+            prop.token_bitmask = torch.stack(masks, 1)  # [B, k_loop + 1, W]
+        return prop
 
     def accept(self, num_accepted, k_loop):
         # fed: the catch-up, then drafts 1 .. k_loop-1; keep the accepted ones

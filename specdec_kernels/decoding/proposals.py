@@ -13,6 +13,10 @@ A :class:`ChainProposal` holds ``k[b]`` drafts in sequence (verified by ``sk.ver
 (one target pass with the tree attention mask, verified by ``sk.verify_tree_greedy`` /
 ``sk.verify_tree_sampling``, caches compacted to the accepted path). Both give a verification
 with ``tokens`` / ``num_accepted`` / ``num_emitted``, which the step commits alike.
+
+Under a grammar (API.md section 9) a proposal carries ``token_bitmask``, each row's masks along its
+draft (``[B, k_loop+1, W]``, trees ``[B, N, W]``): the drafter's own (a :class:`ModelDrafter`
+masks as it drafts) or :meth:`fill_bitmask`'s, and verification passes them to the op.
 """
 
 from __future__ import annotations
@@ -40,11 +44,15 @@ class ChainProposal:
     draft_probs : Tensor or None
         ``[B, k_loop, V]``: the distributions the drafts were sampled from; ``None`` when
         deterministic.
+    token_bitmask : Tensor or None
+        ``[B, k_loop + 1, W]`` int32: each row's grammar masks at positions ``0 .. k_loop``
+        (``None``: no grammar).
     """
 
     drafts: torch.Tensor
     num_draft: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    token_bitmask: torch.Tensor | None = None
 
     @property
     def num_drafted(self) -> torch.Tensor:
@@ -55,17 +63,30 @@ class ChainProposal:
         followed by the drafts."""
         return target.extend(torch.cat([cur, self.drafts.clamp_min(0)], 1), self.num_draft + 1)
 
+    def fill_bitmask(self, grammar) -> None:
+        """``token_bitmask`` from each row's matcher walked along its drafts
+        (:meth:`specdec_kernels.grammar.GrammarState.fill_draft_bitmasks`)."""
+        self.token_bitmask = grammar.fill_draft_bitmasks(self.drafts, self.num_draft)
+
     def verify(self, logits, sampling, seeds, ops=None, backend=None):
         """``sk.verify_greedy`` / ``sk.verify_sampling`` on ``backend`` (``None``: the automatic
         choice), or ``ops``, the target adapter's ``verify_ops`` pair: a sharded target's
         vocabulary-parallel ops, which run on the shard's device and take no ``backend``."""
+        mask = _mask_kwargs(self.token_bitmask, ops)
         if ops is None:
             greedy_op = functools.partial(verify_greedy, backend=backend)
             sampling_op = functools.partial(verify_sampling, backend=backend)
         else:
             greedy_op, sampling_op = ops
-        if sampling.greedy:
-            return greedy_op(logits, self.drafts, num_draft_tokens=self.num_draft, validate=False)
+        if sampling.greedy:  # verify_method changes nothing here
+            return greedy_op(
+                logits,
+                self.drafts,
+                num_draft_tokens=self.num_draft,
+                validate=False,
+                **sampling.logprob_kwargs,
+                **mask,
+            )
         return sampling_op(
             logits,
             self.drafts,
@@ -76,6 +97,9 @@ class ChainProposal:
             num_draft_tokens=self.num_draft,
             seed=seeds,
             validate=False,
+            **sampling.method_kwargs,
+            **sampling.logprob_kwargs,
+            **mask,
         )
 
     def keep(self, target, drafter, ver) -> None:
@@ -112,6 +136,9 @@ class TreeProposal:
         children were drawn from.
     draft_mode : str
         How the children were proposed (``sk.verify_tree_sampling``'s ``draft_mode``).
+    token_bitmask : Tensor or None
+        ``[B, N, W]`` int32: node ``i``'s row is the grammar's mask after the path to ``i``
+        (``None``: no grammar).
     """
 
     tokens: torch.Tensor
@@ -123,10 +150,16 @@ class TreeProposal:
     on_keep: object = None
     draft_probs: torch.Tensor | None = None
     draft_mode: str = "deterministic"
+    token_bitmask: torch.Tensor | None = None
 
     @property
     def num_drafted(self) -> torch.Tensor:
         return self.num_nodes - 1
+
+    def fill_bitmask(self, grammar) -> None:
+        """``token_bitmask`` from each row's matcher walked over its tree
+        (:meth:`specdec_kernels.grammar.GrammarState.fill_tree_bitmasks`)."""
+        self.token_bitmask = grammar.fill_tree_bitmasks(self.tokens, self.parents, self.num_nodes)
 
     def score(self, target, cur: torch.Tensor) -> torch.Tensor:
         """Target logits ``[B, N, V]`` of every node, in one pass: node ``i`` is written at cache
@@ -146,6 +179,7 @@ class TreeProposal:
         return self._verify(logits, sampling, seeds, backend)
 
     def _verify(self, logits, sampling, seeds, backend):
+        mask = _mask_kwargs(self.token_bitmask, None)
         if sampling.greedy:
             return verify_tree_greedy(
                 logits,
@@ -155,6 +189,8 @@ class TreeProposal:
                 max_depth=self.depth,
                 backend=backend,
                 validate=False,
+                **sampling.logprob_kwargs,
+                **mask,
             )
         # top-ranked children are fixed given the context ("deterministic": one-hot q);
         # sampled ones come with the distributions they were drawn from
@@ -172,6 +208,8 @@ class TreeProposal:
             seed=seeds,
             backend=backend,
             validate=False,
+            **sampling.logprob_kwargs,
+            **mask,
         )
 
     def keep(self, target, drafter, ver) -> None:
@@ -181,3 +219,15 @@ class TreeProposal:
         target.compact(root[:, None] + ver.accepted_nodes[:, 1:], ver.num_accepted, root + 1)
         if self.on_keep is not None:
             self.on_keep(ver)
+
+
+def _mask_kwargs(token_bitmask, ops) -> dict:
+    """The ops' ``token_bitmask=`` keyword (none without a grammar, so that ops which predate it
+    still serve unconstrained decoding); a vocabulary-sharded target has no masked ops yet."""
+    if token_bitmask is None:
+        return {}
+    if ops is not None:
+        raise ValueError(
+            "grammar-constrained decoding with a vocabulary-sharded target is not supported"
+        )
+    return {"token_bitmask": token_bitmask}

@@ -33,6 +33,7 @@ from specdec_kernels.decoding.drafters import ModelDrafter
 from specdec_kernels.decoding.proposals import TreeProposal
 from specdec_kernels.models.causal_lm import TreeAttention
 from specdec_kernels.reference import rng
+from specdec_kernels.reference.bitmask import masked_logits
 
 
 def _int(name: str, value, minimum: int) -> int:
@@ -240,6 +241,12 @@ class TreeDrafter(ModelDrafter):
     (one pass per level, at cache slots after the committed tokens, in expansion order, attending
     to the prefix, their expanded ancestors and themselves). Once the target has chosen a path,
     the cache keeps the expanded nodes on it (:meth:`sk.KVCache.compact`) and drops the rest.
+
+    Under a grammar (``propose(..., grammar=)``) each expanded node's children come from the
+    draft's distribution masked by the row's matcher after the path to that node (the root's:
+    after the committed tokens), so the children are grammar-valid where the grammar allows
+    enough tokens; the loop then fills every node's mask for verification
+    (:meth:`TreeProposal.fill_bitmask`), which rejects any child the grammar forbids.
     """
 
     def __init__(self, model, tree: StaticTree | DynamicTree):
@@ -257,16 +264,20 @@ class TreeDrafter(ModelDrafter):
     def forwards_per_step(self, k_loop):
         return len(self._plan.levels)  # the catch-up, then every level but the last
 
-    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds):
+    def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
         """Draft a tree per row whose paths are at most ``num_draft[b]`` deep (deeper nodes are
-        drafted but cut: ``num_nodes`` counts the rest, which come first)."""
+        drafted but cut: ``num_nodes`` counts the rest, which come first); under ``grammar``
+        (a :class:`~specdec_kernels.grammar.GrammarState`) from masked distributions."""
         plan, model = self._plan, self.model
         b, dev = tokens.shape[0], tokens.device
         rows = torch.arange(b, device=dev)[:, None]
         sampled = getattr(self.tree, "sampled", False) and not sampling.greedy
         # the expanded nodes of the level above: children candidates and bookkeeping
+        root = self.catch_up(tokens, seq_len)[:, None]  # [B, 1, V]
+        if grammar is not None:
+            root = masked_logits(root, grammar.mask_for_next()[:, None])
         exp_lp, exp_tok, q = self._children(
-            self.catch_up(tokens, seq_len)[:, None], sampled, sampling, seeds, 0
+            root, sampled, sampling, seeds, 0
         )  # [B, E, width] x2, [B, E, V] or None
         qs = [q]  # the expanded nodes' draft distributions: the root's, then in feeding order
         exp_score = torch.zeros(b, 1, dtype=exp_lp.dtype, device=dev)  # [B, E] cumulative
@@ -302,6 +313,8 @@ class TreeDrafter(ModelDrafter):
                     (seq_len - 1 + d)[:, None].expand(b, e), anc[:, f:], seq_len.clone()
                 ),
             )  # [B, E', V]
+            if grammar is not None:
+                logits = masked_logits(logits, _candidate_masks(grammar, cand, n_cand + sel))
             exp_lp, exp_tok, q = self._children(logits, sampled, sampling, seeds, d)
             qs.append(q)
             exp_score = score.gather(1, sel)
@@ -373,6 +386,17 @@ class TreeDrafter(ModelDrafter):
             self.model.compact(start[:, None] + path.clamp_min(0), on.sum(1), start)
 
         return TreeProposal(tokens, parents, depths, mask, num_nodes, self.tree.depth, keep), fed
+
+
+def _candidate_masks(grammar, cand: dict, which: torch.Tensor) -> torch.Tensor:
+    """``[B, E, W]``: the grammar's mask after the path to each candidate ``which`` ``[B, E]``
+    (the mask of its children), from the candidates drafted so far as a tree (candidate ``c`` is
+    node ``c + 1``, the root node 0)."""
+    tok = torch.cat(cand["tok"], -1)  # [B, C]
+    par = torch.cat(cand["parent"], -1)  # [B, C]: the parent candidate, -1 the root
+    root = torch.zeros_like(tok[:, :1])
+    masks = grammar.fill_tree_bitmasks(torch.cat([root, tok], 1), torch.cat([root - 1, par + 1], 1))
+    return masks.gather(1, (which + 1)[..., None].expand(-1, -1, masks.shape[2]))
 
 
 def _grow_ancestors(anc: torch.Tensor, parent_fed: torch.Tensor) -> torch.Tensor:

@@ -126,7 +126,7 @@ def _host_plan(temperature, top_k, topk, topp):
     top_p off, top_k_bound)``. A scalar ``temperature=0`` is all greedy (the greedy round
     only), a scalar ``top_k`` bounds every row's (the candidate all-gather); a filter passed as
     ``None`` (or a scalar that keeps everything) is off."""
-    all_greedy = isinstance(temperature, numbers.Real) and temperature == 0
+    all_greedy = check.all_greedy(temperature)
     bound = top_k if isinstance(top_k, numbers.Integral) and topk is not None else None
     return all_greedy, topk is None, topp is None, bound
 

@@ -6,20 +6,26 @@ core (:mod:`specdec_kernels.decoding`) over :class:`~specdec_kernels.decoding.HF
 model keeps its own ``DynamicCache``, the positions a row rejected stay as *holes* that its
 attention mask hides (cropped once every row has rejected them), rows that finish are removed
 from both caches, and one host synchronisation per target pass decides which rows are done.
+With ``return_dict_in_generate=True`` the result is a :class:`SpeculativeGenerateOutput`,
+``generate()``'s ``GenerateDecoderOnlyOutput`` (``scores`` / ``logits`` with its meaning) plus
+the verification pass's ``logprobs`` / ``top_logprobs`` / ``top_ids``.
 
 Requires ``transformers`` (``pip install -e ".[hf]"``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from specdec_kernels._dispatch import check_backend
 from specdec_kernels.decoding import Decoder, HFAdapter, ModelDrafter, Sampling
 from specdec_kernels.decoding.core import verifiable
+from specdec_kernels.reference.verify_sampling import filter_mask
 from specdec_kernels.verification import verify_sampling
 
-__all__ = ["speculative_generate", "speculative_sampling"]
+__all__ = ["speculative_generate", "speculative_sampling"]  # and SpeculativeGenerateOutput
 
 
 def speculative_generate(
@@ -39,7 +45,14 @@ def speculative_generate(
     max_speculative_tokens: int = 8,
     *,
     backend: str | None = None,
-) -> torch.Tensor:
+    return_dict_in_generate: bool = False,
+    output_scores: bool = False,
+    output_logits: bool = False,
+    logprobs: str | None = None,
+    num_logprobs: int = 0,
+    verify_method: str = "token",
+    grammar=None,
+):
     """Lossless batched speculative decoding with two Hugging Face causal LMs.
 
     Parameters
@@ -72,11 +85,55 @@ def speculative_generate(
         The implementation of the verification ops, as their ``backend``
         (:func:`specdec_kernels.verify_greedy`); ``None`` (default): their automatic choice.
         A bad name raises ``ValueError`` before any work.
+    return_dict_in_generate, output_scores, output_logits : bool
+        As in ``generate()``: return a :class:`SpeculativeGenerateOutput` (a
+        ``transformers`` ``GenerateDecoderOnlyOutput``) with ``sequences``, and ``scores`` /
+        ``logits`` when asked for (see Notes).
+    logprobs : {None, "raw", "processed"}
+        With ``return_dict_in_generate``: also ``logprobs``, the log-probability of every new
+        token, computed by the verification pass without any ``[B, V]`` copy per token
+        (:class:`specdec_kernels.decoding.Sampling`'s ``logprobs``).
+    num_logprobs : int
+        ``0 .. 20``: also ``top_logprobs`` / ``top_ids``, the most likely tokens at each step.
+    verify_method : {"token", "block"}
+        The acceptance rule when sampling: ``"block"`` is block verification (Sun et al. 2024,
+        arXiv 2403.10444), lossless and accepting at least as many drafts in expectation;
+        greedy decoding is the same either way.
+    grammar : xgrammar.CompiledGrammar or list of them, optional
+        Constrain each row's new tokens (API.md section 9): compile with
+        ``specdec_kernels.grammar.tokenizer_info(tokenizer, vocab_size=config.vocab_size)``. A
+        row stops when its grammar ends (its stop token, the tokenizer's eos by default).
 
     Returns
     -------
-    Tensor
-        ``[B, T + max_new_tokens]`` int64: each input row followed by its new tokens, padded.
+    Tensor or SpeculativeGenerateOutput
+        ``[B, T + max_new_tokens]`` int64: each input row followed by its new tokens, padded;
+        with ``return_dict_in_generate``, that tensor as ``sequences`` of the output.
+
+    Notes
+    -----
+    ``scores`` and ``logits`` have ``generate()``'s meaning, one ``[B, V]`` float32 tensor per
+    new token (``max_new_tokens`` of them, so that ``len(scores) == sequences.shape[1] - T`` as
+    ``compute_transition_scores`` assumes), taken from the rows of the target pass that decided
+    each token (an accepted draft, the recovered or the bonus token): no second model pass.
+
+    ============  ==========================================  ================================
+    field         ``generate(output_scores=True, ...)``       here
+    ============  ==========================================  ================================
+    ``scores``    processed logits: after the logits          the same: the target's logits,
+                  processors and, with ``do_sample``, the     divided by ``temperature`` with
+                  warpers (temperature, top-k, top-p: the     ``-inf`` outside top-k / top-p
+                  filtered tokens at ``-inf``)                (greedy: the raw logits)
+    ``logits``    raw logits (``output_logits=True``)         the same: the target's logits
+    ``logprobs``  (none; ``compute_transition_scores(...,     ``[B, max_new_tokens]`` float32
+                  normalize_logits=True)`` from ``scores``)   at the emitted tokens: equal to
+                                                              that for ``"processed"``
+    ============  ==========================================  ================================
+
+    Positions past a row's end (after its eos, or rows all done) are ``-inf`` in ``scores``,
+    ``logits`` and ``logprobs`` (``generate()`` keeps scoring its padding there), and ``-1`` in
+    ``top_ids``. Like ``generate()``, ``scores`` holds ``B x max_new_tokens x V`` floats:
+    ``logprobs`` / ``num_logprobs`` give what most callers want from it without that memory.
 
     Examples
     --------
@@ -124,14 +181,129 @@ def speculative_generate(
         cost_ratio=cost,
         backend=backend,
     )
-    sampling = Sampling(temperature if do_sample else 0.0, top_k, top_p)
-    result = decoder.run(prompts, max_new_tokens, sampling, eos_token_id=eos_token_id, seed=seed)
+    sampling = Sampling(
+        temperature if do_sample else 0.0,
+        top_k,
+        top_p,
+        verify_method,
+        logprobs if return_dict_in_generate else None,
+        num_logprobs if return_dict_in_generate else 0,
+    )
+    keep = ("scores",) * bool(output_scores) + ("logits",) * bool(output_logits)
+    keep = keep if return_dict_in_generate else ()
+    rows = _StepRows(len(prompts), max_new_tokens, target.vocab_size, sampling, keep, target.device)
+    result = decoder.run(
+        prompts,
+        max_new_tokens,
+        sampling,
+        eos_token_id=eos_token_id,
+        seed=seed,
+        on_step=rows if keep else None,
+        grammar=grammar,
+    )
     pad = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
     out = torch.full((len(prompts), max_new_tokens), pad, dtype=torch.int64)
     for b, (seq, prompt) in enumerate(zip(result.sequences, prompts)):
         new = seq[len(prompt) :]
         out[b, : len(new)] = torch.tensor(new, dtype=torch.int64)
-    return torch.cat([input_ids, out.to(input_ids.device)], 1)
+    sequences = torch.cat([input_ids, out.to(input_ids.device)], 1)
+    if not return_dict_in_generate:
+        return sequences
+    return _output(sequences, rows, result, max_new_tokens, input_ids.device)
+
+
+class _StepRows:
+    """The decoding loop's ``on_step`` hook that keeps, per new token, the ``[V]`` row of the
+    target pass that decided it: ``scores`` (processed) and / or ``logits`` (raw), each a
+    ``[B, max_new_tokens + 1, V]`` float32 buffer (the last column takes the positions a step
+    did not commit), written in place without a host sync."""
+
+    def __init__(self, b, max_new_tokens, v, sampling, keep, device):
+        self.sampling, self.max_new = sampling, max_new_tokens
+        shape = (b, max_new_tokens + 1, v)
+        self.buffers = {k: torch.full(shape, -torch.inf, device=device) for k in keep}
+
+    def __call__(self, rows, start, count, logits, ver):
+        w = logits.shape[1]  # chains: emitted token j was decided at logits[:, j]
+        j = torch.arange(w, device=logits.device)
+        pos = torch.where(j[None] < count[:, None], start[:, None] + j, self.max_new)  # [B, W]
+        index = (rows[:, None].expand(-1, w), pos)
+        raw = logits.float()
+        for name, buf in self.buffers.items():
+            buf.index_put_(index, raw if name == "logits" else _processed(raw, self.sampling))
+
+    def steps(self, name):
+        buf = self.buffers.get(name)
+        return None if buf is None else tuple(buf[:, i] for i in range(self.max_new))
+
+
+def _processed(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """``generate()``'s processed scores of ``logits`` ``[B, W, V]`` float32: greedy, the logits;
+    sampling, ``logits / temperature`` with ``-inf`` outside top-k / top-p (the verifier's own
+    kept set, :func:`specdec_kernels.reference.verify_sampling.filter_mask`)."""
+    if sampling.greedy:
+        return logits
+    b = logits.shape[0]
+    x = logits / sampling.temperature
+    top_k = None if not sampling.top_k else torch.full((b,), sampling.top_k, device=x.device)
+    top_p = None if sampling.top_p is None else torch.full((b,), sampling.top_p, device=x.device)
+    return x.masked_fill(~filter_mask(x, top_k, top_p), -torch.inf)
+
+
+def _output(sequences, rows: _StepRows, result, max_new_tokens: int, device):
+    """A :class:`SpeculativeGenerateOutput` of the loop's result."""
+    b = sequences.shape[0]
+    lp = top = ids = None
+    if result.logprobs is not None:
+        lp = torch.full((b, max_new_tokens), -torch.inf)
+        for i, row in enumerate(result.logprobs):
+            lp[i, : row.numel()] = row
+        lp = lp.to(device)
+    if result.top_logprobs is not None:
+        n = result.top_logprobs[0].values.shape[1]
+        top = torch.full((b, max_new_tokens, n), -torch.inf)
+        ids = torch.full((b, max_new_tokens, n), -1, dtype=torch.int64)
+        for i, row in enumerate(result.top_logprobs):
+            top[i, : row.values.shape[0]] = row.values
+            ids[i, : row.ids.shape[0]] = row.ids
+        top, ids = top.to(device), ids.to(device)
+    return _output_class()(
+        sequences=sequences,
+        scores=rows.steps("scores"),
+        logits=rows.steps("logits"),
+        logprobs=lp,
+        top_logprobs=top,
+        top_ids=ids,
+    )
+
+
+@functools.cache
+def _output_class():
+    """:class:`SpeculativeGenerateOutput`, defined once ``transformers`` is imported."""
+    from dataclasses import dataclass
+
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    @dataclass
+    class SpeculativeGenerateOutput(GenerateDecoderOnlyOutput):
+        """``generate()``'s ``GenerateDecoderOnlyOutput`` (``sequences``, ``scores``,
+        ``logits``; see :func:`speculative_generate`'s Notes) with the verification pass's
+        ``logprobs`` ``[B, max_new_tokens]`` float32 and, with ``num_logprobs = n``,
+        ``top_logprobs`` / ``top_ids`` ``[B, max_new_tokens, n]`` float32 / int64 (``-inf`` /
+        ``-1`` past each row's end)."""
+
+        logprobs: torch.FloatTensor | None = None
+        top_logprobs: torch.FloatTensor | None = None
+        top_ids: torch.LongTensor | None = None
+
+    SpeculativeGenerateOutput.__module__ = __name__
+    return SpeculativeGenerateOutput
+
+
+def __getattr__(name):
+    if name == "SpeculativeGenerateOutput":  # needs transformers: built on first use
+        return _output_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def speculative_sampling(

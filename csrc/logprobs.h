@@ -1,0 +1,33 @@
+// The native CPU logprob op of specdec_kernels: the checked adapter that bindings.cpp registers.
+// Schema (namespace `specdec`):
+//
+//   native_emitted_logprobs(Tensor target_logits, Tensor rows, Tensor tokens,
+//                           Tensor? token_bitmask, Tensor? temperature, Tensor? top_k,
+//                           Tensor? top_p, bool processed, int num_logprobs)
+//                           -> (Tensor, Tensor, Tensor)
+//
+// target_logits [B, N, V] float32/bfloat16/float16 (vocabulary stride 1, other dims any stride:
+// a flat [R, V] comes as the view expand(B, R, V)); rows [B, P] int (the row of target_logits[b]
+// scoring emitted position p, < 0: padding; rows past N - 1 read row N - 1); tokens [B, P] int
+// (< 0: padding); token_bitmask [B, N, ceil(V / 32)] int32 or None (processed mode only);
+// temperature [B] float (0: greedy row) or None (every row greedy), top_k [B] int, top_p [B]
+// float or None; 0 <= num_logprobs = n <= 20. Returns logprobs [B, P] float32, top_logprobs
+// [B, P, n] float32 and top_ids [B, P, n] int64: the backend="native" kernel of
+// specdec::emitted_logprobs (specdec_kernels/logprobs.py); the pure-PyTorch twin is
+// specdec_kernels/reference/logprobs.py.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+
+namespace specdec {
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_emitted_logprobs_cpu(
+    const at::Tensor& target_logits, const at::Tensor& rows, const at::Tensor& tokens,
+    const std::optional<at::Tensor>& token_bitmask, const std::optional<at::Tensor>& temperature,
+    const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
+    bool processed, int64_t num_logprobs);
+
+}  // namespace specdec
