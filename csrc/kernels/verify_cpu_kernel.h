@@ -151,11 +151,27 @@ inline float logit_at(const T* src, int64_t i, const XMap& xm) {
 
 // v with the lanes of tokens [i, i + W) that the mask forbids set to -inf. W divides 32 and i is
 // a multiple of W, so the W bits lie in one word (word i / 32 < ceil(n / 32) for i < n).
+// A group with both allowed and forbidden tokens is one blend: a mask register from the bits
+// (AVX-512), a lane-bit compare (AVX2), else lane by lane.
 inline Vec apply_mask(const Vec& v, int64_t i, const int32_t* mask) {
   constexpr uint32_t lanes = W >= 32 ? 0xFFFFFFFFu : (1u << W) - 1u;
   const uint32_t bits = (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & lanes;
   if (bits == lanes) return v;
   if (bits == 0) return Vec(kNegInf);
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (W == 16) {
+    return Vec(_mm512_mask_blend_ps(static_cast<__mmask16>(bits), _mm512_set1_ps(kNegInf),
+                                    static_cast<__m512>(v)));
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  if constexpr (W == 8) {
+    const __m256i lane_bits = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    const __m256i on = _mm256_cmpeq_epi32(
+        _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), lane_bits), lane_bits);
+    return Vec(_mm256_blendv_ps(_mm256_set1_ps(kNegInf), static_cast<__m256>(v),
+                                _mm256_castsi256_ps(on)));
+  }
+#endif
   alignas(64) float out[W];
   v.store(out);
   for (int64_t l = 0; l < W; ++l) {
