@@ -188,20 +188,20 @@ def probs_tolerance(dtype: torch.dtype) -> float:
 
 def check_logit_values(target_logits: torch.Tensor) -> None:
     """NaN and ``+inf`` logits are bad values, and so is a row with no finite entry; ``-inf``
-    marks a masked token (transformers' warpers produce them) and is valid."""
+    marks a masked token (transformers' warpers produce them) and is valid. Any layout
+    (``[B, K+1, V]``, flat ``[R, V]``): the message names the first bad entry's index."""
     bad = torch.isnan(target_logits) | (target_logits == float("inf"))
     if bool(bad.any()):
-        row, pos, tok = first_index(bad)
+        index = first_index(bad)
         raise ValueError(
             f"target_logits must not hold NaN or +inf (-inf masks a token), got "
-            f"target_logits[{row}, {pos}, {tok}] = "
-            f"{float(target_logits[row, pos, tok])}"
+            f"target_logits[{', '.join(map(str, index))}] = {float(target_logits[index])}"
         )
     empty = ~torch.isfinite(target_logits).any(dim=-1)
     if bool(empty.any()):
-        row, pos = first_index(empty)
+        index = first_index(empty)
         raise ValueError(
-            f"target_logits[{row}, {pos}] has no finite entry (every token is "
+            f"target_logits[{', '.join(map(str, index))}] has no finite entry (every token is "
             f"masked with -inf): there is nothing to emit"
         )
 
@@ -402,17 +402,7 @@ def check_flat_values(target_logits, draft_tokens, draft_probs=None) -> None:
         raise ValueError(
             f"draft_tokens[{i}] = {int(draft_tokens[i])} is outside [0, V) with V = {v}"
         )
-    bad = torch.isnan(target_logits) | (target_logits == float("inf"))
-    if bool(bad.any()):
-        row, tok = first_index(bad)
-        raise ValueError(
-            f"target_logits must not hold NaN or +inf (-inf masks a token), got "
-            f"target_logits[{row}, {tok}] = {float(target_logits[row, tok])}"
-        )
-    empty = ~torch.isfinite(target_logits).any(dim=-1)
-    if bool(empty.any()):
-        (row,) = first_index(empty)
-        raise ValueError(f"target_logits[{row}] has no finite entry: there is nothing to emit")
+    check_logit_values(target_logits)
     if draft_probs is not None:
         check_probability_values("draft_probs", draft_probs)
 
