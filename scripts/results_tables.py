@@ -605,9 +605,72 @@ def kernel_resources_section() -> str | None:
     )
 
 
+def serving_cost_section() -> str | None:
+    data = load("serving_cost.json")
+    if not data:
+        return None
+    rows = latest_run(data)
+    body = [
+        [
+            r["batch_size"],
+            r["sampling"],
+            r["variant"],
+            num(r["ms"]),
+            num(r["cpu_ms"]),
+            f"{num(r['ratio'])}x ({num(r['ratio_min'])} - {num(r['ratio_max'])})",
+        ]
+        for r in rows
+    ]
+    head = ["B", "sampling", "variant", "ms", "CPU ms", "x plain verification (min - max)"]
+    return "\n\n".join(
+        [
+            "## What the serving keywords cost on CPU",
+            provenance(rows, "serving_cost.json", rows[0].get("command") or ""),
+            f"`sk.verify_sampling` (native, one thread) at V = {rows[0]['vocab_size']}, K = "
+            f"{rows[0]['num_draft_tokens']} (every draft accepted), float32 logits: alone, with "
+            '`logprobs="processed"`, with `num_logprobs=20`, with `method="block"`, and with '
+            "a `token_bitmask` (every other token allowed: the worst case of the vector mask read; "
+            "a contiguous third of the vocabulary allowed: a grammar-like mask). Median of "
+            f"{rows[0]['calls']} interleaved calls; filtered = T 0.8, top-k 50, top-p 0.95.",
+            table(head, body),
+        ]
+    )
+
+
+def block_gain_section() -> str | None:
+    data = load("block_gain.json")
+    if not data:
+        return None
+    rows = latest_run(data)
+    body = [
+        [
+            r["num_speculative_tokens"],
+            num(r["token_mean_accepted"]),
+            num(r["block_mean_accepted"]),
+            f"{r['difference']:+.3f} +- {num(r['difference_sd'])}",
+        ]
+        for r in rows
+    ]
+    head = ["K", "token: accepted / pass", "block: accepted / pass", "block - token (sd)"]
+    r0 = rows[0]
+    return "\n\n".join(
+        [
+            "## Block against token verification on the bundled pair",
+            provenance(rows, "block_gain.json", r0.get("command") or ""),
+            f"`SpeculativeGenerator` at T = 1, fixed K, {r0['rows']} held-out prompts x "
+            f"{r0['new_tokens']} new tokens, the same {r0['seeds']} seeds for both methods: mean "
+            "accepted drafts per pass over the seeds and the standard deviation of the "
+            "per-seed difference.",
+            table(head, body),
+        ]
+    )
+
+
 SECTIONS = (
     demo_section,
     row_invariant_section,
+    serving_cost_section,
+    block_gain_section,
     e2e_section,
     lambda: trees_section("e2e_trees.json"),
     lambda: trees_section("e2e_trees_t1.json"),

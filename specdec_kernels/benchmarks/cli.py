@@ -56,7 +56,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=ops.OPS,
         help="comma-separated ops (default: the chain ops; also "
         + ", ".join(ops.TREE_OPS)
-        + ": tree vs chain)",
+        + ": tree vs chain; "
+        + ", ".join(ops.SERVING_OPS)
+        + ": block verification, logprobs, top-20 logprobs and a token bitmask vs plain)",
     )
     o.add_argument(
         "--providers",

@@ -37,6 +37,7 @@ token tensors and the output.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -57,6 +58,11 @@ OPS = ("verify_greedy", "verify_sampling", "accept_reject", "kv_compact_")
 #: Tree verification rows, run when named (``--ops verify_tree_greedy,verify_tree_sampling``):
 #: each times the tree op against the chain op at the same number of verified positions.
 TREE_OPS = ("verify_tree_greedy", "verify_tree_sampling")
+#: The serving keywords of API.md section 9, run when named (``--ops verify_serving``): one row
+#: per keyword set of :data:`SERVING`, on verify_sampling's inputs (draft probabilities, top-k /
+#: top-p as the case says), against plain ``verify_sampling`` of the same provider.
+SERVING_OPS = ("verify_serving",)
+SERVING = ("block", "logprobs", "logprobs_top20", "bitmask")
 
 #: Providers of each op, in the order they are run and shown.
 #: ``native``: the C++ CPU kernels (``backend="native"``, CPU tensors only);
@@ -73,6 +79,8 @@ PROVIDERS = {
     # with the device's own kernel (native on CPU, Triton on CUDA): the tree op's yardstick.
     "verify_tree_greedy": ("native", "triton", "reference", "chain"),
     "verify_tree_sampling": ("native", "triton", "reference", "chain"),
+    # ``plain``: verify_sampling without the keywords, on the device's own kernel.
+    "verify_serving": ("native", "triton", "reference", "plain"),
 }
 
 # kv_compact_ cache geometry: [L, 2, B, H, S, D], a committed prefix of PREFIX tokens, then the
@@ -93,12 +101,15 @@ class Case:
     acceptance: float
     draft_probs: bool = False  # verify_sampling only
     top_k_top_p: bool = False  # verify_sampling only
+    serving: str = ""  # verify_serving only: one of SERVING
 
     @property
     def name(self) -> str:
         extra = ""
-        if self.op == "verify_sampling":
+        if self.op in ("verify_sampling", "verify_serving"):
             extra = ("-q" if self.draft_probs else "-noq") + ("-topkp" if self.top_k_top_p else "")
+        if self.serving:
+            extra = f"-{self.serving}{extra}"
         v = "" if self.op in ("accept_reject", "kv_compact_") else f"-V{self.V}"
         return f"{self.op}{extra}-B{self.B}-K{self.K}{v}-{self.dtype}-a{self.acceptance}"
 
@@ -154,14 +165,18 @@ def cases(grid: str | Grid = "smoke", ops: tuple[str, ...] = OPS) -> list[Case]:
     ``accept_reject`` and ``kv_compact_`` ignore ``V``; ``accept_reject`` also the dtype."""
     g = GRIDS[grid] if isinstance(grid, str) else grid
     for op in ops:
-        if op not in OPS + TREE_OPS:
-            raise ValueError(f"unknown op {op!r}; choose from {OPS + TREE_OPS}")
+        if op not in OPS + TREE_OPS + SERVING_OPS:
+            raise ValueError(f"unknown op {op!r}; choose from {OPS + TREE_OPS + SERVING_OPS}")
     out: list[Case] = []
     seen: set[Case] = set()
     for b, v, k, dt, a in itertools.product(g.B, g.V, g.K, g.dtypes, g.acceptance):
         for op in ops:
             variants = sampling_variants() if op == "verify_sampling" else [(False, False)]
-            for dp, tk in variants:
+            if op == "verify_serving":  # filtered sampling, draft probabilities: the full path
+                variants = [(True, True)]
+            for (dp, tk), serving in itertools.product(
+                variants, SERVING if op == "verify_serving" else ("",)
+            ):
                 c = Case(
                     op,
                     b,
@@ -171,6 +186,7 @@ def cases(grid: str | Grid = "smoke", ops: tuple[str, ...] = OPS) -> list[Case]:
                     a,
                     dp,
                     tk,
+                    serving,
                 )
                 if c not in seen:
                     seen.add(c)
@@ -338,7 +354,9 @@ def setup_verify_sampling(case: Case, device: torch.device) -> Bench:
         cand = drafts.reshape(1, K)
         q_logits = q.float().clamp_min(1e-30).log().to(dt)  # softmax(q_logits) == q
         fns["hf"] = lambda: hf(cand, q_logits, K, logits)
-    return Bench(fns, needed, float(n.float().mean()), skipped)
+    bench = Bench(fns, needed, float(n.float().mean()), skipped)
+    bench.inputs = (logits, drafts, q, kw)  # for setup_verify_serving
+    return bench
 
 
 def setup_accept_reject(case: Case, device: torch.device) -> Bench:
@@ -471,7 +489,36 @@ def setup_verify_tree(case: Case, device: torch.device) -> Bench:
     return Bench(fns, needed, float(acc.float().mean()), skipped)
 
 
+def setup_verify_serving(case: Case, device: torch.device) -> Bench:
+    """``verify_sampling`` with one serving keyword set (block verification, logprobs, top-20
+    logprobs, a token bitmask allowing every other token: the mixed-word worst case) on the
+    inputs of :func:`setup_verify_sampling`; ``plain`` is the call without it."""
+    import specdec_kernels as sk
+
+    base = setup_verify_sampling(dataclasses.replace(case, op="verify_sampling"), device)
+    logits, drafts, q, kw = base.inputs
+    b, k, v = case.B, case.K, case.V
+    extra = {
+        "block": {"method": "block"},
+        "logprobs": {"logprobs": "processed"},
+        "logprobs_top20": {"logprobs": "processed", "num_logprobs": 20},
+        "bitmask": {
+            "token_bitmask": torch.full(
+                (b, k + 1, (v + 31) // 32), 0x55555555, dtype=torch.int32, device=device
+            )
+        },
+    }[case.serving]
+    own = "triton" if device.type == "cuda" else "native"
+    fns = {
+        name: functools.partial(sk.verify_sampling, logits, drafts, q, backend=name, **kw, **extra)
+        for name in ("native", "triton", "reference")
+    }
+    fns["plain"] = functools.partial(sk.verify_sampling, logits, drafts, q, backend=own, **kw)
+    return Bench(fns, base.bytes_needed, base.num_accepted_mean, dict(base.skipped))
+
+
 SETUP = {
+    "verify_serving": setup_verify_serving,
     "verify_tree_greedy": setup_verify_tree,
     "verify_tree_sampling": setup_verify_tree,
     "verify_greedy": setup_verify_greedy,
