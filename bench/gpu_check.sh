@@ -166,6 +166,45 @@ vg = rejection_sample(flat_d.cuda(), nd.tolist(), k, cu.cuda(), None, tp.cuda(),
 vc = rejection_sample(flat_d, nd.tolist(), k, cu, None, tp, bonus, meta)
 print("vllm adapter (greedy) cuda == cpu:", torch.equal(vg.cpu(), vc))
 PY
+# Serving keywords (API.md section 9) with the compiled kernels: block verification, token
+# bitmasks and logprobs against the reference on the device, then their cost against plain
+# verification (`specdec bench ops --ops verify_serving`).
+step serving_check "${SERVING_SECONDS:-90}" "${PYTHON}" - <<'PY'
+import torch, specdec_kernels as sk
+torch.manual_seed(0)
+b, k, v = 16, 4, 128256
+logits = torch.randn(b, k + 1, v, device="cuda") * 3
+drafts = torch.where(torch.rand(b, k, device="cuda") < 0.6, logits[:, :k].argmax(-1),
+                     torch.randint(0, v, (b, k), device="cuda"))
+q = torch.softmax(torch.randn(b, k, v, device="cuda"), -1)
+mask = torch.randint(-2**31, 2**31 - 1, (b, k + 1, (v + 31) // 32), dtype=torch.int32, device="cuda")
+mask[..., 0] |= 1  # token 0 allowed everywhere: every position can be decided
+kw = dict(temperature=0.8, top_k=50, top_p=0.95, seed=torch.arange(b, device="cuda"))
+for label, extra in (("block", dict(method="block")), ("bitmask", dict(token_bitmask=mask)),
+                     ("block+bitmask", dict(method="block", token_bitmask=mask)),
+                     ("logprobs", dict(logprobs="processed", num_logprobs=20))):
+    for probs in (None, q):
+        got = sk.verify_sampling(logits, drafts, probs, backend="triton", **kw, **extra)
+        want = sk.verify_sampling(logits, drafts, probs, backend="reference", **kw, **extra)
+        same = (got.tokens == want.tokens).all(-1).float().mean().item()
+        line = f"{label} draft_probs={probs is not None}: rows equal to the reference {same:.3f}"
+        if got.logprobs is not None:
+            live = got.tokens >= 0
+            err = (got.logprobs - want.logprobs)[live].abs().max().item()
+            ids = torch.equal(got.top_ids, want.top_ids)
+            line += f", max logprob error {err:.2e}, top ids equal {ids}"
+            assert err < 1e-4 and ids
+        print(line)
+        assert same >= 0.99, line  # near-ties in float rounding may differ, rarely
+tree = sk.verify_tree_sampling(logits, torch.randint(0, v, (b, k + 1), device="cuda"),
+                               torch.tensor([-1, 0, 0, 1, 1][: k + 1], device="cuda").expand(b, -1),
+                               token_bitmask=mask, backend="triton", seed=0, validate=False)
+torch.cuda.synchronize()
+print("tree verification with a bitmask on the device: ok", tuple(tree.tokens.shape))
+PY
+step bench_serving "${SERVING_BENCH_SECONDS:-90}" "${PYTHON}" -m specdec_kernels.benchmarks ops \
+  --device cuda --ops verify_serving --grid gpu --batch 64,1 --vocab 128256 \
+  --providers triton,plain --budget 0.05 --json "${OUT}/ops_serving_gpu.json"
 step bench_compat "120" "${PYTHON}" -m specdec_kernels.benchmarks compat --device cuda \
   --batch 1,8,64,256 --json "${OUT}/compat_gpu.json"
 grep -E "^(PASS|MISS)|copy bandwidth" "${LOG}" > "${OUT}/targets.txt" || true
