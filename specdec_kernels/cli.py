@@ -186,7 +186,10 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
     draft_dtype = None if args.dtype != "auto" else "auto"
     if world_size > 1 and dtype == "auto":  # ranks must not time themselves into two dtypes
         dtype, draft_dtype = torch.float32, None
-    single, draft = load_bundled(args.pair, dtype=dtype, device=device, draft_dtype=draft_dtype)
+    draft_threads = "auto" if args.threads == "auto" and world_size == 1 else None
+    single, draft = load_bundled(
+        args.pair, dtype=dtype, device=device, draft_dtype=draft_dtype, draft_threads=draft_threads
+    )
     target = single
     if world_size > 1:
         target = sk.distributed.TensorParallelCausalLM.from_single(single)
@@ -221,6 +224,11 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
     n_params = sum(p.numel() for p in single.parameters()) / 1e6
     t_dtype = str(single.lm_head.weight.dtype).replace("torch.", "")
     d_dtype = str(draft.lm_head.weight.dtype).replace("torch.", "")
+    draft_on = (
+        f" (the draft on {draft.num_threads})"
+        if draft.num_threads not in (None, torch.get_num_threads())
+        else ""
+    )
     out = io.StringIO() if quiet else None
     with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
         parallel = f", tensor parallel over {world_size} ranks" if world_size > 1 else ""
@@ -230,7 +238,7 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
             f"draft {drafter} ({d_dtype}), K={k}, {len(ids)} prompts, {args.max_new_tokens} new "
             f"tokens each, temperature {args.temperature}\nmachine: {info['cpu']}, "
             f"{info['cpu_count']} cores, torch {torch.__version__} with "
-            f"{torch.get_num_threads()} thread(s) per process; row-invariant kernels "
+            f"{torch.get_num_threads()} thread(s) per process{draft_on}; row-invariant kernels "
             f"{'on' if single.row_invariant else 'off'}",
             flush=True,
         )
@@ -320,6 +328,7 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
                 target_dtype=t_dtype,
                 draft_dtype=d_dtype,
                 threads=torch.get_num_threads(),
+                draft_threads=draft.num_threads or torch.get_num_threads(),
                 row_invariant=bool(single.row_invariant),
                 max_new_tokens=args.max_new_tokens,
                 repeats=args.repeats,

@@ -202,3 +202,54 @@ def test_bad_config():
         CausalLMConfig(n_embd=10, n_head=3)
     with pytest.raises(ValueError, match="activation"):
         CausalLMConfig(activation_function="swish2")
+
+
+# ------------------------------------------------------------------ per-model thread count
+
+
+def _tiny_lm() -> CausalLM:
+    torch.manual_seed(0)
+    cfg = CausalLMConfig(vocab_size=23, n_positions=32, n_embd=16, n_layer=1, n_head=2)
+    return CausalLM(cfg).eval()
+
+
+def test_num_threads_runs_the_pass_on_its_count_and_restores_the_process_s():
+    lm, seen = _tiny_lm(), []
+    lm.transformer.h[0].register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    x = torch.tensor([[1, 2, 3, 4]])
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    want = lm(x)
+    lm.num_threads = other
+    got = lm(x)
+    assert seen == [before, other] and torch.get_num_threads() == before
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    with pytest.raises(IndexError):  # a failing pass leaves the process's count as it was
+        lm(torch.tensor([[1, 2, 99]]))
+    assert torch.get_num_threads() == before
+    lm.num_threads = None
+    lm(x)
+    assert seen[-1] == before
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "1"])
+def test_num_threads_rejects_what_is_not_a_positive_int(bad):
+    lm = _tiny_lm()
+    with pytest.raises(
+        ValueError, match=rf"num_threads must be None or a positive int, got {bad!r}"
+    ):
+        lm.num_threads = bad
+    assert lm.num_threads is None
+
+
+def test_load_bundled_draft_threads():
+    import os
+
+    from specdec_kernels.models.bundled import load_bundled
+
+    target, draft = load_bundled("tiny", draft_threads="auto")
+    assert target.num_threads is None and draft.num_threads in {1, os.cpu_count()}
+    assert load_bundled("tiny", draft_threads=1)[1].num_threads == 1
+    for bad in (0, "fast"):
+        with pytest.raises(ValueError, match=f"draft_threads must be .* got {bad!r}"):
+            load_bundled("tiny", draft_threads=bad)

@@ -148,6 +148,8 @@ class TensorParallelCausalLM(nn.Module):
     """
 
     hidden_states = CausalLM.hidden_states
+    _hidden_states = CausalLM._hidden_states
+    _on_own_threads = CausalLM._on_own_threads  # no num_threads: the process's count
     forward = CausalLM.forward
 
     def __init__(self, model: CausalLM, group=None):

@@ -62,6 +62,7 @@ def load_bundled(
     *,
     draft_dtype: torch.dtype | str | None = None,
     row_invariant: bool | None = None,
+    draft_threads: int | str | None = None,
 ) -> tuple[CausalLM, CausalLM]:
     """``(target, draft)``: bundled pair ``name`` (``"default"`` or ``"tiny"``), in eval mode.
 
@@ -78,6 +79,11 @@ def load_bundled(
         Run both models on the row-invariant native kernels (:attr:`CausalLM.row_invariant`),
         so that the speculative loop's greedy output is bitwise the target's own greedy decoding.
         Default: on where they exist (CPU, float32 or bfloat16, C++ extension built).
+    draft_threads : int or "auto", optional
+        The draft's :attr:`CausalLM.num_threads`; default ``None``, the process's thread count.
+        ``"auto"``: one or every core, whichever runs its one-token pass fastest here
+        (:func:`fastest_threads`: measured once, cached); on a CPU a draft this small is usually
+        fastest on one thread while the target beside it gains from every core.
 
     Examples
     --------
@@ -100,7 +106,21 @@ def load_bundled(
         on = row_invariant_available(model) if row_invariant is None else row_invariant
         model.row_invariant = on
         models.append(model)
-    return models[0], models[1]
+    draft = models[1]
+    if draft_threads == "auto":
+        if torch.device(device).type == "cpu":
+            dt = draft.lm_head.weight.dtype
+            draft.num_threads = fastest_threads(
+                lambda: CausalLM.load(paths[1], dt, device), tokens=(1,)
+            )
+    elif draft_threads is not None:
+        try:
+            draft.num_threads = draft_threads
+        except ValueError:
+            raise ValueError(
+                f"draft_threads must be None, 'auto' or a positive int, got {draft_threads!r}"
+            ) from None
+    return models[0], draft
 
 
 def row_invariant_available(model: CausalLM) -> bool:
@@ -157,11 +177,12 @@ def fastest_dtype(
     )
 
 
-def fastest_threads(load, *, repeats: int = 7, cache: bool = True) -> int:
+def fastest_threads(load, *, tokens=(1, 5), repeats: int = 7, cache: bool = True) -> int:
     """The torch thread count, one or every core (``os.cpu_count()``), at which ``load()`` (a
-    ``CausalLM``) runs a one-token plus a five-token cached pass at batch 1 fastest here;
+    ``CausalLM``) runs cached passes of ``tokens`` tokens at batch 1 fastest here (default a
+    one-token plus a five-token pass, a target's in a speculative step; a draft's are ``(1,)``);
     measured once and cached like :func:`fastest_dtype`. Sets nothing: the caller calls
-    ``torch.set_num_threads`` with the result."""
+    ``torch.set_num_threads`` with the result, or sets :attr:`CausalLM.num_threads`."""
     import json
 
     from specdec_kernels._cache import cpu_name, pass_ms, remembered
@@ -169,7 +190,14 @@ def fastest_threads(load, *, repeats: int = 7, cache: bool = True) -> int:
     cores = os.cpu_count() or 1
     model = load()
     key = "threads:" + json.dumps(
-        dict(config=repr(model.config), cpu=cpu_name(), cores=cores, torch=torch.__version__),
+        dict(
+            config=repr(model.config),
+            dtype=str(model.lm_head.weight.dtype),
+            tokens=list(tokens),
+            cpu=cpu_name(),
+            cores=cores,
+            torch=torch.__version__,
+        ),
         sort_keys=True,
     )
 
@@ -180,7 +208,7 @@ def fastest_threads(load, *, repeats: int = 7, cache: bool = True) -> int:
         try:
             for n in sorted({1, cores}):
                 torch.set_num_threads(n)
-                ms = pass_ms(model, 1, 1, 64, repeats) + pass_ms(model, 1, 5, 64, repeats)
+                ms = sum(pass_ms(model, 1, t, 64, repeats) for t in tokens)
                 if ms < best_ms:
                     best, best_ms = n, ms
         finally:

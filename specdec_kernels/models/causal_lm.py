@@ -7,6 +7,7 @@ The parameter layout is GPT-2's (``transformer.wte``, ``transformer.wpe``, ``tra
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -140,8 +141,41 @@ class CausalLM(nn.Module):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.transformer.wte.weight
         self._row_invariant = False
+        self._num_threads: int | None = None
 
     # ------------------------------------------------------------------ kernels
+    @property
+    def num_threads(self) -> int | None:
+        """The torch thread count this model's passes run on; ``None`` (the default): the
+        process's (``torch.get_num_threads()``).
+
+        A draft this small runs a one-token pass fastest on one thread (waking a second one
+        costs more than it saves), while the target beside it gains from every core: with
+        ``draft.num_threads = 1`` each of the draft's passes switches to one thread and back.
+        :func:`specdec_kernels.models.load_bundled` sets it from a measurement with
+        ``draft_threads="auto"``.
+        """
+        return self._num_threads
+
+    @num_threads.setter
+    def num_threads(self, n: int | None) -> None:
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"num_threads must be None or a positive int, got {n!r}")
+        self._num_threads = n
+
+    @contextlib.contextmanager
+    def _on_own_threads(self):
+        """Run the body on :attr:`num_threads` threads, then the process's count again."""
+        n, before = getattr(self, "_num_threads", None), torch.get_num_threads()
+        if n is None or n == before:
+            yield
+            return
+        torch.set_num_threads(n)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
     @property
     def row_invariant(self) -> bool:
         """Whether the projections and attention run on the row-invariant native kernels.
@@ -208,6 +242,10 @@ class CausalLM(nn.Module):
         ``tree`` (with a cache only): the new tokens are tree nodes, placed and masked as
         :class:`TreeAttention` says, instead of a causal run.
         """
+        with self._on_own_threads():
+            return self._hidden_states(input_ids, cache, kv_len, tree, validate)
+
+    def _hidden_states(self, input_ids, cache, kv_len, tree, validate) -> torch.Tensor:
         B, T = input_ids.shape
         wte, wpe = self.transformer.wte, self.transformer.wpe
         if cache is None:
@@ -259,11 +297,16 @@ class CausalLM(nn.Module):
         tree : TreeAttention, optional
             The new tokens are the nodes of a token tree (see :class:`TreeAttention`).
         """
-        h = self.hidden_states(input_ids, cache, kv_len, validate, tree)  # [B, T, C]
-        if logits_index is not None:
-            rows = torch.arange(h.shape[0], device=h.device)
-            h = h[rows, logits_index] if logits_index.dim() == 1 else h[rows[:, None], logits_index]
-        return linear(h, self.lm_head, getattr(self, "_row_invariant", False))
+        with self._on_own_threads():
+            h = self.hidden_states(input_ids, cache, kv_len, validate, tree)  # [B, T, C]
+            if logits_index is not None:
+                rows = torch.arange(h.shape[0], device=h.device)
+                h = (
+                    h[rows, logits_index]
+                    if logits_index.dim() == 1
+                    else h[rows[:, None], logits_index]
+                )
+            return linear(h, self.lm_head, getattr(self, "_row_invariant", False))
 
     def new_cache(self, batch_size: int, max_seq_len: int | None = None):
         """An empty ``sk.KVCache`` shaped for this model (its dtype and device), zero-filled.

@@ -1,0 +1,49 @@
+"""scripts/train_bundled.py --init-from: distilling a shipped draft further leaves its target's
+weights bit for bit as shipped, and the run resumes and refuses other arguments."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+
+from specdec_kernels.models.bundled import pair_dir
+from specdec_kernels.models.causal_lm import CausalLM
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "train_bundled", os.path.join(ROOT, "scripts", "train_bundled.py")
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _tensors(path):
+    m = CausalLM.load(path, torch.float16)
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def test_init_from_distils_the_draft_only_and_resumes(tmp_path, capsys):
+    train = _script()
+    ship = pair_dir("tiny")
+    out, ckpt = tmp_path / "out", tmp_path / "run.pt"
+    argv = ["--pair", "tiny", "--init-from", ship, "--steps", "0", "--draft-steps", "3"]
+    argv += ["--draft-warmup", "2", "--teacher-dtype", "bfloat16", "--batch", "2", "--seq", "32"]
+    argv += ["--eval-every", "1000", "--ckpt", str(ckpt), "--out", str(out)]
+    train.main(argv)
+    shipped_t, shipped_d = (
+        _tensors(os.path.join(ship, f"{n}.safetensors")) for n in ("target", "draft")
+    )
+    new_t, new_d = (_tensors(out / f"{n}.safetensors") for n in ("target", "draft"))
+    assert all(torch.equal(new_t[k], shipped_t[k]) for k in shipped_t)  # the target as shipped
+    assert any(not torch.equal(new_d[k], shipped_d[k]) for k in shipped_d)  # the draft learnt
+    capsys.readouterr()
+    train.main(argv)  # done already: resumes at the end and only exports again
+    assert "resumed from" in capsys.readouterr().out
+    assert all(torch.equal(_tensors(out / "draft.safetensors")[k], new_d[k]) for k in new_d)
+    with pytest.raises(SystemExit, match="was written with other arguments"):
+        train.main([*argv[:-4], "--draft-warmup", "1", "--ckpt", str(ckpt), "--out", str(out)])
