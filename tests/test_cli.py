@@ -15,7 +15,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The bundled pairs' stated greedy acceptance (docs/generation.md) on each pair's shipped
 # held-out text (8 prompts x 64 new tokens, K = 4). CPU float32 is deterministic, so the margin
 # only absorbs BLAS differences between machines (a near-tie may flip a greedy token).
-STATED_ACCEPTANCE = {"default": 0.45, "tiny": 0.65}  # measured 0.499 and 0.697 when shipped
+STATED_ACCEPTANCE = {"default": 0.55, "tiny": 0.65}  # measured 0.572 and 0.697 when shipped
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
