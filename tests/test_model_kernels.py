@@ -176,9 +176,9 @@ def test_pass_costs_price_the_batch():
 
 def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair_tiny):
     """Costs that make drafting pay only once the batch is down to one row: "auto" runs K = 0
-    steps while three and then two rows are live (the draft falls behind, by more than its
-    cache's spare room), then drafts again for the last row; the output is still the target's
-    own (greedy), and sampling still runs."""
+    steps while three and then two rows are live (the draft is neither prefilled nor fed), then
+    drafts for the last row (prefilled then with its committed tokens); the output is still the
+    target's own (greedy), and sampling still runs."""
     target, draft = pair_tiny
     costs = PassCosts(
         batch=(1, 2),
@@ -191,7 +191,13 @@ def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair
     ctx = target.max_seq_len
     prompts = [ids[: ctx - 6], ids[100 : 100 + ctx - 40], ids[300:320]]  # rows retire at 6, 40
     gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
-    out = gen.generate(prompts, 60)
+    rows_seen = []  # the batch size of every pass the draft runs
+    hook = draft.transformer.h[0].register_forward_hook(lambda m, a, o: rows_seen.append(len(o)))
+    try:
+        out = gen.generate(prompts, 60)
+    finally:
+        hook.remove()
+    assert rows_seen and set(rows_seen) == {1}  # never the three or two rows of the K = 0 steps
     assert out.sequences == sk.autoregressive_generate(target, prompts, 60).sequences
     passes = out.stats.target_forwards
     assert 0 < out.stats.drafted_tokens < 4 * passes  # some steps drafted, some did not

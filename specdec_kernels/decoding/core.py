@@ -439,7 +439,9 @@ class Decoder:
         results: dict[int, tuple] = {}  # row -> (tokens, from_draft, logprobs, top)
         done_tokens = 0  # generated tokens of retired rows
         kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results, gs)
-        k_loop = self.max_k
+        # the first step drafts what the rows chose (with "auto" the prior's K, maybe 0), as
+        # every later step does
+        k_loop = int(st.num_draft.max()) if self.max_k else 0
         while kept is not None:
             st, tracker, _ = kept
             n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed, on_step, gs)
@@ -450,7 +452,8 @@ class Decoder:
             counts[1] += k.sum()
             counts[2:] += torch.bincount(n, minlength=self.max_k + 1)[: self.max_k + 1]
             # ---- the one host sync of the step
-            dvalue = self.drafter.sync_value() if self.drafter is not None else None
+            warm = self.drafter is not None and not self._draft_cold
+            dvalue = self.drafter.sync_value() if warm else None
             parts = [
                 st.seq_len >= st.limit,
                 st.num_draft,
@@ -517,11 +520,16 @@ class Decoder:
                 st.top_values = torch.full((b, cap, n), -torch.inf, device=dev)
                 st.top_ids = torch.full((b, cap, n), -1, dtype=torch.int64, device=dev)
         tracker = AcceptanceTracker.new(b, dev)
+        self._auto_rows = b  # the batch size "auto" last chose K for
         if self.auto:  # the prior's choice until acceptance is measured
             st.num_draft = self._auto_k(tracker)
-        capacity = (ctx or max(limits)) + self.width + 2
+        self._capacity = capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
-        if self.drafter is not None:
+        # a draft that "auto" will not use at this batch size (no K pays even at the prior's
+        # acceptance) is neither prefilled nor fed: the first step that drafts prefills it with
+        # the committed rows then (after rows retire, say)
+        self._draft_cold = self.drafter is not None and self.auto and not bool(st.num_draft.any())
+        if self.drafter is not None and not self._draft_cold:
             self.drafter.prefill(rows_in, capacity)
         return st, tracker
 
@@ -550,10 +558,13 @@ class Decoder:
         )
         k = room.clamp(max=k_loop)  # [B]: tokens a path may add (chain length, tree depth)
         seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
-        if self.drafter is not None and k_loop == 0 and hasattr(self.drafter, "skip"):
-            # "auto" chose the target alone: the draft falls one more token behind
-            self.drafter.skip(st.tokens, st.seq_len, self.width + 2)
+        if self.drafter is not None and k_loop == 0:
+            self._draft_cold = True  # "auto" chose the target alone: the draft stops following
         if self.drafter is not None and k_loop > 0:
+            if self._draft_cold:  # drafting again: the draft reads the committed rows afresh
+                rows = [r[:n] for r, n in zip(st.tokens.tolist(), st.seq_len.tolist())]
+                self.drafter.prefill(rows, self._capacity)
+                self._draft_cold = False
             masked = gs is not None and getattr(self.drafter, "drafts_under_grammar", False)
             kw = {"grammar": gs} if masked else {}
             prop = self.drafter.propose(st.tokens, st.seq_len, k, k_loop, sampling, seeds, **kw)
@@ -574,9 +585,11 @@ class Decoder:
         if on_step is not None:
             on_step(st.ids, before - st.prompt_len, st.seq_len - before, logits, ver)
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]
-        tracker.update(n, k)
-        if self.auto:
-            st.num_draft = self._auto_k(tracker)
+        rows = st.ids.numel()
+        if k_loop > 0 or rows != self._auto_rows:  # a step without drafts teaches nothing:
+            tracker.update(n, k)  # the choice stands until the batch changes
+            if self.auto:
+                st.num_draft, self._auto_rows = self._auto_k(tracker), rows
         return n, k
 
     def _auto_k(self, tracker) -> torch.Tensor:
@@ -647,7 +660,7 @@ class Decoder:
         order = swap_remove_order([bool(d) for d in done])
         order_t = torch.tensor(order, device=st.ids.device)
         self.target.select(order_t)
-        if self.drafter is not None:
+        if self.drafter is not None and not self._draft_cold:
             self.drafter.select(order_t)
         if gs is not None:
             gs.select(order)

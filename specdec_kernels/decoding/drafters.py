@@ -70,33 +70,15 @@ class ModelDrafter:
 
     def __init__(self, model):
         self.model = model  # a CachedModel
-        self.skipped = 0  # steps without drafts since the last catch-up (host int)
 
     def prefill(self, prompts, capacity):
         self.model.prefill([r[:-1] for r in prompts], capacity)
-        self.skipped = 0
-
-    def skip(self, tokens, seq_len, max_width: int) -> None:
-        """A step without drafts (``K = 0``) is about to commit one more token per row that the
-        draft's cache will not have seen; the next :meth:`catch_up` feeds it too. So that a
-        catch-up never feeds more than ``max_width`` tokens (the room its cache has past the
-        context), the committed tokens but the last are fed now when the lag would exceed it."""
-        if 2 + self.skipped + 1 > max_width:
-            dev = tokens.device
-            behind = (seq_len - self.model.lengths - 1).clamp_min(0)  # [B]: keep the last one
-            at = (self.model.lengths[:, None] + torch.arange(1 + self.skipped, device=dev)).clamp(
-                max=tokens.shape[1] - 1
-            )
-            self.model.extend(tokens.gather(1, at), behind, logits_index=behind.clamp_min(1) - 1)
-            self.skipped = 0
-        self.skipped += 1
 
     def catch_up(self, tokens, seq_len) -> torch.Tensor:
         """Feed the committed tokens the cache lacks (one ragged pass); the draft's logits
         ``[B, V]`` after the last committed token."""
         dev = tokens.device
-        width = 2 + self.skipped  # at most this many committed tokens not yet fed
-        self.skipped = 0
+        width = 2  # at most this many committed tokens not yet fed
         behind = seq_len - self.model.lengths  # [B]: 1 .. width
         at = (self.model.lengths[:, None] + torch.arange(width, device=dev)).clamp(
             max=tokens.shape[1] - 1
