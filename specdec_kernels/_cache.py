@@ -65,23 +65,38 @@ def pass_ms(
     """Milliseconds of one cached ``[batch, tokens]`` pass of ``model`` after ``context`` tokens:
     the ``quantile`` of ``repeats`` timed calls (default the lower quartile: other work on the
     machine only ever adds time)."""
-    device = next(model.parameters()).device
-    cache = model.new_cache(batch, context + tokens + 1)
-    x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
+    return passes_ms([(model, batch, tokens)], context, repeats, quantile)[0]
+
+
+def passes_ms(entries, context: int, repeats: int, quantile: float = 0.25) -> list[float]:
+    """:func:`pass_ms` of every ``(model, batch, tokens)`` of ``entries``, timed round-robin:
+    one call of each per round, ``repeats`` rounds after a warm-up one, so that a slow spell of
+    the machine spreads over every entry instead of inflating a few (and each pass runs after
+    the others, caches as cold as in a decoding loop)."""
+    runs = []
     with torch.inference_mode():
-        model.hidden_states(
-            torch.zeros(batch, context, dtype=torch.int64, device=device), cache, context
-        )
-        cache.advance(context)
-        times = []
-        for _ in range(repeats + 1):  # the first call warms up
-            t0 = time.perf_counter()
-            model(x, cache, kv_len=context + tokens, validate=False)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - t0)
-    times = sorted(times[1:])
-    return times[min(len(times) - 1, int(len(times) * quantile))] * 1e3
+        for model, batch, tokens in entries:
+            device = next(model.parameters()).device
+            cache = model.new_cache(batch, context + tokens + 1)
+            model.hidden_states(
+                torch.zeros(batch, context, dtype=torch.int64, device=device), cache, context
+            )
+            cache.advance(context)
+            x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
+            runs.append((model, cache, x, context + tokens, device.type == "cuda"))
+        times: list[list[float]] = [[] for _ in runs]
+        for _ in range(repeats + 1):  # the first round warms up
+            for t, (model, cache, x, kv_len, cuda) in zip(times, runs):
+                t0 = time.perf_counter()
+                model(x, cache, kv_len=kv_len, validate=False)
+                if cuda:
+                    torch.cuda.synchronize(x.device)
+                t.append(time.perf_counter() - t0)
+    out = []
+    for t in times:
+        t = sorted(t[1:])
+        out.append(t[min(len(t) - 1, int(len(t) * quantile))] * 1e3)
+    return out
 
 
 _MEMORY: dict[str, object] = {}

@@ -29,6 +29,7 @@ from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented
     cache_path,
     cpu_name,
     pass_ms,
+    passes_ms,
     remembered,
 )
 
@@ -133,8 +134,6 @@ class Costs:
 
 
 def _median_pass_ms(model, tokens: int, context: int, repeats: int) -> float:
-    from specdec_kernels._cache import pass_ms
-
     return pass_ms(model, 1, tokens, context, repeats, quantile=0.5)
 
 
@@ -357,20 +356,21 @@ def measure_pass_costs(
     -------
     PassCosts
     """
-    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}"
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:round-robin"
 
     def measure() -> PassCosts:
         batch = [1]
         while batch[-1] * 2 <= max_batch:
             batch.append(batch[-1] * 2)
         tokens = sorted({1, 2, 3, 5, max_k + 1} & set(range(1, max_k + 2)))
-        # a pass never costs less with more tokens or more rows: the running maximum irons out
-        # a busy machine's dips
+        # the target's grid round-robin (a slow spell of the machine spreads over every point
+        # instead of inflating a few), then the draft's, back to back as a step runs them (its
+        # weights stay in cache from one draft pass to the next); a pass never costs less with
+        # more tokens or more rows: the running maximum irons out a busy machine's dips
+        ms = passes_ms([(target, b, t) for b in batch for t in tokens], context, repeats)
         rows, prev = [], [0.0] * len(tokens)
-        for b in batch:
-            row = list(
-                itertools.accumulate((pass_ms(target, b, t, context, repeats) for t in tokens), max)
-            )
+        for i in range(len(batch)):
+            row = list(itertools.accumulate(ms[i * len(tokens) : (i + 1) * len(tokens)], max))
             prev = [max(x, y) for x, y in zip(row, prev)]
             rows.append(tuple(prev))
         target_ms = tuple(rows)
