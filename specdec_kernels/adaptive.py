@@ -178,8 +178,10 @@ class PassCosts:
     (verification, bookkeeping).
 
     A step with ``K`` drafts costs ``target(B, K + 1) + K * (draft(B) + draft_step_ms) +
-    step_ms``, ``draft_step_ms`` being the loop's own work per draft token (drawing it, feeding
-    it back); ``K = 0`` is the target alone (``target(B, 1) + step_ms``). On a GPU a
+    draft_fixed_ms + step_ms``, ``draft_step_ms`` being the loop's own work per draft token
+    (drawing it, feeding it back) and ``draft_fixed_ms`` what drafting at all adds to a step
+    (the draft's catch-up, its weights back into cache after the target's pass); ``K = 0`` is
+    the target alone (``target(B, 1) + step_ms``). On a GPU a
     ``K+1``-token pass costs about one token's; on a CPU it does not, and the more so the larger
     the batch: the reason ``"auto"`` prices the live batch instead of assuming one slope for
     every batch size.
@@ -198,6 +200,7 @@ class PassCosts:
     draft_ms: tuple[float, ...]  # [len(batch)]
     step_ms: float = 0.0
     draft_step_ms: float = 0.0
+    draft_fixed_ms: float = 0.0
 
     @classmethod
     def linear(cls, cost_ratio: float, verify_cost: float, max_k: int) -> PassCosts:
@@ -228,7 +231,10 @@ class PassCosts:
     def step_cost(self, batch: int, k: int) -> float:
         """Milliseconds of one step with ``k`` drafts per row for ``batch`` rows."""
         return (
-            self.target(batch, k + 1) + k * (self.draft(batch) + self.draft_step_ms) + self.step_ms
+            self.target(batch, k + 1)
+            + k * (self.draft(batch) + self.draft_step_ms)
+            + (self.draft_fixed_ms if k > 0 else 0.0)
+            + self.step_ms
         )
 
     def best_k(self, alpha: torch.Tensor, max_k: int) -> int:
@@ -266,6 +272,7 @@ class PassCosts:
             draft_ms=list(self.draft_ms),
             step_ms=self.step_ms,
             draft_step_ms=self.draft_step_ms,
+            draft_fixed_ms=self.draft_fixed_ms,
         )
 
     @classmethod
@@ -277,6 +284,7 @@ class PassCosts:
             tuple(d["draft_ms"]),
             float(d["step_ms"]),
             float(d.get("draft_step_ms", 0.0)),
+            float(d.get("draft_fixed_ms", 0.0)),
         )
 
 

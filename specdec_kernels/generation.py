@@ -288,15 +288,16 @@ class SpeculativeGenerator:
 
 def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> PassCosts:
     """``costs`` with the decoding loop's own work measured in: per step (verification,
-    commit, the one host sync: ``step_ms``) and per draft token (drawing and feeding it:
-    ``draft_step_ms``), from short greedy runs of the loop at batch 1 (the difference of two
+    commit, the one host sync: ``step_ms``), per drafting step (``draft_fixed_ms``) and per
+    draft token (drawing and feeding it: ``draft_step_ms``; the two apart from runs at K = 1
+    and K = 4), from short greedy runs of the loop at batch 1 (the difference of two
     lengths, so the prefill cancels; the fastest of three), minus the model passes ``costs``
     already prices. Measured once per pair like the pass costs, before any generation."""
     import json
 
     from specdec_kernels._cache import remembered
 
-    key = "loop:" + json.dumps(costs.to_dict(), sort_keys=True)
+    key = "loop2:" + json.dumps(costs.to_dict(), sort_keys=True)
     return remembered(
         key,
         lambda: _measure_loop_costs(costs, target, draft),
@@ -328,8 +329,13 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
         return best
 
     step = max(0.0, per_step(0) - costs.target(1, 1))
-    drafted = per_step(2) - costs.target(1, 3) - 2 * costs.draft(1) - step
-    return dataclasses.replace(costs, step_ms=step, draft_step_ms=max(0.0, drafted / 2))
+    # what drafting adds beyond the priced passes, at K = 1 and at K = 4: a part per step (the
+    # catch-up pass, the draft's weights back into cache) and a part per draft token
+    hi = max(2, min(4, costs.tokens[-1] - 1))
+    extra = {k: per_step(k) - costs.target(1, k + 1) - k * costs.draft(1) - step for k in (1, hi)}
+    per_token = max(0.0, (extra[hi] - extra[1]) / (hi - 1))
+    fixed = max(0.0, extra[1] - per_token)
+    return dataclasses.replace(costs, step_ms=step, draft_step_ms=per_token, draft_fixed_ms=fixed)
 
 
 def _measurable(target, draft) -> bool:

@@ -174,6 +174,25 @@ def test_pass_costs_price_the_batch():
     assert PassCosts.linear(0.05, 0.0, 8).best_k(torch.tensor([0.0]), 8) == 0
 
 
+def test_pass_costs_charge_drafting_once_per_step():
+    """``draft_fixed_ms`` is paid by a step that drafts at all, once: it never prices ``K = 0``
+    and, unlike a per-token cost, it favours longer drafts (fewer steps pay it)."""
+    import dataclasses
+
+    base = PassCosts(
+        batch=(1,), tokens=(1, 9), target_ms=((2.0, 2.0),), draft_ms=(0.1,), draft_step_ms=0.1
+    )
+    fixed = dataclasses.replace(base, draft_fixed_ms=1.0)
+    assert fixed.step_cost(1, 0) == base.step_cost(1, 0) == 2.0
+    assert fixed.step_cost(1, 3) == pytest.approx(base.step_cost(1, 3) + 1.0)
+    a = torch.tensor([0.8])
+    per_token = dataclasses.replace(base, draft_step_ms=1.1)  # the same 1 ms spread per token
+    assert per_token.step_cost(1, 1) == pytest.approx(fixed.step_cost(1, 1))
+    assert fixed.best_k(a, 8) > per_token.best_k(a, 8) >= 1
+    assert PassCosts.from_dict(fixed.to_dict()) == fixed
+    assert PassCosts.from_dict({**base.to_dict(), "draft_fixed_ms": 0.0}) == base
+
+
 def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair_tiny):
     """Costs that make drafting pay only once the batch is down to one row: "auto" runs K = 0
     steps while three and then two rows are live (the draft is neither prefilled nor fed), then
