@@ -77,9 +77,15 @@ SPECDEC_INLINE float tree_sum(v16f acc) {
 
 // out[m, r] = dot(x[m, :], w[r, :]) for every m < M and r < kRows.
 // x: [M, Cp] float32, rows zero-padded to Cp (a multiple of kLanes); w: kRows rows of Cp
-// elements (float or bfloat16 bits), zero-padded likewise; out: [M, kRows].
+// elements (float or bfloat16 bits), zero-padded likewise; out: [M, kRows]. pf: the weight tile
+// to fetch into cache meanwhile (nullptr: none). A small batch's linear layer waits on memory
+// (the weights are read once per call and do not stay in cache between a model's passes): the
+// prefetch overlaps the next tiles' loads with this one's arithmetic, which it leaves alone.
 template <typename W>
-SPECDEC_INLINE void dot_tile(const float* x, int64_t M, int64_t Cp, const W* w, float* out) {
+SPECDEC_INLINE void dot_tile(const float* x, int64_t M, int64_t Cp, const W* w, float* out,
+                             const W* pf) {
+  for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
+    __builtin_prefetch(pf + c);
   int64_t m = 0;
   for (; m + kCols <= M; m += kCols) {
     v16f acc[kCols][kRows] = {};
@@ -105,13 +111,13 @@ SPECDEC_INLINE void dot_tile(const float* x, int64_t M, int64_t Cp, const W* w, 
 }
 
 SPECDEC_CLONES void linear_tile_f32(const float* x, int64_t M, int64_t Cp, const float* w,
-                                    float* out) {
-  dot_tile(x, M, Cp, w, out);
+                                    float* out, const float* pf) {
+  dot_tile(x, M, Cp, w, out, pf);
 }
 
 SPECDEC_CLONES void linear_tile_bf16(const float* x, int64_t M, int64_t Cp, const uint16_t* w,
-                                     float* out) {
-  dot_tile(x, M, Cp, w, out);
+                                     float* out, const uint16_t* pf) {
+  dot_tile(x, M, Cp, w, out, pf);
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -135,13 +141,16 @@ SPECDEC_DPBF16 inline void finish4(const __m512* acc, float* out) {
 }
 
 SPECDEC_DPBF16 void linear_tile_dpbf16(const uint16_t* x, int64_t M, int64_t Cp,
-                                       const uint16_t* w, float* out) {
+                                       const uint16_t* w, float* out, const uint16_t* pf) {
   int64_t m = 0;
   for (; m + kCols <= M; m += kCols) {
     __m512 acc[kCols][kRows];
     for (int i = 0; i < kCols; ++i)
       for (int r = 0; r < kRows; ++r) acc[i][r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < Cp; c += 32) {
+      if (m == 0 && pf != nullptr)  // one line of each of the tile's rows per chunk (dot_tile)
+        for (int r = 0; r < kRows; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * Cp + c), _MM_HINT_T0);
       __m512bh wv[kRows];
       for (int r = 0; r < kRows; ++r) wv[r] = (__m512bh)_mm512_loadu_si512(w + r * Cp + c);
       for (int i = 0; i < kCols; ++i) {
@@ -155,6 +164,9 @@ SPECDEC_DPBF16 void linear_tile_dpbf16(const uint16_t* x, int64_t M, int64_t Cp,
     __m512 acc[kRows];
     for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t c = 0; c < Cp; c += 32) {
+      if (m == 0 && pf != nullptr)  // M < kCols: no block above fetched it
+        for (int r = 0; r < kRows; ++r)
+          _mm_prefetch(reinterpret_cast<const char*>(pf + r * Cp + c), _MM_HINT_T0);
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + m * Cp + c);
       for (int r = 0; r < kRows; ++r)
         acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(w + r * Cp + c));
@@ -200,14 +212,14 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   // the bfloat16 dot-product instruction where the CPU has it, for bfloat16 models
   const bool dpbf16 = x.scalar_type() == at::kBFloat16 && cpu_has_dpbf16();
   const int64_t align = dpbf16 ? 32 : kLanes;
-  const int64_t Cp = (C + align - 1) / align * align, Np = (N + kRows - 1) / kRows * kRows;
-  // x as float32 (bfloat16 for dpbf16) [M, Cp] and weight [Np, Cp], zero-padded (no copy when
-  // already aligned)
+  const int64_t Cp = (C + align - 1) / align * align;
+  // x as float32 (bfloat16 for dpbf16) [M, Cp] and weight [N, Cp], zero-padded (no copy when
+  // already aligned); a last tile of fewer than kRows weight rows is padded on its own below
   at::Tensor xf = x.reshape({-1, C}).to(dpbf16 ? at::kBFloat16 : at::kFloat);
   if (Cp != C) xf = at::constant_pad_nd(xf, {0, Cp - C});
   xf = xf.contiguous();
   at::Tensor w = weight;
-  if (Cp != C || Np != N) w = at::constant_pad_nd(w, {0, Cp - C, 0, Np - N});
+  if (Cp != C) w = at::constant_pad_nd(w, {0, Cp - C});
   w = w.contiguous();
   const int64_t M = xf.size(0);
   const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
@@ -216,7 +228,8 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   const float* xp = dpbf16 ? nullptr : xf.data_ptr<float>();
   const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
-  const int64_t tiles = Np / kRows;
+  const int64_t tiles = (N + kRows - 1) / kRows, full = N / kRows;
+  constexpr int64_t kAhead = 2;  // tiles between the one computed and the one prefetched
   at::BFloat16* out_bf16 = bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
   float* out_f32 = bf16 ? nullptr : out.data_ptr<float>();
   const uint16_t* w_bf16 =
@@ -229,18 +242,36 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * Cp * kRows));
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     std::vector<float> tile(M * kRows);
+    std::vector<uint16_t> last_bf16;  // the last, partial tile: its rows, zero-padded to kRows
+    std::vector<float> last_f32;
     for (int64_t t = lo; t < hi; ++t) {
       const int64_t n0 = t * kRows;
-      if (dpbf16) {
-#ifdef SPECDEC_HAVE_DPBF16
-        linear_tile_dpbf16(x_bf16, M, Cp, w_bf16 + n0 * Cp, tile.data());
-#endif
-      } else if (bf16) {
-        linear_tile_bf16(xp, M, Cp, w_bf16 + n0 * Cp, tile.data());
-      } else {
-        linear_tile_f32(xp, M, Cp, w_f32 + n0 * Cp, tile.data());
-      }
       const int rows = static_cast<int>(std::min<int64_t>(kRows, N - n0));
+      const int64_t ahead = t + kAhead < std::min(hi, full) ? (t + kAhead) * kRows * Cp : -1;
+      if (bf16) {
+        const uint16_t* wt = w_bf16 + n0 * Cp;
+        if (rows < kRows) {
+          last_bf16.assign(kRows * Cp, 0);
+          std::memcpy(last_bf16.data(), wt, rows * Cp * sizeof(uint16_t));
+          wt = last_bf16.data();
+        }
+        const uint16_t* pf = ahead < 0 ? nullptr : w_bf16 + ahead;
+        if (dpbf16) {
+#ifdef SPECDEC_HAVE_DPBF16
+          linear_tile_dpbf16(x_bf16, M, Cp, wt, tile.data(), pf);
+#endif
+        } else {
+          linear_tile_bf16(xp, M, Cp, wt, tile.data(), pf);
+        }
+      } else {
+        const float* wt = w_f32 + n0 * Cp;
+        if (rows < kRows) {
+          last_f32.assign(kRows * Cp, 0.0f);
+          std::memcpy(last_f32.data(), wt, rows * Cp * sizeof(float));
+          wt = last_f32.data();
+        }
+        linear_tile_f32(xp, M, Cp, wt, tile.data(), ahead < 0 ? nullptr : w_f32 + ahead);
+      }
       for (int64_t m = 0; m < M; ++m)
         for (int r = 0; r < rows; ++r) {
           const float v = tile[m * kRows + r] + (bp ? bp[n0 + r] : 0.0f);
