@@ -68,11 +68,15 @@ def pass_ms(
     return passes_ms([(model, batch, tokens)], context, repeats, quantile)[0]
 
 
-def passes_ms(entries, context: int, repeats: int, quantile: float = 0.25) -> list[float]:
+def passes_ms(
+    entries, context: int, repeats: int, quantile: float = 0.25, calls: int = 1
+) -> list[float]:
     """:func:`pass_ms` of every ``(model, batch, tokens)`` of ``entries``, timed round-robin:
-    one call of each per round, ``repeats`` rounds after a warm-up one, so that a slow spell of
-    the machine spreads over every entry instead of inflating a few (and each pass runs after
-    the others, caches as cold as in a decoding loop)."""
+    ``calls`` calls of each per round, ``repeats`` rounds after a warm-up one, so that a slow
+    spell of the machine spreads over every entry instead of inflating a few. With ``calls >
+    1`` the first call of each entry's turn is not timed: the others run as a decoding loop
+    runs one pass after the same pass (the caches hold its own working set, not what the other
+    entries left); with ``calls = 1`` every pass runs after the others'."""
     runs = []
     with torch.inference_mode():
         for model, batch, tokens in entries:
@@ -85,16 +89,18 @@ def passes_ms(entries, context: int, repeats: int, quantile: float = 0.25) -> li
             x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
             runs.append((model, cache, x, context + tokens, device.type == "cuda"))
         times: list[list[float]] = [[] for _ in runs]
-        for _ in range(repeats + 1):  # the first round warms up
+        for r in range(repeats + 1):  # the first round warms up
             for t, (model, cache, x, kv_len, cuda) in zip(times, runs):
-                t0 = time.perf_counter()
-                model(x, cache, kv_len=kv_len, validate=False)
-                if cuda:
-                    torch.cuda.synchronize(x.device)
-                t.append(time.perf_counter() - t0)
+                for c in range(calls):
+                    t0 = time.perf_counter()
+                    model(x, cache, kv_len=kv_len, validate=False)
+                    if cuda:
+                        torch.cuda.synchronize(x.device)
+                    if r > 0 and (c > 0 or calls == 1):
+                        t.append(time.perf_counter() - t0)
     out = []
     for t in times:
-        t = sorted(t[1:])
+        t = sorted(t)
         out.append(t[min(len(t) - 1, int(len(t) * quantile))] * 1e3)
     return out
 

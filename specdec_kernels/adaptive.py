@@ -364,21 +364,26 @@ def measure_pass_costs(
     -------
     PassCosts
     """
-    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:round-robin"
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:per-batch"
 
     def measure() -> PassCosts:
         batch = [1]
         while batch[-1] * 2 <= max_batch:
             batch.append(batch[-1] * 2)
         tokens = sorted({1, 2, 3, 5, max_k + 1} & set(range(1, max_k + 2)))
-        # the target's grid round-robin (a slow spell of the machine spreads over every point
-        # instead of inflating a few), then the draft's, back to back as a step runs them (its
-        # weights stay in cache from one draft pass to the next); a pass never costs less with
-        # more tokens or more rows: the running maximum irons out a busy machine's dips
-        ms = passes_ms([(target, b, t) for b in batch for t in tokens], context, repeats)
+        # the target's token counts round-robin, one batch size at a time: "auto" compares the
+        # passes of one batch size, and a slow spell of the machine spreads over all of them
+        # instead of inflating a few. One batch size at a time, each timed pass right after
+        # the same pass, because that is the cache a decoding loop works in (a round over every
+        # batch size, one pass each, made each pass read what the others' KV caches had left:
+        # one-token passes came out up to 30% slower than the loop's, and drafting looked
+        # cheaper than it is). Then the draft's, back to back as a step runs them. A pass
+        # never costs less with more tokens or more rows: the running maximum irons out a busy
+        # machine's dips.
         rows, prev = [], [0.0] * len(tokens)
-        for i in range(len(batch)):
-            row = list(itertools.accumulate(ms[i * len(tokens) : (i + 1) * len(tokens)], max))
+        for b in batch:
+            ms = passes_ms([(target, b, t) for t in tokens], context, repeats, calls=2)
+            row = list(itertools.accumulate(ms, max))
             prev = [max(x, y) for x, y in zip(row, prev)]
             rows.append(tuple(prev))
         target_ms = tuple(rows)

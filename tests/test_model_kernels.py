@@ -236,6 +236,31 @@ def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
     assert measure_pass_costs(target, draft, max_k=4, max_batch=2, repeats=2) is costs
 
 
+def test_passes_ms_times_each_entry_in_turns(pair_tiny, monkeypatch):
+    """``calls`` passes of an entry per turn, the first of a turn not timed; turns round-robin
+    (a slow spell spreads over every entry)."""
+    from specdec_kernels import _cache
+
+    target, _ = pair_tiny
+    order = []
+    real = type(target).forward
+
+    def forward(self, x, *args, **kw):
+        order.append(x.shape)
+        return real(self, x, *args, **kw)
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(type(target), "forward", forward)
+    monkeypatch.setattr(_cache.time, "perf_counter", lambda: float(next(clock)))
+    ms = _cache.passes_ms([(target, 1, 1), (target, 2, 3)], 8, repeats=3, calls=2)
+    # a warm-up round, then 3 rounds; each round one turn of 2 passes per entry
+    assert order == [(1, 1), (1, 1), (2, 3), (2, 3)] * 4
+    assert ms == [1e3, 1e3]  # the fake clock: one tick per timed pass
+    order.clear()
+    _cache.passes_ms([(target, 1, 1), (target, 2, 3)], 8, repeats=2)
+    assert order == [(1, 1), (2, 3)] * 3
+
+
 @pytest.fixture(scope="module")
 def pair_tiny():
     return sk.models.load_bundled("tiny")
