@@ -222,12 +222,14 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   if (Cp != C) w = at::constant_pad_nd(w, {0, Cp - C});
   w = w.contiguous();
   const int64_t M = xf.size(0);
-  const at::Tensor b = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  // the bias is read in its own dtype (x's): converting it first cost an allocation per call
+  const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   at::Tensor out = at::empty({M, N}, x.options());
   if (M == 0 || N == 0) return out.view(out_sizes);
   const bool bf16 = w.scalar_type() == at::kBFloat16;
   const float* xp = dpbf16 ? nullptr : xf.data_ptr<float>();
-  const float* bp = b.defined() ? b.data_ptr<float>() : nullptr;
+  const float* bp = b.defined() && !bf16 ? b.data_ptr<float>() : nullptr;
+  const at::BFloat16* bp_bf16 = b.defined() && bf16 ? b.data_ptr<at::BFloat16>() : nullptr;
   const int64_t tiles = (N + kRows - 1) / kRows, full = N / kRows;
   constexpr int64_t kAhead = 2;  // tiles between the one computed and the one prefetched
   at::BFloat16* out_bf16 = bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
@@ -274,7 +276,9 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
       }
       for (int64_t m = 0; m < M; ++m)
         for (int r = 0; r < rows; ++r) {
-          const float v = tile[m * kRows + r] + (bp ? bp[n0 + r] : 0.0f);
+          const float bias_r =
+              bp ? bp[n0 + r] : (bp_bf16 ? static_cast<float>(bp_bf16[n0 + r]) : 0.0f);
+          const float v = tile[m * kRows + r] + bias_r;
           if (bf16)
             out_bf16[m * N + n0 + r] = at::BFloat16(v);
           else
