@@ -181,13 +181,15 @@ def e2e_section() -> str | None:
         "ideal speedup",
         "greedy = target's",
     ]
+    n1 = next((r.get("prompts") for r in rows if r["batch_size"] == 1), None)
+    alone = f"; batch 1: {n1} prompts, each decoded alone" if n1 and n1 > 1 else ""
     return "\n\n".join(
         [
             "## End to end: speculative generation with the default bundled pair",
             provenance(rows, "e2e.json", cmd),
             f"Generated tokens per second of all rows ({r0['prompt_len']}-token prompts, "
             f"{r0['max_new_tokens']} new tokens per row, median of {r0['repeats']} interleaved "
-            "repeats), the speedup over the target decoding alone in the same run, the "
+            f"repeats{alone}), the speedup over the target decoding alone in the same run, the "
             "acceptance rate (accepted / drafted), accepted drafts per target pass, and "
             "Leviathan et al.'s ideal speedup from the measured acceptance and cost ratio.",
             table(head, body),

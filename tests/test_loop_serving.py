@@ -274,3 +274,28 @@ def test_e2e_block_rows_are_configured_at_sampling_temperatures_only():
     block_row = e2e._against_token(rows)[1]
     assert block_row["mean_accepted_vs_token"] == 0.25
     assert block_row["tokens_per_second_vs_token"] == 1.1
+
+
+def test_e2e_batch_one_decodes_each_prompt_alone():
+    """Batch 1 is ``interactive_prompts`` prompts, each decoded alone: one run of the row, its
+    tokens and counts summed; the acceptance figures are those of the sums."""
+    from specdec_kernels.benchmarks import e2e
+
+    cfg = e2e.E2EConfig(
+        batch_sizes=(1,), ks=(2,), temperatures=(0.0,), max_new_tokens=6, prompt_len=8,
+        repeats=1, systems=("specdec", "target_only"), pair="tiny", dtype="float32",
+        interactive_prompts=3,
+    )  # fmt: skip
+    rows = {r["system"]: r for r in e2e.run_e2e(cfg, log=lambda m: None)}
+    spec, alone = rows["specdec"], rows["target_only"]
+    for r in (spec, alone):
+        assert r["prompts"] == 3 and r["generated_tokens"] == 3 * 6
+    assert spec["matches_target_only"]
+    target, draft, text = e2e.load_pair(None, "tiny", "float32")
+    each = [
+        sk.SpeculativeGenerator(target, draft, 2).generate([p], 6, seed=0).stats
+        for p in e2e.make_prompts(text, 3, 8)
+    ]
+    assert spec["target_forwards"] == sum(s.target_forwards for s in each)
+    accepted, drafted = sum(s.accepted_tokens for s in each), sum(s.drafted_tokens for s in each)
+    assert spec["acceptance_rate"] == round(accepted / drafted, 4)

@@ -17,8 +17,11 @@ Systems (the same weights throughout; the Hugging Face models come from ``Causal
   the same ``(B, K, T)``.
 
 Runs are interleaved (for each repeat, every system runs once per configuration) and the figure
-kept is the median over repeats. No system stops at ``<eos>``: every row generates exactly
-``max_new_tokens``, so all systems do the same amount of work.
+kept is the median over repeats. Batch 1 decodes ``interactive_prompts`` prompts (4: those of
+batch 4), each alone, one after another, and counts them as one run (times and tokens summed):
+one 64-token prompt is too small a sample of acceptance to tell one ``K`` from another. No
+system stops at ``<eos>``: every row generates exactly ``max_new_tokens``, so all systems do the
+same amount of work.
 
 ``grammar`` (``specdec bench e2e --grammar json``): ``specdec`` and ``target_only`` both decode
 under a grammar (xgrammar): ``"json"`` the schema of ``specdec demo --json``, ``"any"`` any JSON
@@ -41,6 +44,7 @@ measured cost (on a GPU that pass costs about one token's; on a CPU it does not)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import time
@@ -70,6 +74,9 @@ class E2EConfig:
     pair: str = "default"
     dtype: str = "auto"  # the target's: "auto" (the fastest here, measured), float32, bfloat16
     grammar: str | None = None  # None, "json" (the demo's schema) or "any" (any JSON value)
+    # batch 1 decodes this many prompts, each alone, one after another (the prompts of batch
+    # 4 when it is 4): one 64-token prompt is too small a sample of acceptance to compare K by
+    interactive_prompts: int = 4
 
 
 # the schema of ``specdec demo --json`` and of ``--grammar json`` here: strings as patterns, not
@@ -212,7 +219,6 @@ def _run_specdec(
     k,
     temperature,
     seed,
-    costs=None,
     verify_method="token",
     grammar=None,
 ):
@@ -230,26 +236,51 @@ def _run_specdec(
     )
     s = out.stats
     hist = s.accepted_histogram  # hist[n]: (row, pass) pairs that accepted n drafts
-    passes = max(sum(hist), 1)
-    # Leviathan's alpha is the per-position acceptance probability: accepted drafts over the
-    # positions actually tried (every accepted one, plus the first rejection of a pass).
-    # accepted / drafted (the generator's acceptance_rate) also counts the positions after a
-    # rejection, which were never tried, and understates alpha more the larger K is. With
-    # "auto", passes whose smaller k was fully accepted count as rejections here (a slight
-    # understatement).
-    rejections = passes - hist[-1]
-    alpha = s.accepted_tokens / max(s.accepted_tokens + rejections, 1)
     return {
-        "alpha": alpha,
         "new_tokens": [seq[len(p) :] for seq, p in zip(out.sequences, prompts)],
         "wall_seconds": s.wall_seconds,
         "generated_tokens": s.generated_tokens,
-        "acceptance_rate": s.acceptance_rate,
-        "mean_accepted": s.mean_accepted,
-        "mean_k": s.drafted_tokens / passes,
+        "accepted_tokens": s.accepted_tokens,
+        "drafted_tokens": s.drafted_tokens,
+        "passes": sum(hist),
+        "full_passes": hist[-1],
         "target_forwards": s.target_forwards,
         "draft_forwards": s.draft_forwards,
     }
+
+
+SUMMED = (
+    "wall_seconds",
+    "generated_tokens",
+    "accepted_tokens",
+    "drafted_tokens",
+    "passes",
+    "full_passes",
+    "target_forwards",
+    "draft_forwards",
+)
+
+
+def _each_alone(run, groups: list[list[list[int]]]) -> dict:
+    """``run(prompts)`` for each group of prompts in turn, as one result: counts and times
+    summed, the new tokens of every row in order, and the acceptance figures of the sums."""
+    rs = [run(g) for g in groups]
+    r = {key: sum(x[key] for x in rs) for key in SUMMED if key in rs[0]}
+    r["new_tokens"] = [row for x in rs for row in x["new_tokens"]]
+    if "passes" in r:
+        passes = max(r["passes"], 1)
+        # Leviathan's alpha is the per-position acceptance probability: accepted drafts over
+        # the positions actually tried (every accepted one, plus the first rejection of a
+        # pass). accepted / drafted (the generator's acceptance_rate) also counts the positions
+        # after a rejection, which were never tried, and understates alpha more the larger K
+        # is. With "auto", passes whose smaller k was fully accepted count as rejections here
+        # (a slight understatement).
+        rejections = passes - r["full_passes"]
+        r["alpha"] = r["accepted_tokens"] / max(r["accepted_tokens"] + rejections, 1)
+        r["acceptance_rate"] = r["accepted_tokens"] / max(r["drafted_tokens"], 1)
+        r["mean_accepted"] = r["accepted_tokens"] / passes
+        r["mean_k"] = r["drafted_tokens"] / passes
+    return r
 
 
 def _run_target_only(target, prompts, cfg, temperature, seed, grammar=None):
@@ -314,11 +345,20 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     except ImportError as exc:
         log(f"[e2e] transformers unavailable ({exc}); hf_* systems left out")
         hf = None
-    prompts_of = {b: make_prompts(text, b, cfg.prompt_len) for b in cfg.batch_sizes}
+    # the prompts of each batch size, as groups decoded one after another: batch 1 decodes
+    # each of cfg.interactive_prompts prompts alone
+    groups_of = {
+        b: (
+            [[p] for p in make_prompts(text, cfg.interactive_prompts, cfg.prompt_len)]
+            if b == 1
+            else [make_prompts(text, b, cfg.prompt_len)]
+        )
+        for b in cfg.batch_sizes
+    }
 
     # warm-up: every code path once, small
     warm = E2EConfig(max_new_tokens=4, prompt_len=cfg.prompt_len)
-    p1 = prompts_of[cfg.batch_sizes[0]][:1]
+    p1 = groups_of[cfg.batch_sizes[0]][0][:1]
     for t in cfg.temperatures:
         _run_specdec(target, draft, p1, warm, 2, t, 0, grammar=grammar)
         if "specdec_block" in cfg.systems and t > 0:
@@ -342,17 +382,22 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
     for rep in range(cfg.repeats):
         for sys_, b, k, t in configs:
-            prompts, seed = prompts_of[b], cfg.seed + rep
+            seed = cfg.seed + rep
             if sys_ in VERIFY_METHOD:
-                r = _run_specdec(
-                    target, draft, prompts, cfg, k, t, seed, costs[b], VERIFY_METHOD[sys_], grammar
-                )
+                run = functools.partial(
+                    _run_specdec, target, draft, cfg=cfg, k=k, temperature=t, seed=seed,
+                    verify_method=VERIFY_METHOD[sys_], grammar=grammar,
+                )  # fmt: skip
             elif sys_ == "target_only":
-                r = _run_target_only(target, prompts, cfg, t, seed, grammar)
-            elif sys_ == "hf_target_only":
-                r = _run_hf(hf, prompts, cfg, t, seed)
+                run = functools.partial(
+                    _run_target_only, target, cfg=cfg, temperature=t, seed=seed, grammar=grammar
+                )
             else:
-                r = _run_hf(hf, prompts, cfg, t, seed, k=k)
+                run = functools.partial(
+                    _run_hf, hf, cfg=cfg, temperature=t, seed=seed,
+                    k=k if sys_ == "hf_assisted" else None,
+                )  # fmt: skip
+            r = _each_alone(run, groups_of[b])
             r["tokens_per_second"] = r["generated_tokens"] / max(r["wall_seconds"], 1e-9)
             runs[(sys_, b, k, t)].append(r)
             log(
@@ -426,6 +471,7 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None)
             "repeats": len(rs),
             "max_new_tokens": cfg.max_new_tokens,
             "prompt_len": cfg.prompt_len,
+            "prompts": cfg.interactive_prompts if b == 1 else b,  # decoded alone at batch 1
             "acceptance_rate": None,
             "mean_accepted": None,
             "cost_ratio": None,
