@@ -293,7 +293,8 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     draft token (drawing and feeding it: ``draft_step_ms``; the two apart from runs at K = 1
     and K = 4), from short greedy runs of the loop at batch 1 (the difference of two
     lengths, so the prefill cancels; the median of five tries, the three loops round-robin),
-    minus the model passes ``costs`` already prices. Measured once per pair like the pass costs, before any generation."""
+    minus the model passes ``costs`` already prices. Measured once per pair like the pass
+    costs, before any generation."""
     import json
 
     from specdec_kernels._cache import remembered

@@ -174,6 +174,21 @@ def test_pass_costs_price_the_batch():
     assert PassCosts.linear(0.05, 0.0, 8).best_k(torch.tensor([0.0]), 8) == 0
 
 
+def test_auto_drafts_only_for_a_gain_beyond_the_margin():
+    """A predicted gain under ``DRAFT_MARGIN`` (within the measurement's error) keeps the
+    target alone; a larger one drafts. ``best_k`` and the loop's on-device choice agree."""
+    from specdec_kernels.adaptive import DRAFT_MARGIN, expected_tokens, pick_k
+
+    a = torch.tensor([0.5])
+    gain = float(expected_tokens(a, torch.tensor(1.0)))  # 1.5 tokens for K = 1
+    for ratio, want in ((1 + DRAFT_MARGIN / 2, 0), (1 + 2 * DRAFT_MARGIN, 1)):
+        # K = 1 costs gain / ratio ms: its tokens per ms are `ratio` times the target alone's
+        costs = PassCosts((1,), (1, 2), ((1.0, gain / ratio),), (0.0,))
+        assert costs.best_k(a, 1) == want, ratio
+        assert int(pick_k(torch.tensor([1.0, ratio]))) == want
+    assert int(pick_k(torch.tensor([1.0, 0.5, 1.2, 1.2]))) == 2  # the first of equals
+
+
 def test_pass_costs_charge_drafting_once_per_step():
     """``draft_fixed_ms`` is paid by a step that drafts at all, once: it never prices ``K = 0``
     and, unlike a per-token cost, it favours longer drafts (fewer steps pay it)."""

@@ -30,7 +30,7 @@ import torch
 
 from specdec_kernels._dispatch import check_backend
 from specdec_kernels._validate import check_logprob_args, require_int64
-from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, expected_tokens
+from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, expected_tokens, pick_k
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
@@ -602,8 +602,7 @@ class Decoder:
         cost = torch.tensor(
             [self.costs.step_cost(b, k) for k in range(self.max_k + 1)], device=alpha.device
         )
-        best = (tokens / cost.clamp_min(1e-12)).argmax()
-        return best.expand(b).clone()
+        return pick_k(tokens / cost.clamp_min(1e-12)).expand(b).clone()
 
     @staticmethod
     def _commit(st: _Rows, ver, eos, gs=None) -> None:
