@@ -299,3 +299,13 @@ def test_e2e_batch_one_decodes_each_prompt_alone():
     assert spec["target_forwards"] == sum(s.target_forwards for s in each)
     accepted, drafted = sum(s.accepted_tokens for s in each), sum(s.drafted_tokens for s in each)
     assert spec["acceptance_rate"] == round(accepted / drafted, 4)
+
+
+def test_e2e_ratios_are_paired_by_repeat():
+    """The median of the per-repeat ratios (runs of one repeat are close in time), not the
+    ratio of the medians: here 1.5, where the medians' ratio says 2."""
+    from specdec_kernels.benchmarks import e2e
+
+    spec = [{"tps": v} for v in (300.0, 120.0, 200.0)]
+    alone = [{"tps": v} for v in (200.0, 100.0, 100.0)]  # ratios 1.5, 1.2, 2.0
+    assert e2e.paired_ratio(spec, alone, "tps") == 1.5

@@ -16,12 +16,14 @@ Systems (the same weights throughout; the Hugging Face models come from ``Causal
   ``mean_accepted_vs_token`` and ``tokens_per_second_vs_token`` against the ``specdec`` row of
   the same ``(B, K, T)``.
 
-Runs are interleaved (for each repeat, every system runs once per configuration) and the figure
-kept is the median over repeats. Batch 1 decodes ``interactive_prompts`` prompts (4: those of
-batch 4), each alone, one after another, and counts them as one run (times and tokens summed):
-one 64-token prompt is too small a sample of acceptance to tell one ``K`` from another. No
-system stops at ``<eos>``: every row generates exactly ``max_new_tokens``, so all systems do the
-same amount of work.
+Runs are interleaved (for each repeat, every system runs once per configuration, every other
+repeat in reverse order) and the figure kept is the median over repeats; a ratio of two systems
+(``speedup_vs_target_only``, auto against a fixed ``K``) is the median over repeats of the
+ratio within a repeat (paired: a slow spell of the machine slows both runs of the pair).
+Batch 1 decodes ``interactive_prompts`` prompts (4: those of batch 4), each alone, one after
+another, and counts them as one run (times and tokens summed): one 64-token prompt is too small
+a sample of acceptance to tell one ``K`` from another. No system stops at ``<eos>``: every row
+generates exactly ``max_new_tokens``, so all systems do the same amount of work.
 
 ``grammar`` (``specdec bench e2e --grammar json``): ``specdec`` and ``target_only`` both decode
 under a grammar (xgrammar): ``"json"`` the schema of ``specdec demo --json``, ``"any"`` any JSON
@@ -381,7 +383,9 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     configs = list(_configs(cfg, hf is not None))
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
     for rep in range(cfg.repeats):
-        for sys_, b, k, t in configs:
+        # every other repeat in reverse order: a drift of the machine's speed over a round
+        # favours no configuration
+        for sys_, b, k, t in configs if rep % 2 == 0 else configs[::-1]:
             seed = cfg.seed + rep
             if sys_ in VERIFY_METHOD:
                 run = functools.partial(
@@ -442,6 +446,12 @@ def _median(rs: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
+def paired_ratio(a: list[dict], b: list[dict], key: str) -> float:
+    """The median over repeats of ``a[r][key] / b[r][key]``: runs of the same repeat, close in
+    time, so a slow spell of the machine cancels out of each ratio."""
+    return statistics.median(x[key] / max(y[key], 1e-12) for x, y in zip(a, b))
+
+
 def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None) -> list[dict]:
     rows = []
     base = {
@@ -457,6 +467,7 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None)
     greedy_ref = {
         b: rs[0]["new_tokens"] for (s, b, k, t), rs in runs.items() if s == "target_only" and t == 0
     }
+    base_runs = {(b, t): rs for (s, b, k, t), rs in runs.items() if s == "target_only"}
     for (sys_, b, k, t), rs in runs.items():
         tps = _median(rs, "tokens_per_second")
         c = costs[b]["draft_ms"] / costs[b]["target_ms_1"]
@@ -481,7 +492,9 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None)
             **(dtypes or {}),
         }
         if base.get((b, t)):
-            row["speedup_vs_target_only"] = round(tps / base[(b, t)], 4)
+            row["speedup_vs_target_only"] = round(
+                paired_ratio(rs, base_runs[(b, t)], "tokens_per_second"), 4
+            )
         if hf_base.get((b, t)):
             row["speedup_vs_hf_target_only"] = round(tps / hf_base[(b, t)], 4)
         if t == 0 and b in greedy_ref:
@@ -634,7 +647,10 @@ def check_targets(rows: list[dict]) -> list[str]:
         for t in sorted({r["temperature"] for r in rows}):
             a, f = get("specdec", b, "auto", t), best("specdec", b, t, fixed=True)
             if a and f:
-                rel = a["tokens_per_second"] / f["tokens_per_second"]
+                rel = statistics.median(  # paired, as speedup_vs_target_only
+                    x / max(y, 1e-12)
+                    for x, y in zip(a["tokens_per_second_all"], f["tokens_per_second_all"])
+                )
                 out.append(
                     f"{verdict(rel >= 0.95)} auto vs best fixed K B={b} T={t:g}: "
                     f"{a['tokens_per_second']:.1f} vs {f['tokens_per_second']:.1f} tok/s "
