@@ -90,6 +90,23 @@ def test_step_seeds_depend_only_on_seed_row_and_position():
     assert int(rng.step_seeds(2**70 + 3, rows, pos)[0]) == int(s[0])  # 63-bit seeds: mod 2**63
 
 
+@pytest.mark.parametrize("b, k, shape", [(1, 4, (257,)), (3, 6, (257,)), (2, 2, (3, 7))])
+def test_draft_draws_of_every_position_at_once_are_bit_identical(b, k, shape):
+    """A chain drafter's K positions drawn in one pass equal the per-position draws bit for
+    bit (the same tokens, the same seed: a speed-up, not a new stream)."""
+    seeds = rng.step_seeds(11, torch.arange(b), torch.full((b,), 40))
+    got = rng.draft_exponentials_upto(seeds, k, shape)
+    assert len(got) == k
+    for j, e in enumerate(got):
+        assert torch.equal(e, rng.draft_exponentials(seeds, j, shape)), j
+    logits = torch.randn(b, shape[-1]) * 3
+    if len(shape) == 1:
+        assert torch.equal(
+            Sampling(0.7).draw(logits, seeds, 2, race=got[2])[0],
+            Sampling(0.7).draw(logits, seeds, 2)[0],
+        )
+
+
 def test_draft_draws_are_keyed_by_seed_position_and_their_own_purpose():
     """The drafter's exponentials: a pure function of (seed, position, purpose = draft, index),
     batch invariant, and not the verifier's race exponentials at the same (seed, position)."""

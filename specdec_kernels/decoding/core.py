@@ -128,7 +128,7 @@ class Sampling:
             per_row(self.top_p, torch.float32),
         )[:, 0]
 
-    def draw(self, logits: torch.Tensor, seeds=None, position: int = 0):
+    def draw(self, logits: torch.Tensor, seeds=None, position: int = 0, race=None):
         """One token per row of ``logits`` ``[B, V]`` and the distribution it was drawn from
         (``None`` when greedy), without a host sync: ``argmax(p / E)``, ``E ~ Exp(1)``.
 
@@ -136,13 +136,18 @@ class Sampling:
         int64, the step's seeds) at draft ``position``: keyed by (seed, row, position,
         purpose = draft), so a row's draft depends on nothing but its own seed. ``seeds=None``
         (or a ``torch.Generator``) draws fresh seeds from the generator (default: torch's).
+        ``race``: those ``E``, already drawn
+        (:func:`~specdec_kernels.reference.rng.draft_exponentials_upto`).
         """
         if self.greedy:
             return logits.argmax(-1), None
         p = self.probs(logits)
-        if seeds is None or isinstance(seeds, torch.Generator):
-            seeds = rng.seeds_for_batch(p.shape[0], p.device, generator=seeds)
-        e = rng.draft_exponentials(seeds, position, p.shape[1:])
+        if race is not None:
+            e = race
+        else:
+            if seeds is None or isinstance(seeds, torch.Generator):
+                seeds = rng.seeds_for_batch(p.shape[0], p.device, generator=seeds)
+            e = rng.draft_exponentials(seeds, position, p.shape[1:])
         return torch.where(p > 0, p / e, -1.0).argmax(-1), p
 
 

@@ -12,6 +12,7 @@ import torch
 
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.ngram import ngram_draft
+from specdec_kernels.reference import rng
 from specdec_kernels.reference.bitmask import masked_logits
 
 
@@ -88,11 +89,14 @@ class ModelDrafter:
     def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
         logits = self.catch_up(tokens, seq_len)
         drafts, probs, masks = [], [], []
+        races = [None] * k_loop  # every position's exponentials in one go (sampling)
+        if not sampling.greedy and isinstance(seeds, torch.Tensor) and k_loop > 1:
+            races = rng.draft_exponentials_upto(seeds, k_loop, logits.shape[1:])
         for i in range(k_loop):
             if grammar is not None:  # the row's mask after its drafts 0 .. i-1
                 masks.append(grammar.mask_for_next())  # [B, W]
                 logits = masked_logits(logits, masks[-1])
-            x, p = sampling.draw(logits, seeds, position=i)  # [B], [B, V] or None
+            x, p = sampling.draw(logits, seeds, position=i, race=races[i])  # [B], [B, V] / None
             drafts.append(x)
             probs.append(p)
             if grammar is not None:  # rows past their num_draft keep their bonus mask

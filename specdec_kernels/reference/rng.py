@@ -124,6 +124,30 @@ def draft_exponentials(seeds: torch.Tensor, position: int, shape) -> torch.Tenso
     return exponential(u).view(seeds.shape[0], *shape)
 
 
+def draft_exponentials_upto(seeds: torch.Tensor, positions: int, shape) -> list[torch.Tensor]:
+    """``[draft_exponentials(seeds, j, shape) for j in range(positions)]``, bit for bit, with
+    the integer mixing of every position in one pass (a chain drafter's ``K`` draws cost one
+    set of tensor ops instead of ``K``). The logarithm runs per position on a contiguous
+    ``[B, *shape]`` tensor, as :func:`draft_exponentials` runs it (a vectorised loop and its
+    scalar tail may round differently, so the layout is kept).
+
+    >>> s = torch.tensor([3, 4])
+    >>> all(torch.equal(e, draft_exponentials(s, j, (5,)))
+    ...     for j, e in enumerate(draft_exponentials_upto(s, 3, (5,))))
+    True
+    """
+    shape = tuple(shape)
+    n = 1
+    for d in shape:
+        n *= d
+    b = seeds.shape[0]
+    pos = torch.arange(positions, dtype=torch.int64, device=seeds.device)
+    stream = stream_key(row_key(seeds.to(torch.int64))[:, None], pos[None], PURPOSE_DRAFT)
+    index = torch.arange(n, dtype=torch.int64, device=seeds.device)
+    u = uniform(stream[:, :, None], index[None, None, :])  # [B, positions, n]: exact steps
+    return [exponential(u[:, j].contiguous()).view(b, *shape) for j in range(positions)]
+
+
 def step_seeds(seed: int, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The ``[B]`` verification seeds of one decoding step: a pure function of
     ``(seed, rows[b], positions[b])``, in ``[0, 2**63)``.
