@@ -77,13 +77,14 @@ SPECDEC_INLINE float tree_sum(v16f acc) {
 
 // out[m, r] = dot(x[m, :], w[r, :]) for every m < M and r < kRows.
 // x: [M, Cp] float32, rows zero-padded to Cp (a multiple of kLanes); w: kRows rows of Cp
-// elements (float or bfloat16 bits), zero-padded likewise; out: [M, kRows]. pf: the weight tile
+// elements (float or bfloat16 bits), zero-padded likewise; out: [M, kRows] with row stride ld
+// (a tile's columns of a wider buffer). pf: the weight tile
 // to fetch into cache meanwhile (nullptr: none). A small batch's linear layer waits on memory
 // (the weights are read once per call and do not stay in cache between a model's passes): the
 // prefetch overlaps the next tiles' loads with this one's arithmetic, which it leaves alone.
 template <typename W>
 SPECDEC_INLINE void dot_tile(const float* x, int64_t M, int64_t Cp, const W* w, float* out,
-                             const W* pf) {
+                             int64_t ld, const W* pf) {
   for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
     __builtin_prefetch(pf + c);
   int64_t m = 0;
@@ -98,7 +99,7 @@ SPECDEC_INLINE void dot_tile(const float* x, int64_t M, int64_t Cp, const W* w, 
       }
     }
     for (int i = 0; i < kCols; ++i)
-      for (int r = 0; r < kRows; ++r) out[(m + i) * kRows + r] = tree_sum(acc[i][r]);
+      for (int r = 0; r < kRows; ++r) out[(m + i) * ld + r] = tree_sum(acc[i][r]);
   }
   for (; m < M; ++m) {  // the same per-element arithmetic as above, one input row at a time
     v16f acc[kRows] = {};
@@ -106,18 +107,18 @@ SPECDEC_INLINE void dot_tile(const float* x, int64_t M, int64_t Cp, const W* w, 
       const v16f xv = load16(x + m * Cp + c);
       for (int r = 0; r < kRows; ++r) acc[r] += xv * load16(w + r * Cp + c);
     }
-    for (int r = 0; r < kRows; ++r) out[m * kRows + r] = tree_sum(acc[r]);
+    for (int r = 0; r < kRows; ++r) out[m * ld + r] = tree_sum(acc[r]);
   }
 }
 
 SPECDEC_CLONES void linear_tile_f32(const float* x, int64_t M, int64_t Cp, const float* w,
-                                    float* out, const float* pf) {
-  dot_tile(x, M, Cp, w, out, pf);
+                                    float* out, int64_t ld, const float* pf) {
+  dot_tile(x, M, Cp, w, out, ld, pf);
 }
 
 SPECDEC_CLONES void linear_tile_bf16(const float* x, int64_t M, int64_t Cp, const uint16_t* w,
-                                     float* out, const uint16_t* pf) {
-  dot_tile(x, M, Cp, w, out, pf);
+                                     float* out, int64_t ld, const uint16_t* pf) {
+  dot_tile(x, M, Cp, w, out, ld, pf);
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
@@ -141,7 +142,8 @@ SPECDEC_DPBF16 inline void finish4(const __m512* acc, float* out) {
 }
 
 SPECDEC_DPBF16 void linear_tile_dpbf16(const uint16_t* x, int64_t M, int64_t Cp,
-                                       const uint16_t* w, float* out, const uint16_t* pf) {
+                                       const uint16_t* w, float* out, int64_t ld,
+                                       const uint16_t* pf) {
   int64_t m = 0;
   for (; m + kCols <= M; m += kCols) {
     __m512 acc[kCols][kRows];
@@ -158,7 +160,7 @@ SPECDEC_DPBF16 void linear_tile_dpbf16(const uint16_t* x, int64_t M, int64_t Cp,
         for (int r = 0; r < kRows; ++r) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv, wv[r]);
       }
     }
-    for (int i = 0; i < kCols; ++i) finish4(acc[i], out + (m + i) * kRows);
+    for (int i = 0; i < kCols; ++i) finish4(acc[i], out + (m + i) * ld);
   }
   for (; m < M; ++m) {
     __m512 acc[kRows];
@@ -171,7 +173,7 @@ SPECDEC_DPBF16 void linear_tile_dpbf16(const uint16_t* x, int64_t M, int64_t Cp,
       for (int r = 0; r < kRows; ++r)
         acc[r] = _mm512_dpbf16_ps(acc[r], xv, (__m512bh)_mm512_loadu_si512(w + r * Cp + c));
     }
-    finish4(acc, out + m * kRows);
+    finish4(acc, out + m * ld);
   }
 }
 
@@ -232,6 +234,7 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   const at::BFloat16* bp_bf16 = b.defined() && bf16 ? b.data_ptr<at::BFloat16>() : nullptr;
   const int64_t tiles = (N + kRows - 1) / kRows, full = N / kRows;
   constexpr int64_t kAhead = 2;  // tiles between the one computed and the one prefetched
+  constexpr int64_t kGroup = 8;  // tiles per output store
   at::BFloat16* out_bf16 = bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
   float* out_f32 = bf16 ? nullptr : out.data_ptr<float>();
   const uint16_t* w_bf16 =
@@ -243,47 +246,56 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   // where waking the others would cost more than it saves
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * Cp * kRows));
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
-    std::vector<float> tile(M * kRows);
+    // kGroup tiles at a time into one buffer [M, kGroup * kRows]: each output row's columns of
+    // the group are then rounded and stored contiguously
+    std::vector<float> buf(M * kGroup * kRows);
+    const int64_t ld = kGroup * kRows;
     std::vector<uint16_t> last_bf16;  // the last, partial tile: its rows, zero-padded to kRows
     std::vector<float> last_f32;
-    for (int64_t t = lo; t < hi; ++t) {
-      const int64_t n0 = t * kRows;
-      const int rows = static_cast<int>(std::min<int64_t>(kRows, N - n0));
-      const int64_t ahead = t + kAhead < std::min(hi, full) ? (t + kAhead) * kRows * Cp : -1;
-      if (bf16) {
-        const uint16_t* wt = w_bf16 + n0 * Cp;
-        if (rows < kRows) {
-          last_bf16.assign(kRows * Cp, 0);
-          std::memcpy(last_bf16.data(), wt, rows * Cp * sizeof(uint16_t));
-          wt = last_bf16.data();
-        }
-        const uint16_t* pf = ahead < 0 ? nullptr : w_bf16 + ahead;
-        if (dpbf16) {
+    for (int64_t g = lo; g < hi; g += kGroup) {
+      const int64_t g_end = std::min(g + kGroup, hi);
+      for (int64_t t = g; t < g_end; ++t) {
+        const int64_t n0 = t * kRows;
+        const int rows = static_cast<int>(std::min<int64_t>(kRows, N - n0));
+        const int64_t ahead = t + kAhead < std::min(hi, full) ? (t + kAhead) * kRows * Cp : -1;
+        float* tile = buf.data() + (t - g) * kRows;
+        if (bf16) {
+          const uint16_t* wt = w_bf16 + n0 * Cp;
+          if (rows < kRows) {
+            last_bf16.assign(kRows * Cp, 0);
+            std::memcpy(last_bf16.data(), wt, rows * Cp * sizeof(uint16_t));
+            wt = last_bf16.data();
+          }
+          const uint16_t* pf = ahead < 0 ? nullptr : w_bf16 + ahead;
+          if (dpbf16) {
 #ifdef SPECDEC_HAVE_DPBF16
-          linear_tile_dpbf16(x_bf16, M, Cp, wt, tile.data(), pf);
+            linear_tile_dpbf16(x_bf16, M, Cp, wt, tile, ld, pf);
 #endif
+          } else {
+            linear_tile_bf16(xp, M, Cp, wt, tile, ld, pf);
+          }
         } else {
-          linear_tile_bf16(xp, M, Cp, wt, tile.data(), pf);
+          const float* wt = w_f32 + n0 * Cp;
+          if (rows < kRows) {
+            last_f32.assign(kRows * Cp, 0.0f);
+            std::memcpy(last_f32.data(), wt, rows * Cp * sizeof(float));
+            wt = last_f32.data();
+          }
+          linear_tile_f32(xp, M, Cp, wt, tile, ld, ahead < 0 ? nullptr : w_f32 + ahead);
         }
-      } else {
-        const float* wt = w_f32 + n0 * Cp;
-        if (rows < kRows) {
-          last_f32.assign(kRows * Cp, 0.0f);
-          std::memcpy(last_f32.data(), wt, rows * Cp * sizeof(float));
-          wt = last_f32.data();
-        }
-        linear_tile_f32(xp, M, Cp, wt, tile.data(), ahead < 0 ? nullptr : w_f32 + ahead);
       }
-      for (int64_t m = 0; m < M; ++m)
-        for (int r = 0; r < rows; ++r) {
-          const float bias_r =
-              bp ? bp[n0 + r] : (bp_bf16 ? static_cast<float>(bp_bf16[n0 + r]) : 0.0f);
-          const float v = tile[m * kRows + r] + bias_r;
-          if (bf16)
-            out_bf16[m * N + n0 + r] = at::BFloat16(v);
-          else
-            out_f32[m * N + n0 + r] = v;
+      const int64_t n0 = g * kRows, cols = std::min<int64_t>(g_end * kRows, N) - n0;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* row = buf.data() + m * ld;
+        if (bf16) {
+          at::BFloat16* o = out_bf16 + m * N + n0;
+          for (int64_t j = 0; j < cols; ++j)
+            o[j] = at::BFloat16(row[j] + (bp_bf16 ? static_cast<float>(bp_bf16[n0 + j]) : 0.0f));
+        } else {
+          float* o = out_f32 + m * N + n0;
+          for (int64_t j = 0; j < cols; ++j) o[j] = row[j] + (bp ? bp[n0 + j] : 0.0f);
         }
+      }
     }
   });
   return out.view(out_sizes);
