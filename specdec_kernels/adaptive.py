@@ -41,16 +41,19 @@ from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented
 DRAFT_MARGIN = 0.10
 
 
-def pick_k(value: torch.Tensor) -> torch.Tensor:
+def pick_k(value: torch.Tensor, margin: float = DRAFT_MARGIN) -> torch.Tensor:
     """The ``K`` of the largest of ``value`` ``[K_max + 1]`` (expected tokens per millisecond
     at ``K = 0 .. K_max``; the first of equals), ``K = 0`` (the target alone) unless another
-    beats it by :data:`DRAFT_MARGIN`. A 0-dim tensor on ``value``'s device.
+    beats it by ``margin`` (default :data:`DRAFT_MARGIN`: the margin to *start* drafting; the
+    decoding loop, once drafting, stops only where the target alone is faster, ``margin=0``,
+    so that an estimate near the threshold does not stop and restart the draft). A 0-dim
+    tensor on ``value``'s device.
 
     >>> int(pick_k(torch.tensor([1.0, 1.08, 1.02]))), int(pick_k(torch.tensor([1.0, 1.2, 1.3])))
     (0, 2)
     """
     boost = torch.ones_like(value)
-    boost[0] = 1 + DRAFT_MARGIN
+    boost[0] = 1 + margin
     return (value * boost).argmax()
 
 

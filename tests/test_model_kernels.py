@@ -187,6 +187,28 @@ def test_auto_drafts_only_for_a_gain_beyond_the_margin():
         assert costs.best_k(a, 1) == want, ratio
         assert int(pick_k(torch.tensor([1.0, ratio]))) == want
     assert int(pick_k(torch.tensor([1.0, 0.5, 1.2, 1.2]))) == 2  # the first of equals
+    assert int(pick_k(torch.tensor([1.0, 1 + DRAFT_MARGIN / 2]), margin=0.0)) == 1
+
+
+def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny):
+    """Hysteresis: the margin guards the start of drafting only. A predicted gain of half the
+    margin does not start a cold draft, and does not stop a running one."""
+    from specdec_kernels.adaptive import DRAFT_MARGIN, AcceptanceTracker, expected_tokens
+    from specdec_kernels.decoding import Decoder, ModelDrafter
+    from specdec_kernels.decoding.adapters import CausalLMAdapter
+
+    target, draft = pair_tiny
+    a = torch.tensor([0.5])
+    gain = float(expected_tokens(a, torch.tensor(1.0)))
+    costs = PassCosts((1,), (1, 2), ((1.0, gain / (1 + DRAFT_MARGIN / 2)),), (0.0,))
+    dec = Decoder(
+        CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), "auto",
+        max_speculative_tokens=1, costs=costs,
+    )  # fmt: skip
+    tracker = AcceptanceTracker.new(1, "cpu", prior=0.5, prior_weight=1.0)
+    for cold, want in ((True, 0), (False, 1)):
+        dec._draft_cold = cold
+        assert int(dec._auto_k(tracker)[0]) == want, cold
 
 
 def test_pass_costs_charge_drafting_once_per_step():

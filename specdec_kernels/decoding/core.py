@@ -30,7 +30,13 @@ import torch
 
 from specdec_kernels._dispatch import check_backend
 from specdec_kernels._validate import check_logprob_args, require_int64
-from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, expected_tokens, pick_k
+from specdec_kernels.adaptive import (
+    DRAFT_MARGIN,
+    AcceptanceTracker,
+    PassCosts,
+    expected_tokens,
+    pick_k,
+)
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
@@ -526,6 +532,7 @@ class Decoder:
                 st.top_ids = torch.full((b, cap, n), -1, dtype=torch.int64, device=dev)
         tracker = AcceptanceTracker.new(b, dev)
         self._auto_rows = b  # the batch size "auto" last chose K for
+        self._draft_cold = True  # not drafting yet: the margin to start drafting applies
         if self.auto:  # the prior's choice until acceptance is measured
             st.num_draft = self._auto_k(tracker)
         self._capacity = capacity = (ctx or max(limits)) + self.width + 2
@@ -599,7 +606,8 @@ class Decoder:
 
     def _auto_k(self, tracker) -> torch.Tensor:
         """``[B]``: the batch's ``K`` (:meth:`PassCosts.best_k`, on the device: the step's one
-        sync reads it with the rest)."""
+        sync reads it with the rest). The margin to start drafting applies while the draft is
+        not running; a running draft stops only where the target alone is faster."""
         alpha = tracker.alpha()  # [B]
         b = alpha.numel()
         ks = torch.arange(self.max_k + 1, device=alpha.device, dtype=torch.float32)  # [K+1]
@@ -607,7 +615,9 @@ class Decoder:
         cost = torch.tensor(
             [self.costs.step_cost(b, k) for k in range(self.max_k + 1)], device=alpha.device
         )
-        return pick_k(tokens / cost.clamp_min(1e-12)).expand(b).clone()
+        running = self.drafter is not None and not self._draft_cold
+        margin = 0.0 if running else DRAFT_MARGIN
+        return pick_k(tokens / cost.clamp_min(1e-12), margin).expand(b).clone()
 
     @staticmethod
     def _commit(st: _Rows, ver, eos, gs=None) -> None:
