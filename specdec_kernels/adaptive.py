@@ -20,6 +20,7 @@ tested, and counting them would understate ``alpha`` the more the larger ``K`` i
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -271,12 +272,16 @@ class PassCosts:
         >>> c.best_k(torch.tensor([0.8]), 8), c.best_k(torch.tensor([0.01]), 8)
         (5, 0)
         """
-        batch = int(alpha.numel())
-        a = alpha.double().cpu()
-        ks = torch.arange(max_k + 1, dtype=a.dtype)
-        tokens = expected_tokens(a[:, None], ks[None]).sum(0)  # [K+1]
-        cost = torch.tensor([self.step_cost(batch, k) for k in range(max_k + 1)], dtype=a.dtype)
-        return int(pick_k(tokens / cost.clamp_min(1e-12)))
+        return int(pick_k(self.token_rates(alpha.double().cpu(), max_k)))
+
+    def token_rates(self, alpha: torch.Tensor, max_k: int) -> torch.Tensor:
+        """``[max_k + 1]``: the batch's expected tokens per millisecond at ``K = 0 .. max_k``,
+        ``sum_b expected_tokens(alpha_b, K) / step_cost(B, K)``, on ``alpha``'s device and in
+        its dtype (no host sync: the step costs of a batch size are host floats, cached)."""
+        ks = torch.arange(max_k + 1, device=alpha.device, dtype=alpha.dtype)
+        tokens = expected_tokens(alpha[:, None], ks[None]).sum(0)  # [K+1]
+        cost = _step_costs(self, int(alpha.numel()), max_k)
+        return tokens / torch.tensor(cost, device=alpha.device, dtype=alpha.dtype).clamp_min(1e-12)
 
     def ideal_speedup(self, alpha: float, batch: int, k: int) -> float:
         """The speedup over the target alone this model predicts for ``batch`` rows with
@@ -307,6 +312,12 @@ class PassCosts:
             float(d.get("draft_step_ms", 0.0)),
             float(d.get("draft_fixed_ms", 0.0)),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _step_costs(costs: PassCosts, batch: int, max_k: int) -> tuple[float, ...]:
+    """``costs.step_cost(batch, K)`` for ``K = 0 .. max_k`` (a loop asks every step)."""
+    return tuple(costs.step_cost(batch, k) for k in range(max_k + 1))
 
 
 def _step_ms(batch: int, k: int, vocab: int, device, dtype, repeats: int) -> float:

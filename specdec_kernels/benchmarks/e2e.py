@@ -446,10 +446,10 @@ def _median(rs: list[dict], key: str):
     return statistics.median(vals) if vals else None
 
 
-def paired_ratio(a: list[dict], b: list[dict], key: str) -> float:
-    """The median over repeats of ``a[r][key] / b[r][key]``: runs of the same repeat, close in
-    time, so a slow spell of the machine cancels out of each ratio."""
-    return statistics.median(x[key] / max(y[key], 1e-12) for x, y in zip(a, b))
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """The median over repeats of ``a[r] / b[r]``: runs of the same repeat, close in time, so a
+    slow spell of the machine cancels out of each ratio."""
+    return statistics.median(x / max(y, 1e-12) for x, y in zip(a, b))
 
 
 def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None) -> list[dict]:
@@ -493,7 +493,11 @@ def _rows(cfg: E2EConfig, runs: dict, costs: dict, pass_costs=None, dtypes=None)
         }
         if base.get((b, t)):
             row["speedup_vs_target_only"] = round(
-                paired_ratio(rs, base_runs[(b, t)], "tokens_per_second"), 4
+                paired_ratio(
+                    [r["tokens_per_second"] for r in rs],
+                    [r["tokens_per_second"] for r in base_runs[(b, t)]],
+                ),
+                4,
             )
         if hf_base.get((b, t)):
             row["speedup_vs_hf_target_only"] = round(tps / hf_base[(b, t)], 4)
@@ -647,10 +651,7 @@ def check_targets(rows: list[dict]) -> list[str]:
         for t in sorted({r["temperature"] for r in rows}):
             a, f = get("specdec", b, "auto", t), best("specdec", b, t, fixed=True)
             if a and f:
-                rel = statistics.median(  # paired, as speedup_vs_target_only
-                    x / max(y, 1e-12)
-                    for x, y in zip(a["tokens_per_second_all"], f["tokens_per_second_all"])
-                )
+                rel = paired_ratio(a["tokens_per_second_all"], f["tokens_per_second_all"])
                 out.append(
                     f"{verdict(rel >= 0.95)} auto vs best fixed K B={b} T={t:g}: "
                     f"{a['tokens_per_second']:.1f} vs {f['tokens_per_second']:.1f} tok/s "

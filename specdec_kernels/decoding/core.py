@@ -34,7 +34,6 @@ from specdec_kernels.adaptive import (
     DRAFT_MARGIN,
     AcceptanceTracker,
     PassCosts,
-    expected_tokens,
     pick_k,
 )
 from specdec_kernels.decoding.proposals import ChainProposal
@@ -609,15 +608,10 @@ class Decoder:
         sync reads it with the rest). The margin to start drafting applies while the draft is
         not running; a running draft stops only where the target alone is faster."""
         alpha = tracker.alpha()  # [B]
-        b = alpha.numel()
-        ks = torch.arange(self.max_k + 1, device=alpha.device, dtype=torch.float32)  # [K+1]
-        tokens = expected_tokens(alpha.float()[:, None], ks[None]).sum(0)  # [K+1]
-        cost = torch.tensor(
-            [self.costs.step_cost(b, k) for k in range(self.max_k + 1)], device=alpha.device
-        )
+        rates = self.costs.token_rates(alpha.float(), self.max_k)  # [K+1]
         running = self.drafter is not None and not self._draft_cold
         margin = 0.0 if running else DRAFT_MARGIN
-        return pick_k(tokens / cost.clamp_min(1e-12), margin).expand(b).clone()
+        return pick_k(rates, margin).expand(alpha.numel()).clone()
 
     @staticmethod
     def _commit(st: _Rows, ver, eos, gs=None) -> None:

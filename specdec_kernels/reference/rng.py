@@ -27,6 +27,8 @@ approximate GPU logarithms.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 MASK32 = 0xFFFFFFFF
@@ -114,14 +116,20 @@ def draft_exponentials(seeds: torch.Tensor, position: int, shape) -> torch.Tenso
     >>> e.shape, bool(torch.equal(draft_exponentials(s[1:], 0, (5,)), e[1:]))
     (torch.Size([2, 5]), True)
     """
-    shape = tuple(shape)
-    n = 1
-    for d in shape:
-        n *= d
-    stream = stream_key(row_key(seeds.to(torch.int64)), position, PURPOSE_DRAFT)  # [B]
-    index = torch.arange(n, dtype=torch.int64, device=seeds.device)
-    u = uniform(stream[:, None], index[None, :])  # [B, n]
+    u = _draft_uniforms(seeds, position, math.prod(shape))  # [B, n]
     return exponential(u).view(seeds.shape[0], *shape)
+
+
+def _draft_uniforms(seeds: torch.Tensor, position, n: int) -> torch.Tensor:
+    """The drafter's uniforms of indices ``0 .. n-1``: ``[B, n]`` at an int ``position``,
+    ``[B, P, n]`` at a ``[P]`` tensor of positions (integer steps and exact conversions: the
+    same bits either way)."""
+    key = row_key(seeds.to(torch.int64))  # [B]
+    if isinstance(position, torch.Tensor):
+        key, position = key[:, None], position[None]  # [B, 1], [1, P]
+    stream = stream_key(key, position, PURPOSE_DRAFT)  # [B] or [B, P]
+    index = torch.arange(n, dtype=torch.int64, device=seeds.device)
+    return uniform(stream[..., None], index)
 
 
 def draft_exponentials_upto(seeds: torch.Tensor, positions: int, shape) -> list[torch.Tensor]:
@@ -136,15 +144,9 @@ def draft_exponentials_upto(seeds: torch.Tensor, positions: int, shape) -> list[
     ...     for j, e in enumerate(draft_exponentials_upto(s, 3, (5,))))
     True
     """
-    shape = tuple(shape)
-    n = 1
-    for d in shape:
-        n *= d
-    b = seeds.shape[0]
     pos = torch.arange(positions, dtype=torch.int64, device=seeds.device)
-    stream = stream_key(row_key(seeds.to(torch.int64))[:, None], pos[None], PURPOSE_DRAFT)
-    index = torch.arange(n, dtype=torch.int64, device=seeds.device)
-    u = uniform(stream[:, :, None], index[None, None, :])  # [B, positions, n]: exact steps
+    u = _draft_uniforms(seeds, pos, math.prod(shape))  # [B, positions, n]
+    b = seeds.shape[0]
     return [exponential(u[:, j].contiguous()).view(b, *shape) for j in range(positions)]
 
 
