@@ -54,6 +54,8 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "bool processed, int num_logprobs) -> (Tensor, Tensor, Tensor)");
   m.def("rowinv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
   m.def("rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor");
+  m.def("causal_lm_pass(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, int kv_len, "
+        "Tensor? logits_index, Tensor[] weights, int num_heads, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -67,6 +69,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_emitted_logprobs", &specdec::native_emitted_logprobs_cpu);
   m.impl("rowinv_linear", &specdec::rowinv_linear_cpu);
   m.impl("rowinv_attention", &specdec::rowinv_attention_cpu);
+  m.impl("causal_lm_pass", &specdec::causal_lm_pass_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA

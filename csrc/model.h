@@ -1,11 +1,13 @@
 // Row-invariant CPU model kernels (csrc/model_cpu.cpp): a linear layer and cached attention whose
 // result for one token does not depend on how many tokens share the call. Registered in
 // bindings.cpp as specdec::rowinv_linear and specdec::rowinv_attention; used by
-// specdec_kernels.models when a model runs with row_invariant=True.
+// specdec_kernels.models when a model runs with row_invariant=True, and by
+// specdec::causal_lm_pass (csrc/causal_lm_cpu.cpp), a whole cached pass of such a model.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <cstdint>
 #include <optional>
 
 namespace specdec {
@@ -14,5 +16,10 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
                              const std::optional<at::Tensor>& bias);
 at::Tensor rowinv_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& mask);
+// csrc/causal_lm_cpu.cpp: a whole cached CausalLM pass on the two kernels above
+at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                              const at::Tensor& lengths, int64_t kv_len,
+                              const std::optional<at::Tensor>& logits_index,
+                              at::TensorList weights, int64_t num_heads, double eps);
 
 }  // namespace specdec

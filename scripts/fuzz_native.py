@@ -1,12 +1,12 @@
 """Fuzz the native C++ ops with garbage: every call must return or raise a Python exception.
 
 Calls the extension's ops (``torch.ops.specdec.native_*``: the KV-cache ops, the verification
-ops and the logprob op), the public KV ops that route to them, and the cache classes' verbs with
-``validate=False``, with random small shapes and garbage values: positions and counts near
-``INT64_MAX`` / ``INT64_MIN``, ``-1``, out-of-range token ids, block ids and parents, NaN / inf
-logits and probabilities, wrong dtypes, shapes and strides. Nothing is compared: the point is that
-no call reads or writes out of bounds, overflows a signed integer or crashes, which is what
-``scripts/sanitize.sh`` checks by running this under AddressSanitizer and UBSan.
+ops, the logprob op; and the model kernels), the public KV ops that route to them, and the cache
+classes' verbs with ``validate=False``, with random small shapes and garbage values: positions and
+counts near ``INT64_MAX`` / ``INT64_MIN``, ``-1``, out-of-range token ids, block ids and parents,
+NaN / inf logits and probabilities, wrong dtypes, shapes and strides. Nothing is compared: the
+point is that no call reads or writes out of bounds, overflows a signed integer or crashes, which
+is what ``scripts/sanitize.sh`` checks by running this under AddressSanitizer and UBSan.
 
 Usage: ``python scripts/fuzz_native.py [--calls N] [--seed S]`` (needs the extension built). Prints
 how many calls returned and how many raised (by exception type); exits 1 if the extension is not
@@ -311,6 +311,31 @@ def rowinv_attention(z: Garbage) -> None:
     torch.ops.specdec.rowinv_attention(q, k, v, mask)
 
 
+def causal_lm_pass(z: Garbage) -> None:
+    layers, B, T, H = z.size(0, 2), z.size(0, 3), z.size(0, 5), z.size(0, 2)
+    D, S, V, P = z.r.choice([16, 32, 8, 0]), z.size(0, 24), z.size(1, 20), z.size(0, 24)
+    C = H * D
+    dtype = z.r.choice([torch.float32, torch.float32, torch.bfloat16, torch.float16])
+
+    def w(*shape):
+        odd = z.wild and z.chance(0.02)
+        return z.floats(z.maybe_wrong_shape(list(shape)), torch.float64 if odd else dtype)
+
+    weights = [w(V, C), w(P, C)]
+    for _ in range(layers):
+        weights += [w(C), w(C), w(3 * C, C), w(3 * C), w(C, C), w(C), w(C), w(C)]
+        weights += [w(4 * C, C), w(4 * C), w(C, 4 * C), w(C)]
+    weights += [w(C), w(C), w(V, C)]
+    if z.wild and z.chance(0.2):
+        weights = weights[: z.size(0, len(weights))]
+    kv = z.floats(z.maybe_wrong_shape([layers, 2, B, H, S, D]), dtype)
+    ids = z.ints(z.maybe_wrong_shape([B, T]), *z.span(0, V - 1))
+    lengths = z.ints(z.maybe_wrong_shape([B]), *z.span(0, S - T))
+    index = z.ints(z.maybe_wrong_shape([B]), *z.span(-T, T - 1)) if z.chance(0.5) else None
+    kv_len = z.int_value(*z.span(S, S))
+    torch.ops.specdec.causal_lm_pass(ids, kv, lengths, kv_len, index, weights, H, 1e-5)
+
+
 CALLS = {
     "native_kv_write_": lambda z: kv_write(z, paged=False, native=True),
     "native_paged_kv_write_": lambda z: kv_write(z, paged=True, native=True),
@@ -326,6 +351,7 @@ CALLS = {
     "native_emitted_logprobs": emitted_logprobs,
     "rowinv_linear": rowinv_linear,
     "rowinv_attention": rowinv_attention,
+    "causal_lm_pass": causal_lm_pass,
 }
 
 

@@ -357,6 +357,8 @@ def _fingerprint(target, draft) -> str:
             dtype=str(p.dtype),
             device=str(p.device),
             row_invariant=bool(getattr(m, "row_invariant", False)),
+            # a build with the one-op pass (specdec::causal_lm_pass) has other pass costs
+            one_op_pass=hasattr(torch.ops.specdec, "causal_lm_pass"),
             weights=hashlib.sha1(weights.numpy().tobytes()).hexdigest(),
         )
 

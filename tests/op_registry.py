@@ -234,6 +234,18 @@ def _rowinv_attention(device):
     return _on(device, q, q, q, torch.ones(1, 1, 3, 3, dtype=torch.bool).tril())
 
 
+def _causal_lm_pass(device):
+    from specdec_kernels.models import CausalLM, CausalLMConfig
+
+    cfg = CausalLMConfig(vocab_size=11, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    model = CausalLM(cfg).eval()
+    cache = model.new_cache(2, 16)
+    cache.advance(torch.tensor([3, 5]))
+    weights = [w.detach() for w in model._pass_weights()]
+    ids, index = torch.tensor([[1, 2], [3, 4]]), torch.tensor([1, 0])
+    return _on(device, ids, cache.kv, cache.lengths, 8, index) + (weights, 2, 1e-5)
+
+
 # ---------------------------------------------------------------- the registry
 def _backends(make, *extra, triton="triton"):
     """One case per backend: the native one needs the extension; ``triton="triton_slow"``
@@ -278,6 +290,7 @@ def _cases() -> list[Case]:
         cases.append(_native("native_" + name, "", _kv(name)))
     cases.append(Case("rowinv_linear", "bias", _rowinv_linear, "extension"))
     cases.append(Case("rowinv_attention", "causal", _rowinv_attention, "extension"))
+    cases.append(Case("causal_lm_pass", "one_layer", _causal_lm_pass, "extension"))
     return cases
 
 

@@ -119,6 +119,106 @@ def test_verify_pass_equals_decode_passes_bitwise(dtype, batch):
     torch.testing.assert_close(inv.float(), ref.float(), atol=tol, rtol=tol)
 
 
+def _python_pass(model, *args, **kwargs):
+    """``model(*args, **kwargs)`` through the Python ops, not ``specdec::causal_lm_pass``."""
+    model._one_op_pass = lambda cache: False
+    try:
+        return model(*args, **kwargs)
+    finally:
+        del model._one_op_pass
+
+
+def _filled_pair(model, lengths, capacity=64):
+    """Two caches of ``model`` with the same random prefix, committed to ``lengths``."""
+    caches = (model.new_cache(len(lengths), capacity), model.new_cache(len(lengths), capacity))
+    prefix = torch.randint(0, model.vocab_size, (len(lengths), max(lengths) + 1))
+    for cache in caches:
+        _python_pass(model, prefix, cache, validate=False)
+        cache.advance(torch.tensor(lengths))
+    return caches
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_op_pass_is_the_python_pass_bitwise(dtype, threads):
+    """``specdec::causal_lm_pass`` (the whole cached pass in one native call) against the same
+    pass through the Python ops: the same logits and the same cache, to the bit, for ragged rows,
+    one or several tokens, every ``logits_index`` form (negative indices too) and ``kv_len``."""
+    model = _model(dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            for lengths in ([7], [0, 19, 4]):
+                B = len(lengths)
+                for T in (1, 2, 5):
+                    for index in (
+                        None,
+                        torch.full((B,), T - 1),
+                        torch.randint(-T, T, (B,)),
+                        torch.randint(0, T, (B, 3)),
+                    ):
+                        a, b = _filled_pair(model, lengths)
+                        ids = torch.randint(0, 61, (B, T))
+                        kv_len = max(lengths) + T + 3
+                        assert model._one_op_pass(a)
+                        got = model(ids, a, logits_index=index, kv_len=kv_len, validate=False)
+                        want = _python_pass(model, ids, b, logits_index=index, kv_len=kv_len)
+                        assert got.shape == want.shape and torch.equal(got, want), (lengths, T)
+                        assert torch.equal(a.kv, b.kv)
+                        assert torch.equal(a.lengths, b.lengths)  # written, not committed
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_one_op_pass_runs_only_where_it_is_the_same_pass():
+    model = _model(torch.float32)
+    cache = model.new_cache(1, 16)
+    assert not model._one_op_pass(cache)  # gradients to record: the Python ops
+    with torch.no_grad():
+        assert model._one_op_pass(cache)
+    assert not model._one_op_pass(None)
+    model.row_invariant = False
+    with torch.no_grad():
+        assert not model._one_op_pass(cache)
+    gelu = CausalLM(
+        CausalLMConfig(
+            vocab_size=11,
+            n_positions=16,
+            n_embd=32,
+            n_layer=1,
+            n_head=2,
+            activation_function="gelu",
+        )
+    )
+    gelu.row_invariant = True
+    with torch.no_grad():
+        assert not gelu._one_op_pass(gelu.new_cache(1, 16))  # the op computes tanh GELU only
+
+
+def test_one_op_pass_refuses_bad_calls_and_leaves_the_cache_as_it_was():
+    model = _model(torch.float32)
+    cache = model.new_cache(2, 16)
+    cache.advance(torch.tensor([3, 14]))
+    kv, lengths = cache.kv.clone(), cache.lengths.clone()
+    ids = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    with torch.inference_mode():
+        with pytest.raises(ValueError, match=r"row 1: 3 tokens at length 14 .* 16 slots"):
+            model(ids, cache, validate=False)
+        with pytest.raises(IndexError, match=r"logits_index\[0\] = 3 is out of range"):
+            model(ids[:, :1], cache, logits_index=torch.tensor([3, 0]), validate=False)
+        with pytest.raises(ValueError, match=r"kv_len = 4 must be in .* = \[15, 16\]"):
+            model(ids[:, :1], cache, kv_len=4, validate=False)
+    assert torch.equal(cache.kv, kv) and torch.equal(cache.lengths, lengths)
+    weights = [w.detach() for w in model._pass_weights()]
+    with pytest.raises(ValueError, match="weights must be wte, wpe"):
+        op.causal_lm_pass(ids, cache.kv, cache.lengths, 16, None, weights[:-1], 2, 1e-5)
+    with pytest.raises(ValueError, match="kv_cache must be"):
+        op.causal_lm_pass(ids, cache.kv, cache.lengths, 16, None, weights, 4, 1e-5)
+    with pytest.raises(TypeError, match="one dtype"):
+        op.causal_lm_pass(ids, cache.kv.bfloat16(), cache.lengths, 16, None, weights, 2, 1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_speculative_greedy_is_the_targets_own_in_every_dtype(dtype):
     target, draft = sk.models.load_bundled("tiny", dtype=dtype, draft_dtype=torch.float32)

@@ -152,6 +152,9 @@ class TensorParallelCausalLM(nn.Module):
     _on_own_threads = CausalLM._on_own_threads  # no num_threads: the process's count
     forward = CausalLM.forward
 
+    def _one_op_pass(self, cache) -> bool:
+        return False  # its layers are split over the ranks: the Python ops and their all-reduces
+
     def __init__(self, model: CausalLM, group=None):
         super().__init__()
         c = self.config = model.config

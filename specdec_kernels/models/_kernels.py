@@ -1,6 +1,7 @@
-"""Fake (meta) implementations of the row-invariant model kernels ``specdec::rowinv_linear``
-and ``specdec::rowinv_attention`` (``csrc/model_cpu.cpp``), so that they trace under
-``torch.compile`` and pass ``torch.library.opcheck``."""
+"""Fake (meta) implementations of the row-invariant model kernels ``specdec::rowinv_linear``,
+``specdec::rowinv_attention`` (``csrc/model_cpu.cpp``) and ``specdec::causal_lm_pass``
+(``csrc/causal_lm_cpu.cpp``), so that they trace under ``torch.compile`` and pass
+``torch.library.opcheck``."""
 
 from __future__ import annotations
 
@@ -19,3 +20,11 @@ def register_fakes() -> None:
     @torch.library.register_fake("specdec::rowinv_attention")
     def _attention(q, k, v, mask):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+    if not hasattr(torch.ops.specdec, "causal_lm_pass"):
+        return
+
+    @torch.library.register_fake("specdec::causal_lm_pass")
+    def _pass(input_ids, kv_cache, lengths, kv_len, logits_index, weights, num_heads, eps):
+        rows = input_ids.shape if logits_index is None else logits_index.shape
+        return weights[-1].new_empty((*rows, weights[-1].shape[0]))

@@ -20,6 +20,8 @@ from torch import nn
 from specdec_kernels.models.transformer import Block, activation, init_weights, linear
 
 # GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
+# the activations specdec::causal_lm_pass computes (GELU, tanh approximation)
+_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -298,6 +300,18 @@ class CausalLM(nn.Module):
             The new tokens are the nodes of a token tree (see :class:`TreeAttention`).
         """
         with self._on_own_threads():
+            if tree is None and self._one_op_pass(cache):
+                c = self.config
+                return torch.ops.specdec.causal_lm_pass(
+                    input_ids,
+                    cache.kv,
+                    cache.lengths,
+                    cache.max_seq_len if kv_len is None else kv_len,
+                    logits_index,
+                    self._pass_weights(),
+                    c.n_head,
+                    c.layer_norm_epsilon,
+                )
             h = self.hidden_states(input_ids, cache, kv_len, validate, tree)  # [B, T, C]
             if logits_index is not None:
                 rows = torch.arange(h.shape[0], device=h.device)
@@ -307,6 +321,31 @@ class CausalLM(nn.Module):
                     else h[rows[:, None], logits_index]
                 )
             return linear(h, self.lm_head, getattr(self, "_row_invariant", False))
+
+    def _one_op_pass(self, cache) -> bool:
+        """Whether this cached pass runs as one native op (``specdec::causal_lm_pass``,
+        ``csrc/causal_lm_cpu.cpp``): the row-invariant kernels, a contiguous ``sk.KVCache``,
+        tanh GELU, and no gradient to record. Bitwise the Python pass's logits and cache, without
+        its ~15 dispatched ops per layer (half the bundled draft's pass)."""
+        from specdec_kernels.kv_cache import KVCache
+
+        if not self._row_invariant or type(cache) is not KVCache:
+            return False
+        if torch.is_grad_enabled() and self.lm_head.weight.requires_grad:
+            return False
+        return self.config.activation_function in _TANH_GELU and hasattr(
+            torch.ops.specdec, "causal_lm_pass"
+        )
+
+    def _pass_weights(self) -> list[torch.Tensor]:
+        """The weights ``specdec::causal_lm_pass`` takes, in its order."""
+        t = self.transformer
+        out = [t.wte.weight, t.wpe.weight]
+        for block in t.h:
+            a, m = block.attn, block.mlp
+            for layer in (block.ln_1, a.c_attn, a.c_proj, block.ln_2, m.c_fc, m.c_proj):
+                out += (layer.weight, layer.bias)
+        return out + [t.ln_f.weight, t.ln_f.bias, self.lm_head.weight]
 
     def new_cache(self, batch_size: int, max_seq_len: int | None = None):
         """An empty ``sk.KVCache`` shaped for this model (its dtype and device), zero-filled.
