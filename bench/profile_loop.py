@@ -7,7 +7,8 @@ the one host sync per step). Then ``torch.profiler`` over one run lists the top 
 
 Usage (one thread; run it on an otherwise idle machine)::
 
-    python bench/profile_loop.py [--pair default] [--k 4] [--json bench/results/loop_profile.json]
+    python bench/profile_loop.py [--pair default] [--k 4] [--dtype auto]
+        [--json bench/results/loop_profile.json]
 """
 
 from __future__ import annotations
@@ -77,16 +78,18 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--pair", default="default")
     p.add_argument("--k", type=int, default=4)
+    p.add_argument("--dtype", default="auto", help="float32, bfloat16 or auto (the demo's)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default="")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    target, draft = sk.models.load_bundled(args.pair)
+    target, draft = sk.models.load_bundled(args.pair, dtype=args.dtype)
     text = sk.models.bundled.heldout_text(args.pair)
     prompts = [sk.models.encode(text[:64])]
     timed_run(target, draft, prompts, args.k, 8)  # warm-up
     report = {"pair": args.pair, "k": args.k, "max_new_tokens": args.max_new_tokens}
+    report["dtype"] = str(target.lm_head.weight.dtype).replace("torch.", "")
     for name, d in (("speculative", draft), ("target_only", None)):
         runs = [
             timed_run(target, d, prompts, args.k, args.max_new_tokens) for _ in range(args.repeats)
