@@ -177,6 +177,11 @@ def test_one_op_pass_runs_only_where_it_is_the_same_pass():
     assert not model._one_op_pass(cache)  # gradients to record: the Python ops
     with torch.no_grad():
         assert model._one_op_pass(cache)
+    model.requires_grad_(False)
+    model.transformer.h[1].mlp.c_fc.weight.requires_grad_(True)  # one weight still trains
+    assert not model._one_op_pass(cache)
+    model.transformer.h[1].mlp.c_fc.weight.requires_grad_(False)
+    assert model._one_op_pass(cache)  # nothing to differentiate, even with grad mode on
     assert not model._one_op_pass(None)
     model.row_invariant = False
     with torch.no_grad():

@@ -19,9 +19,9 @@ from torch import nn
 
 from specdec_kernels.models.transformer import Block, activation, init_weights, linear
 
-# GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
 # the activations specdec::causal_lm_pass computes (GELU, tanh approximation)
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+# GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
@@ -331,8 +331,8 @@ class CausalLM(nn.Module):
 
         if not self._row_invariant or type(cache) is not KVCache:
             return False
-        if torch.is_grad_enabled() and self.lm_head.weight.requires_grad:
-            return False
+        if torch.is_grad_enabled() and any(w.requires_grad for w in self._pass_weights()):
+            return False  # the op has no backward: autograd records the Python ops
         return self.config.activation_function in _TANH_GELU and hasattr(
             torch.ops.specdec, "causal_lm_pass"
         )
