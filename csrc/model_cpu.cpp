@@ -28,7 +28,9 @@
 #include <immintrin.h>
 #endif
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <type_traits>
 #include <vector>
@@ -122,6 +124,112 @@ SPECDEC_CLONES void linear_tile_bf16(const float* x, int64_t M, int64_t Cp, cons
 }
 
 #if defined(__GNUC__) && defined(__x86_64__)
+// AVX2 with FMA but no AVX-512 (AMD Zen 2/3, Intel before Skylake-SP): the generic clones above
+// hold a tile's 16 sixteen-lane accumulators in 32 ymm registers of the 16 there are, and
+// target_clones' "avx2" has no FMA; this tile keeps each element's arithmetic the generic one's
+// (lanes 0-7 and 8-15 of its sixteen partial sums in two ymm accumulators, in input order, then
+// tree_sum's pairwise order) with fused multiply-adds, two weight rows by up to three input rows
+// at a time: 12 accumulators and 4 weight registers of the 16. The same function for every M,
+// like the others.
+#define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
+#define SPECDEC_HAVE_AVX2 1
+
+SPECDEC_AVX2 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+
+SPECDEC_AVX2 inline __m256 load8(const uint16_t* p) {  // bfloat16 bits -> float32
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// tree_sum of the sixteen lanes (lo = 0-7, hi = 8-15): a[l] += a[l+8], a[l] += a[l+4],
+// a[l] += a[l+2], a[0] += a[1].
+SPECDEC_AVX2 inline float finish16(__m256 lo, __m256 hi) {
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+}
+
+template <typename W>
+SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const W* w, float* out,
+                                   int64_t ld, const W* pf) {
+  for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
+    __builtin_prefetch(pf + c);
+  for (int r = 0; r < kRows; r += 2) {
+    const W* w0 = w + r * Cp;
+    const W* w1 = w0 + Cp;
+    int64_t m = 0;
+    for (; m + 3 <= M; m += 3) {  // 12 accumulators, 4 weight registers, inputs from memory
+      const float* x0 = x + m * Cp;
+      __m256 a[12];  // [input row][weight row][lo, hi]
+      for (int i = 0; i < 12; ++i) a[i] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < Cp; c += kLanes) {
+        const __m256 u0 = load8(w0 + c), u1 = load8(w0 + c + 8);
+        const __m256 v0 = load8(w1 + c), v1 = load8(w1 + c + 8);
+        for (int i = 0; i < 3; ++i) {
+          const float* xi = x0 + i * Cp + c;
+          a[4 * i] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), u0, a[4 * i]);
+          a[4 * i + 1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), u1, a[4 * i + 1]);
+          a[4 * i + 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), v0, a[4 * i + 2]);
+          a[4 * i + 3] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), v1, a[4 * i + 3]);
+        }
+      }
+      for (int i = 0; i < 3; ++i) {
+        out[(m + i) * ld + r] = finish16(a[4 * i], a[4 * i + 1]);
+        out[(m + i) * ld + r + 1] = finish16(a[4 * i + 2], a[4 * i + 3]);
+      }
+    }
+    for (; m + 2 <= M; m += 2) {
+      const float* x0 = x + m * Cp;
+      const float* x1 = x0 + Cp;
+      __m256 a[8];  // [input row][weight row][lo, hi]
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < Cp; c += kLanes) {
+        const __m256 u0 = load8(w0 + c), u1 = load8(w0 + c + 8);
+        const __m256 v0 = load8(w1 + c), v1 = load8(w1 + c + 8);
+        const __m256 p0 = _mm256_loadu_ps(x0 + c), p1 = _mm256_loadu_ps(x0 + c + 8);
+        a[0] = _mm256_fmadd_ps(p0, u0, a[0]);
+        a[1] = _mm256_fmadd_ps(p1, u1, a[1]);
+        a[2] = _mm256_fmadd_ps(p0, v0, a[2]);
+        a[3] = _mm256_fmadd_ps(p1, v1, a[3]);
+        const __m256 q0 = _mm256_loadu_ps(x1 + c), q1 = _mm256_loadu_ps(x1 + c + 8);
+        a[4] = _mm256_fmadd_ps(q0, u0, a[4]);
+        a[5] = _mm256_fmadd_ps(q1, u1, a[5]);
+        a[6] = _mm256_fmadd_ps(q0, v0, a[6]);
+        a[7] = _mm256_fmadd_ps(q1, v1, a[7]);
+      }
+      out[m * ld + r] = finish16(a[0], a[1]);
+      out[m * ld + r + 1] = finish16(a[2], a[3]);
+      out[(m + 1) * ld + r] = finish16(a[4], a[5]);
+      out[(m + 1) * ld + r + 1] = finish16(a[6], a[7]);
+    }
+    for (; m < M; ++m) {  // the same per-element arithmetic, one input row
+      const float* x0 = x + m * Cp;
+      __m256 a[4];
+      for (int i = 0; i < 4; ++i) a[i] = _mm256_setzero_ps();
+      for (int64_t c = 0; c < Cp; c += kLanes) {
+        const __m256 p0 = _mm256_loadu_ps(x0 + c), p1 = _mm256_loadu_ps(x0 + c + 8);
+        a[0] = _mm256_fmadd_ps(p0, load8(w0 + c), a[0]);
+        a[1] = _mm256_fmadd_ps(p1, load8(w0 + c + 8), a[1]);
+        a[2] = _mm256_fmadd_ps(p0, load8(w1 + c), a[2]);
+        a[3] = _mm256_fmadd_ps(p1, load8(w1 + c + 8), a[3]);
+      }
+      out[m * ld + r] = finish16(a[0], a[1]);
+      out[m * ld + r + 1] = finish16(a[2], a[3]);
+    }
+  }
+}
+
+bool cpu_has_avx2_fma() {
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+}
+
+bool cpu_has_avx512f() {
+  static const bool yes = __builtin_cpu_supports("avx512f");
+  return yes;
+}
+
 #define SPECDEC_HAVE_DPBF16 1
 // bfloat16 x bfloat16 with AVX512_BF16's dot-product instruction: lane l of an accumulator adds
 // the products of elements 2l and 2l+1 of each 32-element chunk, in chunk order. x: [M, Cp]
@@ -183,7 +291,29 @@ bool cpu_has_dpbf16() {
 }
 #else
 bool cpu_has_dpbf16() { return false; }
+bool cpu_has_avx2_fma() { return false; }
+bool cpu_has_avx512f() { return false; }
 #endif
+
+// Which tile the linear layer runs: SPECDEC_LINEAR_TILE=generic (the target_clones tiles) or
+// avx2 (the AVX2+FMA tile, where the CPU has it) forces one, read once per process (the tests
+// run every tile a CPU has, each in its own process); unset: the CPU's best (dot-product
+// instructions for bfloat16 where there are, the AVX2 tile where AVX-512F is missing).
+enum class Tile { kBest, kGeneric, kAvx2 };
+
+Tile forced_tile() {
+  static const Tile tile = [] {
+    const char* e = std::getenv("SPECDEC_LINEAR_TILE");
+    if (e == nullptr || *e == '\0') return Tile::kBest;
+    const std::string v(e);
+    TORCH_CHECK_VALUE(v == "generic" || v == "avx2",
+                      "SPECDEC_LINEAR_TILE must be 'generic' or 'avx2' (or unset), got '", v, "'");
+    TORCH_CHECK_VALUE(v == "generic" || cpu_has_avx2_fma(),
+                      "SPECDEC_LINEAR_TILE=avx2, but this CPU has no AVX2 with FMA");
+    return v == "generic" ? Tile::kGeneric : Tile::kAvx2;
+  }();
+  return tile;
+}
 
 void check_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
@@ -212,7 +342,13 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = N;
   // the bfloat16 dot-product instruction where the CPU has it, for bfloat16 models
-  const bool dpbf16 = x.scalar_type() == at::kBFloat16 && cpu_has_dpbf16();
+  const Tile forced = forced_tile();
+  const bool dpbf16 =
+      forced == Tile::kBest && x.scalar_type() == at::kBFloat16 && cpu_has_dpbf16();
+  // otherwise the generic clones (AVX-512F's among them)
+  const bool avx2 = forced == Tile::kAvx2 ||
+                    (forced == Tile::kBest && !dpbf16 && cpu_has_avx2_fma() &&
+                     !cpu_has_avx512f());
   const int64_t align = dpbf16 ? 32 : kLanes;
   const int64_t Cp = (C + align - 1) / align * align;
   // x as float32 (bfloat16 for dpbf16) [M, Cp] and weight [N, Cp], zero-padded (no copy when
@@ -271,6 +407,10 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
 #ifdef SPECDEC_HAVE_DPBF16
             linear_tile_dpbf16(x_bf16, M, Cp, wt, tile, ld, pf);
 #endif
+          } else if (avx2) {
+#ifdef SPECDEC_HAVE_AVX2
+            linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
+#endif
           } else {
             linear_tile_bf16(xp, M, Cp, wt, tile, ld, pf);
           }
@@ -281,7 +421,14 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
             std::memcpy(last_f32.data(), wt, rows * Cp * sizeof(float));
             wt = last_f32.data();
           }
-          linear_tile_f32(xp, M, Cp, wt, tile, ld, ahead < 0 ? nullptr : w_f32 + ahead);
+          const float* pf = ahead < 0 ? nullptr : w_f32 + ahead;
+          if (avx2) {
+#ifdef SPECDEC_HAVE_AVX2
+            linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
+#endif
+          } else {
+            linear_tile_f32(xp, M, Cp, wt, tile, ld, pf);
+          }
         }
       }
       const int64_t n0 = g * kRows, cols = std::min<int64_t>(g_end * kRows, N) - n0;

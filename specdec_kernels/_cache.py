@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 import time
 
 import torch
@@ -35,6 +36,19 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def kernels_id() -> str:
+    """Which native kernels this process runs: the loaded extension's file (its size and
+    modification time: a rebuild has other kernels, so other pass costs) and the linear tile
+    ``SPECDEC_LINEAR_TILE`` forces, if any; part of every cache key beside :func:`cpu_name`."""
+    path = getattr(sys.modules.get("specdec_kernels._C"), "__file__", None)
+    try:
+        st = os.stat(path) if path else None
+    except OSError:
+        st = None
+    build = f"{st.st_size}:{st.st_mtime_ns}" if st is not None else "none"
+    return f"{build}:{os.environ.get('SPECDEC_LINEAR_TILE', '')}"
 
 
 def read_json(path: str) -> dict:

@@ -29,6 +29,7 @@ import torch
 from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented from here)
     cache_path,
     cpu_name,
+    kernels_id,
     pass_ms,
     passes_ms,
     remembered,
@@ -369,6 +370,7 @@ def _fingerprint(target, draft) -> str:
         torch=torch.__version__,
         package=__version__,
         cpu=cpu_name(),
+        kernels=kernels_id(),
     )
     return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
 

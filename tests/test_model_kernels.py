@@ -44,6 +44,50 @@ def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias
         torch.set_num_threads(threads)
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return {f for line in fh if line.startswith("flags") for f in line.split()[2:]}
+    except OSError:
+        return set()
+
+
+@pytest.mark.parametrize("tile", ["generic", "avx2"])
+def test_every_linear_tile_of_this_cpu_is_row_invariant(tile):
+    """The linear layer picks its tile once per process from the CPU (the AVX2+FMA one where
+    AVX-512F is missing); SPECDEC_LINEAR_TILE forces one, so each tile this CPU can run passes
+    the test above in a process of its own, whichever the CPU would pick."""
+    import os
+    import subprocess
+    import sys
+
+    flags = _cpu_flags()
+    if tile == "avx2" and not {"avx2", "fma"} <= flags:
+        pytest.skip("this CPU has no AVX2 with FMA (or no /proc/cpuinfo to say so)")
+    env = dict(os.environ, SPECDEC_LINEAR_TILE=tile)
+    name = "test_linear_matches_torch_and_is_row_invariant"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{name}"]
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-1000:]
+
+
+def test_an_unknown_linear_tile_is_refused_by_name():
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, specdec_kernels\n"
+        "torch.ops.specdec.rowinv_linear(torch.ones(1, 4), torch.ones(2, 4), None)"
+    )
+    env = dict(os.environ, SPECDEC_LINEAR_TILE="avx9")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "SPECDEC_LINEAR_TILE must be 'generic' or 'avx2'" in run.stderr, run.stderr[-2000:]
+    assert "'avx9'" in run.stderr
+
+
 @pytest.mark.parametrize(
     "dtype, atol, rtol", [(torch.float32, 1e-5, 1e-5), (torch.bfloat16, 2e-2, 2e-2)]
 )
@@ -376,6 +420,32 @@ def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
         assert list(row) == sorted(row)
     assert (tmp_path / "pass_costs.json").exists()
     assert measure_pass_costs(target, draft, max_k=4, max_batch=2, repeats=2) is costs
+
+
+def test_cached_costs_are_keyed_by_the_kernels(pair_tiny, monkeypatch):
+    """A rebuilt extension or a forced linear tile has other pass costs: another key."""
+    import os
+    from types import SimpleNamespace
+
+    from specdec_kernels import _cache, adaptive
+
+    target, draft = pair_tiny
+    key = adaptive._fingerprint(target, draft)
+    assert adaptive._fingerprint(target, draft) == key
+    monkeypatch.setenv("SPECDEC_LINEAR_TILE", "generic")
+    assert adaptive._fingerprint(target, draft) != key
+    monkeypatch.delenv("SPECDEC_LINEAR_TILE")
+    so = sk._extension._C.__file__
+    st = os.stat(so)
+    assert _cache.kernels_id().startswith(f"{st.st_size}:{st.st_mtime_ns}:")
+    real = os.stat
+    later = SimpleNamespace(st_size=st.st_size, st_mtime_ns=st.st_mtime_ns + 1)  # a rebuild
+
+    def stat(path, *a, **kw):
+        return later if path == so else real(path, *a, **kw)
+
+    monkeypatch.setattr(_cache.os, "stat", stat)
+    assert adaptive._fingerprint(target, draft) != key
 
 
 def test_passes_ms_times_each_entry_in_turns(pair_tiny, monkeypatch):

@@ -144,7 +144,7 @@ def fastest_dtype(
     """
     import json
 
-    from specdec_kernels._cache import cpu_name, pass_ms, remembered
+    from specdec_kernels._cache import cpu_name, kernels_id, pass_ms, remembered
 
     probe = load(DTYPE_CANDIDATES[0])
     key = "dtype:" + json.dumps(
@@ -152,6 +152,7 @@ def fastest_dtype(
             config=repr(probe.config),
             tokens=list(tokens),
             cpu=cpu_name(),
+            kernels=kernels_id(),
             threads=torch.get_num_threads(),
             torch=torch.__version__,
         ),
@@ -185,7 +186,7 @@ def fastest_threads(load, *, tokens=(1, 5), repeats: int = 7, cache: bool = True
     ``torch.set_num_threads`` with the result, or sets :attr:`CausalLM.num_threads`."""
     import json
 
-    from specdec_kernels._cache import cpu_name, pass_ms, remembered
+    from specdec_kernels._cache import cpu_name, kernels_id, pass_ms, remembered
 
     cores = os.cpu_count() or 1
     model = load()
@@ -195,6 +196,7 @@ def fastest_threads(load, *, tokens=(1, 5), repeats: int = 7, cache: bool = True
             dtype=str(model.lm_head.weight.dtype),
             tokens=list(tokens),
             cpu=cpu_name(),
+            kernels=kernels_id(),
             cores=cores,
             torch=torch.__version__,
         ),
