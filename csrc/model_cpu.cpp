@@ -295,10 +295,10 @@ bool cpu_has_avx2_fma() { return false; }
 bool cpu_has_avx512f() { return false; }
 #endif
 
-// Which tile the linear layer runs: SPECDEC_LINEAR_TILE=generic (the target_clones tiles) or
-// avx2 (the AVX2+FMA tile, where the CPU has it) forces one, read once per process (the tests
-// run every tile a CPU has, each in its own process); unset: the CPU's best (dot-product
-// instructions for bfloat16 where there are, the AVX2 tile where AVX-512F is missing).
+// Which tile the linear layer runs (and attention with it): SPECDEC_LINEAR_TILE=generic (the
+// target_clones code) or avx2 (the AVX2+FMA code, where the CPU has it) forces one, read once
+// per process (the tests run every tile a CPU has, each in its own process); unset: the CPU's
+// best (dot-product instructions for bfloat16 where there are, AVX2 where AVX-512F is missing).
 enum class Tile { kBest, kGeneric, kAvx2 };
 
 Tile forced_tile() {
@@ -313,6 +313,13 @@ Tile forced_tile() {
     return v == "generic" ? Tile::kGeneric : Tile::kAvx2;
   }();
   return tile;
+}
+
+// The AVX2 tile runs where forced, or by choice where AVX-512F is missing (a bfloat16 layer
+// uses the dot-product instructions instead where the CPU has them, which implies AVX-512F).
+bool linear_tile_is_avx2() {
+  const Tile t = forced_tile();
+  return t == Tile::kAvx2 || (t == Tile::kBest && cpu_has_avx2_fma() && !cpu_has_avx512f());
 }
 
 void check_float(const at::Tensor& t, const char* name) {
@@ -342,13 +349,10 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = N;
   // the bfloat16 dot-product instruction where the CPU has it, for bfloat16 models
-  const Tile forced = forced_tile();
   const bool dpbf16 =
-      forced == Tile::kBest && x.scalar_type() == at::kBFloat16 && cpu_has_dpbf16();
+      forced_tile() == Tile::kBest && x.scalar_type() == at::kBFloat16 && cpu_has_dpbf16();
   // otherwise the generic clones (AVX-512F's among them)
-  const bool avx2 = forced == Tile::kAvx2 ||
-                    (forced == Tile::kBest && !dpbf16 && cpu_has_avx2_fma() &&
-                     !cpu_has_avx512f());
+  const bool avx2 = !dpbf16 && linear_tile_is_avx2();
   const int64_t align = dpbf16 ? 32 : kLanes;
   const int64_t Cp = (C + align - 1) / align * align;
   // x as float32 (bfloat16 for dpbf16) [M, Cp] and weight [N, Cp], zero-padded (no copy when
@@ -501,6 +505,65 @@ SPECDEC_CLONES void attend_row_bf16(const float* qf, int64_t Dp, const uint16_t*
   attend_row(qf, Dp, k, ks, v, vs, mask, ms, L, scale, score, keys, out);
 }
 
+#ifdef SPECDEC_HAVE_AVX2
+// attend_row with AVX2 and FMA, where the linear layer runs its AVX2 tile: each score a
+// sixteen-lane dot product in finish16's order, the values' weighted sum held in registers
+// across the keys (head sizes up to 64: no load and store of the output per key). A query's
+// result still depends only on it, its keys and its mask.
+template <int NV, typename E>
+SPECDEC_AVX2 inline void weigh_values(const float* p, const int64_t* keys, int64_t n, const E* v,
+                                      int64_t vs, float inv, float* out) {
+  __m256 o[NV];
+  for (int c = 0; c < NV; ++c) o[c] = _mm256_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const __m256 pv = _mm256_set1_ps(p[i]);
+    const E* row = v + keys[i] * vs;
+    for (int c = 0; c < NV; ++c) o[c] = _mm256_fmadd_ps(pv, load8(row + 8 * c), o[c]);
+  }
+  const __m256 s = _mm256_set1_ps(inv);
+  for (int c = 0; c < NV; ++c) _mm256_storeu_ps(out + 8 * c, _mm256_mul_ps(o[c], s));
+}
+
+template <typename E>
+SPECDEC_AVX2 void attend_row_avx2(const float* qf, int64_t Dp, const E* k, int64_t ks,
+                                  const E* v, int64_t vs, const bool* mask, int64_t ms, int64_t L,
+                                  float scale, float* score, int64_t* keys, float* out) {
+  int64_t n = 0;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < L; ++j) {
+    if (!mask[j * ms]) continue;
+    const E* row = k + j * ks;
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int64_t d = 0; d < Dp; d += kLanes) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(qf + d), load8(row + d), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(qf + d + 8), load8(row + d + 8), hi);
+    }
+    const float sc = finish16(lo, hi) * scale;
+    keys[n] = j;
+    score[n++] = sc;
+    mx = sc > mx ? sc : mx;
+  }
+  if (n == 0) {
+    for (int64_t d = 0; d < Dp; ++d) out[d] = 0.0f;
+    return;
+  }
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    score[i] = std::exp(score[i] - mx);
+    sum += score[i];
+  }
+  const float inv = 1.0f / sum;
+  switch (Dp) {
+    case 16: return weigh_values<2>(score, keys, n, v, vs, inv, out);
+    case 32: return weigh_values<4>(score, keys, n, v, vs, inv, out);
+    case 48: return weigh_values<6>(score, keys, n, v, vs, inv, out);
+    case 64: return weigh_values<8>(score, keys, n, v, vs, inv, out);
+    default:  // wider heads: eight elements at a time over the keys
+      for (int64_t d = 0; d < Dp; d += 8) weigh_values<1>(score, keys, n, v + d, vs, inv, out + d);
+  }
+}
+#endif
+
 template <typename S>
 void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                       const at::Tensor& mask, at::Tensor& out) {
@@ -513,6 +576,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), ms = mask.strides();
   const int64_t mh = mask.size(1) == 1 ? 0 : ms[1];
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  const bool avx2 = linear_tile_is_avx2();
   // a task gets at least ~64k multiply-adds (two per key and element: scores, then values)
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, 2 * L * D));
   at::parallel_for(0, B * H * T, grain, [&](int64_t lo, int64_t hi) {
@@ -525,6 +589,14 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       const bool* mrow = mp + b * ms[0] + h * mh + t * ms[2];
       const S* kb = kp + b * ks[0] + h * ks[1];
       const S* vb = vp + b * vs[0] + h * vs[1];
+#ifdef SPECDEC_HAVE_AVX2
+      if (avx2) {
+        using E = std::conditional_t<std::is_same_v<S, float>, float, uint16_t>;
+        attend_row_avx2(qf.data(), D, reinterpret_cast<const E*>(kb), ks[2],
+                        reinterpret_cast<const E*>(vb), vs[2], mrow, ms[3], L, scale,
+                        score.data(), keys.data(), acc.data());
+      } else
+#endif
       if constexpr (std::is_same_v<S, float>)
         attend_row_f32(qf.data(), D, kb, ks[2], vb, vs[2], mrow, ms[3], L, scale, score.data(),
                        keys.data(), acc.data());

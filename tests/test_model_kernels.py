@@ -53,10 +53,11 @@ def _cpu_flags() -> set[str]:
 
 
 @pytest.mark.parametrize("tile", ["generic", "avx2"])
-def test_every_linear_tile_of_this_cpu_is_row_invariant(tile):
-    """The linear layer picks its tile once per process from the CPU (the AVX2+FMA one where
-    AVX-512F is missing); SPECDEC_LINEAR_TILE forces one, so each tile this CPU can run passes
-    the test above in a process of its own, whichever the CPU would pick."""
+def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
+    """The linear layer and attention pick their code once per process from the CPU (AVX2+FMA
+    where AVX-512F is missing); SPECDEC_LINEAR_TILE forces one, so each this CPU can run passes
+    the kernel tests and the one-op pass's bitwise test in a process of its own, whichever the
+    CPU would pick."""
     import os
     import subprocess
     import sys
@@ -65,8 +66,13 @@ def test_every_linear_tile_of_this_cpu_is_row_invariant(tile):
     if tile == "avx2" and not {"avx2", "fma"} <= flags:
         pytest.skip("this CPU has no AVX2 with FMA (or no /proc/cpuinfo to say so)")
     env = dict(os.environ, SPECDEC_LINEAR_TILE=tile)
-    name = "test_linear_matches_torch_and_is_row_invariant"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"{__file__}::{name}"]
+    names = (
+        "test_linear_matches_torch_and_is_row_invariant",
+        "test_attention_matches_sdpa_and_ignores_other_queries",
+        "test_one_op_pass_is_the_python_pass_bitwise",
+    )
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    cmd += [f"{__file__}::{name}" for name in names]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-1000:]
