@@ -276,6 +276,25 @@ def test_e2e_block_rows_are_configured_at_sampling_temperatures_only():
     assert block_row["tokens_per_second_vs_token"] == 1.1
 
 
+def test_e2e_runs_the_compared_pairs_next_to_each_other():
+    """Per (B, T): the target alone, then "auto", then the fixed K, then transformers'."""
+    import dataclasses
+
+    from specdec_kernels.benchmarks import e2e
+
+    cfg = dataclasses.replace(e2e.QUICK, systems=e2e.SYSTEMS[:4])
+    configs = list(e2e._configs(cfg, hf_ok=True))
+    first = [c for c in configs if c[1:2] == (1,) and c[3] == 0.0]
+    assert first[:4] == [
+        ("target_only", 1, None, 0.0),
+        ("specdec", 1, "auto", 0.0),
+        ("specdec", 1, 2, 0.0),
+        ("specdec", 1, 4, 0.0),
+    ]
+    assert {c[0] for c in first[4:]} == {"hf_target_only", "hf_assisted"}
+    assert len(configs) == len(set(configs))
+
+
 def test_e2e_batch_one_decodes_each_prompt_alone():
     """Batch 1 is ``interactive_prompts`` prompts, each decoded alone: one run of the row, its
     tokens and counts summed; the acceptance figures are those of the sums."""

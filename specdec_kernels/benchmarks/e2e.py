@@ -19,7 +19,9 @@ Systems (the same weights throughout; the Hugging Face models come from ``Causal
 Runs are interleaved (for each repeat, every system runs once per configuration, every other
 repeat in reverse order) and the figure kept is the median over repeats; a ratio of two systems
 (``speedup_vs_target_only``, auto against a fixed ``K``) is the median over repeats of the
-ratio within a repeat (paired: a slow spell of the machine slows both runs of the pair).
+ratio within a repeat (paired: a slow spell of the machine slows both runs of the pair, and the
+pairs compared run next to each other: per (B, T) the target alone, then ``"auto"``, then each
+fixed ``K``).
 Batch 1 decodes ``interactive_prompts`` prompts (4: those of batch 4), each alone, one after
 another, and counts them as one run (times and tokens summed): one 64-token prompt is too small
 a sample of acceptance to tell one ``K`` from another. No system stops at ``<eos>``: every row
@@ -311,18 +313,22 @@ def _run_hf(hf, prompts, cfg, temperature, seed, k=None):
 
 # ----------------------------------------------------------------------------- the benchmark
 def _configs(cfg: E2EConfig, hf_ok: bool):
-    """``(system, B, K, T)`` in run order: baselines first, then every K, per (B, T)."""
+    """``(system, B, K, T)`` in run order, per (B, T): the target alone, then ``"auto"``, then
+    the fixed ``K`` (the pairs the targets compare run next to each other, so that a slow
+    spell of the machine falls on both runs of a pair), then transformers' systems."""
+    ks = sorted(cfg.ks, key=lambda k: k != "auto")  # "auto" first, the rest in order
     for b in cfg.batch_sizes:
         for t in cfg.temperatures:
             if "target_only" in cfg.systems:
                 yield "target_only", b, None, t
-            if "hf_target_only" in cfg.systems and hf_ok:
-                yield "hf_target_only", b, None, t
-            for k in cfg.ks:
+            for k in ks:
                 if "specdec" in cfg.systems:
                     yield "specdec", b, k, t
                 if "specdec_block" in cfg.systems and t > 0:
                     yield "specdec_block", b, k, t
+            if "hf_target_only" in cfg.systems and hf_ok:
+                yield "hf_target_only", b, None, t
+            for k in ks:
                 if "hf_assisted" in cfg.systems and hf_ok and b == 1:
                     yield "hf_assisted", b, k, t
 
