@@ -61,6 +61,8 @@ def machine_text(m: dict | None) -> str:
     if not m:
         return "not recorded"
     parts = [m.get("gpu") or m.get("cpu", "?")]
+    if not m.get("gpu") and m.get("cpu_flags") is not None:  # which vector units it has
+        parts[0] += f" ({' '.join(m['cpu_flags']) or 'no AVX2'})"
     if m.get("cpu_count") is not None:
         parts.append(f"{m['cpu_count']} CPU cores")
     if m.get("torch_threads") is not None:

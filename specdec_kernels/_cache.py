@@ -38,17 +38,35 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: the CPU flags that decide which kernels run and how fast (``/proc/cpuinfo``'s names)
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_flags() -> list[str]:
+    """Which of :data:`VECTOR_FLAGS` this CPU has (empty where ``/proc/cpuinfo`` is missing):
+    two CPUs of one model name (an "AMD EPYC" of one generation or another) can differ here,
+    so every cache key and a benchmark row's machine carry it beside :func:`cpu_name`."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((ln.split(":", 1)[1].split() for ln in fh if ln.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return [f for f in VECTOR_FLAGS if f in flags]
+
+
 def kernels_id() -> str:
     """Which native kernels this process runs: the loaded extension's file (its size and
-    modification time: a rebuild has other kernels, so other pass costs) and the linear tile
-    ``SPECDEC_LINEAR_TILE`` forces, if any; part of every cache key beside :func:`cpu_name`."""
+    modification time: a rebuild has other kernels, so other pass costs), the linear tile
+    ``SPECDEC_LINEAR_TILE`` forces, if any, and :func:`cpu_flags`; part of every cache key beside
+    :func:`cpu_name`."""
     path = getattr(sys.modules.get("specdec_kernels._C"), "__file__", None)
     try:
         st = os.stat(path) if path else None
     except OSError:
         st = None
     build = f"{st.st_size}:{st.st_mtime_ns}" if st is not None else "none"
-    return f"{build}:{os.environ.get('SPECDEC_LINEAR_TILE', '')}"
+    tile = os.environ.get("SPECDEC_LINEAR_TILE", "")
+    return f"{build}:{tile}:{','.join(cpu_flags())}"
 
 
 def read_json(path: str) -> dict:

@@ -429,7 +429,8 @@ def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
 
 
 def test_cached_costs_are_keyed_by_the_kernels(pair_tiny, monkeypatch):
-    """A rebuilt extension or a forced linear tile has other pass costs: another key."""
+    """A rebuilt extension, a forced linear tile or other vector units have other pass costs:
+    another key."""
     import os
     from types import SimpleNamespace
 
@@ -451,6 +452,11 @@ def test_cached_costs_are_keyed_by_the_kernels(pair_tiny, monkeypatch):
         return later if path == so else real(path, *a, **kw)
 
     monkeypatch.setattr(_cache.os, "stat", stat)
+    assert adaptive._fingerprint(target, draft) != key
+    monkeypatch.undo()
+    # one model name, another generation of CPU (other vector units): another key too
+    assert set(_cache.cpu_flags()) <= set(_cache.VECTOR_FLAGS)
+    monkeypatch.setattr(_cache, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "amx_tile"])
     assert adaptive._fingerprint(target, draft) != key
 
 

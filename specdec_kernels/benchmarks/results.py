@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specdec_kernels._cache import cpu_name
+from specdec_kernels._cache import cpu_flags, cpu_name
 
 QUANTILES = (0.5, 0.2, 0.8)  # median, then the 20% and 80% quantiles (triton.testing's order)
 
@@ -143,6 +143,7 @@ def machine(device: torch.device) -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu": cpu_name(),
+        "cpu_flags": cpu_flags(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
