@@ -134,11 +134,33 @@ def make_draft_probs(b, k, v, drafts=None, seed=1, device="cpu", dtype=torch.flo
     return q.to(device=device, dtype=dtype), drafts.to(device)
 
 
+#: the instructions each of ATen's CPU capabilities needs (``/proc/cpuinfo``'s names)
+CAPABILITY_FLAGS = {
+    "avx2": {"avx2", "fma"},
+    "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
+}
+
+
+def cpu_flag_set() -> set[str]:
+    """The CPU's flags from ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return {f for line in fh if line.startswith("flags") for f in line.split()[2:]}
+    except OSError:
+        return set()
+
+
 def run_under_capability(script: str, capability: str, timeout: int = 300) -> None:
     """Run ``script`` (``python -c``, from the repository root) with
     ``ATEN_CPU_CAPABILITY=capability``: the native kernels' build for that CPU capability. The
     script prints torch's capability, then ``ok``. Skips when the CPU cannot run that build
-    (torch chose another); fails when the script fails."""
+    (torch chose another, or ``/proc/cpuinfo`` lacks its instructions: torch honours the variable
+    even where the CPU cannot run the build, and the process would die of an illegal
+    instruction); fails when the script fails."""
+    flags = cpu_flag_set()
+    missing = sorted(CAPABILITY_FLAGS.get(capability, set()) - flags) if flags else []
+    if missing:
+        pytest.skip(f"this CPU cannot run {capability} (no {', '.join(missing)})")
     tests = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.run(
         [sys.executable, "-c", script],
@@ -148,7 +170,7 @@ def run_under_capability(script: str, capability: str, timeout: int = 300) -> No
         timeout=timeout,
         cwd=os.path.dirname(tests),
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
     used, verdict = proc.stdout.split()[-2:]
     if capability != "default" and used != capability.upper():
         pytest.skip(f"this CPU cannot run {capability} (torch chose {used})")

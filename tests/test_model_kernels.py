@@ -44,14 +44,6 @@ def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias
         torch.set_num_threads(threads)
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return {f for line in fh if line.startswith("flags") for f in line.split()[2:]}
-    except OSError:
-        return set()
-
-
 @pytest.mark.parametrize("tile", ["generic", "avx2"])
 def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     """The linear layer and attention pick their code once per process from the CPU (AVX2+FMA
@@ -62,8 +54,9 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     import subprocess
     import sys
 
-    flags = _cpu_flags()
-    if tile == "avx2" and not {"avx2", "fma"} <= flags:
+    from helpers import CAPABILITY_FLAGS, cpu_flag_set
+
+    if tile == "avx2" and not CAPABILITY_FLAGS["avx2"] <= cpu_flag_set():
         pytest.skip("this CPU has no AVX2 with FMA (or no /proc/cpuinfo to say so)")
     env = dict(os.environ, SPECDEC_LINEAR_TILE=tile)
     names = (
