@@ -150,6 +150,30 @@ SPECDEC_AVX2 inline float finish16(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
+// R input rows against the two weight rows w0, w1: out[i * ld + 0..1], i < R. Each element's
+// arithmetic is the same for every R (the weights are loaded the same way whatever R is).
+template <int R, typename W>
+SPECDEC_AVX2 inline void rows_avx2(const float* x, int64_t Cp, const W* w0, const W* w1,
+                                   float* out, int64_t ld) {
+  __m256 a[4 * R];  // [input row][weight row][lo, hi]
+  for (int i = 0; i < 4 * R; ++i) a[i] = _mm256_setzero_ps();
+  for (int64_t c = 0; c < Cp; c += kLanes) {
+    const __m256 u0 = load8(w0 + c), u1 = load8(w0 + c + 8);
+    const __m256 v0 = load8(w1 + c), v1 = load8(w1 + c + 8);
+    for (int i = 0; i < R; ++i) {
+      const float* xi = x + i * Cp + c;
+      a[4 * i] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), u0, a[4 * i]);
+      a[4 * i + 1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), u1, a[4 * i + 1]);
+      a[4 * i + 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), v0, a[4 * i + 2]);
+      a[4 * i + 3] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), v1, a[4 * i + 3]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    out[i * ld] = finish16(a[4 * i], a[4 * i + 1]);
+    out[i * ld + 1] = finish16(a[4 * i + 2], a[4 * i + 3]);
+  }
+}
+
 template <typename W>
 SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const W* w, float* out,
                                    int64_t ld, const W* pf) {
@@ -157,66 +181,13 @@ SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const 
     __builtin_prefetch(pf + c);
   for (int r = 0; r < kRows; r += 2) {
     const W* w0 = w + r * Cp;
-    const W* w1 = w0 + Cp;
     int64_t m = 0;
-    for (; m + 3 <= M; m += 3) {  // 12 accumulators, 4 weight registers, inputs from memory
-      const float* x0 = x + m * Cp;
-      __m256 a[12];  // [input row][weight row][lo, hi]
-      for (int i = 0; i < 12; ++i) a[i] = _mm256_setzero_ps();
-      for (int64_t c = 0; c < Cp; c += kLanes) {
-        const __m256 u0 = load8(w0 + c), u1 = load8(w0 + c + 8);
-        const __m256 v0 = load8(w1 + c), v1 = load8(w1 + c + 8);
-        for (int i = 0; i < 3; ++i) {
-          const float* xi = x0 + i * Cp + c;
-          a[4 * i] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), u0, a[4 * i]);
-          a[4 * i + 1] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), u1, a[4 * i + 1]);
-          a[4 * i + 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xi), v0, a[4 * i + 2]);
-          a[4 * i + 3] = _mm256_fmadd_ps(_mm256_loadu_ps(xi + 8), v1, a[4 * i + 3]);
-        }
-      }
-      for (int i = 0; i < 3; ++i) {
-        out[(m + i) * ld + r] = finish16(a[4 * i], a[4 * i + 1]);
-        out[(m + i) * ld + r + 1] = finish16(a[4 * i + 2], a[4 * i + 3]);
-      }
+    for (; m + 3 <= M; m += 3) rows_avx2<3>(x + m * Cp, Cp, w0, w0 + Cp, out + m * ld + r, ld);
+    if (m + 2 <= M) {
+      rows_avx2<2>(x + m * Cp, Cp, w0, w0 + Cp, out + m * ld + r, ld);
+      m += 2;
     }
-    for (; m + 2 <= M; m += 2) {
-      const float* x0 = x + m * Cp;
-      const float* x1 = x0 + Cp;
-      __m256 a[8];  // [input row][weight row][lo, hi]
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
-      for (int64_t c = 0; c < Cp; c += kLanes) {
-        const __m256 u0 = load8(w0 + c), u1 = load8(w0 + c + 8);
-        const __m256 v0 = load8(w1 + c), v1 = load8(w1 + c + 8);
-        const __m256 p0 = _mm256_loadu_ps(x0 + c), p1 = _mm256_loadu_ps(x0 + c + 8);
-        a[0] = _mm256_fmadd_ps(p0, u0, a[0]);
-        a[1] = _mm256_fmadd_ps(p1, u1, a[1]);
-        a[2] = _mm256_fmadd_ps(p0, v0, a[2]);
-        a[3] = _mm256_fmadd_ps(p1, v1, a[3]);
-        const __m256 q0 = _mm256_loadu_ps(x1 + c), q1 = _mm256_loadu_ps(x1 + c + 8);
-        a[4] = _mm256_fmadd_ps(q0, u0, a[4]);
-        a[5] = _mm256_fmadd_ps(q1, u1, a[5]);
-        a[6] = _mm256_fmadd_ps(q0, v0, a[6]);
-        a[7] = _mm256_fmadd_ps(q1, v1, a[7]);
-      }
-      out[m * ld + r] = finish16(a[0], a[1]);
-      out[m * ld + r + 1] = finish16(a[2], a[3]);
-      out[(m + 1) * ld + r] = finish16(a[4], a[5]);
-      out[(m + 1) * ld + r + 1] = finish16(a[6], a[7]);
-    }
-    for (; m < M; ++m) {  // the same per-element arithmetic, one input row
-      const float* x0 = x + m * Cp;
-      __m256 a[4];
-      for (int i = 0; i < 4; ++i) a[i] = _mm256_setzero_ps();
-      for (int64_t c = 0; c < Cp; c += kLanes) {
-        const __m256 p0 = _mm256_loadu_ps(x0 + c), p1 = _mm256_loadu_ps(x0 + c + 8);
-        a[0] = _mm256_fmadd_ps(p0, load8(w0 + c), a[0]);
-        a[1] = _mm256_fmadd_ps(p1, load8(w0 + c + 8), a[1]);
-        a[2] = _mm256_fmadd_ps(p0, load8(w1 + c), a[2]);
-        a[3] = _mm256_fmadd_ps(p1, load8(w1 + c + 8), a[3]);
-      }
-      out[m * ld + r] = finish16(a[0], a[1]);
-      out[m * ld + r + 1] = finish16(a[2], a[3]);
-    }
+    if (m < M) rows_avx2<1>(x + m * Cp, Cp, w0, w0 + Cp, out + m * ld + r, ld);
   }
 }
 

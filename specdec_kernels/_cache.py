@@ -6,6 +6,7 @@ nothing of the package), shared by :mod:`specdec_kernels.adaptive` (pass costs),
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -42,16 +43,22 @@ def cpu_name() -> str:
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
-def cpu_flags() -> list[str]:
-    """Which of :data:`VECTOR_FLAGS` this CPU has (empty where ``/proc/cpuinfo`` is missing):
-    two CPUs of one model name (an "AMD EPYC" of one generation or another) can differ here,
-    so every cache key and a benchmark row's machine carry it beside :func:`cpu_name`."""
+@functools.lru_cache(maxsize=1)
+def cpu_flag_set() -> frozenset[str]:
+    """Every flag of ``/proc/cpuinfo``'s first ``flags`` line (empty where there is none)."""
     try:
         with open("/proc/cpuinfo") as fh:
             flags = next((ln.split(":", 1)[1].split() for ln in fh if ln.startswith("flags")), [])
     except OSError:
         flags = []
-    return [f for f in VECTOR_FLAGS if f in flags]
+    return frozenset(flags)
+
+
+def cpu_flags() -> list[str]:
+    """Which of :data:`VECTOR_FLAGS` this CPU has (empty where ``/proc/cpuinfo`` is missing):
+    two CPUs of one model name (an "AMD EPYC" of one generation or another) can differ here,
+    so every cache key and a benchmark row's machine carry it beside :func:`cpu_name`."""
+    return [f for f in VECTOR_FLAGS if f in cpu_flag_set()]
 
 
 def kernels_id() -> str:

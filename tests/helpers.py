@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from specdec_kernels._cache import cpu_flag_set
 from specdec_kernels._dispatch import native_available
 from specdec_kernels.generation import autoregressive_generate
 from specdec_kernels.models import CausalLM, CausalLMConfig
@@ -139,15 +140,6 @@ CAPABILITY_FLAGS = {
     "avx2": {"avx2", "fma"},
     "avx512": {"avx512f", "avx512bw", "avx512vl", "avx512dq"},
 }
-
-
-def cpu_flag_set() -> set[str]:
-    """The CPU's flags from ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            return {f for line in fh if line.startswith("flags") for f in line.split()[2:]}
-    except OSError:
-        return set()
 
 
 def run_under_capability(script: str, capability: str, timeout: int = 300) -> None:

@@ -54,7 +54,9 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     import subprocess
     import sys
 
-    from helpers import CAPABILITY_FLAGS, cpu_flag_set
+    from specdec_kernels._cache import cpu_flag_set
+
+    from helpers import CAPABILITY_FLAGS
 
     if tile == "avx2" and not CAPABILITY_FLAGS["avx2"] <= cpu_flag_set():
         pytest.skip("this CPU has no AVX2 with FMA (or no /proc/cpuinfo to say so)")
