@@ -8,7 +8,7 @@ the one host sync per step). Then ``torch.profiler`` over one run lists the top 
 Usage (one thread; run it on an otherwise idle machine)::
 
     python bench/profile_loop.py [--pair default] [--k 4] [--dtype auto]
-        [--json bench/results/loop_profile.json]
+        [--draft-loop] [--json bench/results/loop_profile.json]
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ import specdec_kernels as sk
 from specdec_kernels.decoding import adapters, proposals
 
 
-def timed_run(target, draft, prompts, k, max_new_tokens):
+def timed_run(target, draft, prompts, k, max_new_tokens, draft_loop=False):
     """Totals in ms per category for one generation call."""
     acc: dict[str, float] = defaultdict(float)
     calls: dict[str, int] = defaultdict(int)
     originals = {
         "extend": adapters.CausalLMAdapter.extend,
         "prefill": adapters.CausalLMAdapter.prefill,
+        "greedy_chain": adapters.CausalLMAdapter.greedy_chain,
         "verify_greedy": proposals.verify_greedy,
     }
 
@@ -51,6 +52,9 @@ def timed_run(target, draft, prompts, k, max_new_tokens):
 
     adapters.CausalLMAdapter.extend = wrap(originals["extend"], lambda a: f"{who(a)} pass")
     adapters.CausalLMAdapter.prefill = wrap(originals["prefill"], lambda a: f"{who(a)} prefill")
+    chain = originals["greedy_chain"] if not draft_loop else (lambda *a, **kw: None)
+    # the draft's greedy chain: its passes in one native call (counted as one draft pass call)
+    adapters.CausalLMAdapter.greedy_chain = wrap(chain, lambda a: f"{who(a)} pass")
     proposals.verify_greedy = wrap(originals["verify_greedy"], lambda a: "verify op")
     try:
         if draft is None:
@@ -61,6 +65,7 @@ def timed_run(target, draft, prompts, k, max_new_tokens):
     finally:
         adapters.CausalLMAdapter.extend = originals["extend"]
         adapters.CausalLMAdapter.prefill = originals["prefill"]
+        adapters.CausalLMAdapter.greedy_chain = originals["greedy_chain"]
         proposals.verify_greedy = originals["verify_greedy"]
     wall = out.stats.wall_seconds * 1e3
     acc["loop (everything else)"] = wall - sum(acc.values())
@@ -82,6 +87,12 @@ def main(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", default="")
+    p.add_argument(
+        "--draft-loop",
+        action="store_true",
+        help="draft through one Python-driven pass per token instead of the native greedy chain "
+        "(specdec::causal_lm_greedy_chain), for comparison",
+    )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     target, draft = sk.models.load_bundled(args.pair, dtype=args.dtype)
@@ -89,10 +100,12 @@ def main(argv=None):
     prompts = [sk.models.encode(text[:64])]
     timed_run(target, draft, prompts, args.k, 8)  # warm-up
     report = {"pair": args.pair, "k": args.k, "max_new_tokens": args.max_new_tokens}
+    report["draft_chain"] = "python loop" if args.draft_loop else "native"
     report["dtype"] = str(target.lm_head.weight.dtype).replace("torch.", "")
     for name, d in (("speculative", draft), ("target_only", None)):
         runs = [
-            timed_run(target, d, prompts, args.k, args.max_new_tokens) for _ in range(args.repeats)
+            timed_run(target, d, prompts, args.k, args.max_new_tokens, args.draft_loop)
+            for _ in range(args.repeats)
         ]
         best = min(runs, key=lambda r: r["wall_ms"])
         report[name] = best

@@ -56,6 +56,9 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor");
   m.def("causal_lm_pass(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, int kv_len, "
         "Tensor? logits_index, Tensor[] weights, int num_heads, float eps) -> Tensor");
+  m.def("causal_lm_greedy_chain(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, "
+        "Tensor num_valid, int kv_len, int num_tokens, Tensor[] weights, int num_heads, "
+        "float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -70,6 +73,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("rowinv_linear", &specdec::rowinv_linear_cpu);
   m.impl("rowinv_attention", &specdec::rowinv_attention_cpu);
   m.impl("causal_lm_pass", &specdec::causal_lm_pass_cpu);
+  m.impl("causal_lm_greedy_chain", &specdec::causal_lm_greedy_chain_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA

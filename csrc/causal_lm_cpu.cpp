@@ -132,4 +132,59 @@ at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_
   return rowinv_linear_cpu(h, w[2], std::nullopt);
 }
 
+// The greedy draft chain of one speculative step in one op call: a pass over input_ids [B, W]
+// (the committed tokens the draft's cache lacks; row b's first num_valid[b]), the argmax of row
+// b's logits at token num_valid[b] - 1, then num_tokens - 1 one-token passes, each fed the
+// argmax before it, on the cache advanced as the Python loop advances it (lengths + num_valid,
+// then + 1 a pass; kv_len, then + 1 a pass). Returns the num_tokens argmaxes [B, num_tokens];
+// the last one is not fed. The caller commits num_valid + num_tokens - 1 tokens. Bitwise the
+// Python loop of passes and torch.argmax (the same calls, in the same order).
+at::Tensor causal_lm_greedy_chain_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                                      const at::Tensor& lengths, const at::Tensor& num_valid,
+                                      int64_t kv_len, int64_t num_tokens, at::TensorList weights,
+                                      int64_t num_heads, double eps) {
+  TORCH_CHECK_VALUE(num_tokens >= 1, "causal_lm_greedy_chain: num_tokens must be >= 1, got ",
+                    num_tokens);
+  TORCH_CHECK_VALUE(input_ids.scalar_type() == at::kLong && input_ids.dim() == 2,
+                    "causal_lm_greedy_chain: input_ids must be int64 [B, W], got ",
+                    input_ids.scalar_type(), " ", input_ids.sizes());
+  const int64_t B = input_ids.size(0), W = input_ids.size(1);
+  TORCH_CHECK_VALUE(num_valid.scalar_type() == at::kLong && num_valid.dim() == 1 &&
+                        num_valid.size(0) == B,
+                    "causal_lm_greedy_chain: num_valid must be int64 [B] with B = ", B, ", got ",
+                    num_valid.scalar_type(), " ", num_valid.sizes());
+  TORCH_CHECK_VALUE(lengths.scalar_type() == at::kLong && lengths.dim() == 1 &&
+                        lengths.size(0) == B,
+                    "causal_lm_greedy_chain: lengths must be int64 [B] with B = ", B, ", got ",
+                    lengths.scalar_type(), " ", lengths.sizes());
+  TORCH_CHECK_VALUE(kv_cache.dim() == 6, "causal_lm_greedy_chain: kv_cache must be [L, 2, B, H, ",
+                    "S, D], got ", kv_cache.sizes());
+  const int64_t S = kv_cache.size(4);
+  const at::Tensor nv = num_valid.contiguous(), len = lengths.contiguous();
+  const int64_t *np = nv.data_ptr<int64_t>(), *lp = len.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(1 <= np[b] && np[b] <= W, "causal_lm_greedy_chain: num_valid[", b,
+                      "] = ", np[b], " must be in [1, ", W, "]");
+    // every pass must fit before the first one writes: a failing call leaves the cache as it
+    // was (the first pass checks its own W tokens, kv_len and the weights)
+    TORCH_CHECK_VALUE(lp[b] + np[b] + num_tokens - 1 <= S, "causal_lm_greedy_chain: row ", b,
+                      ": ", np[b], " + ", num_tokens - 1, " tokens at length ", lp[b],
+                      " do not fit a cache of ", S, " slots");
+  }
+  TORCH_CHECK_VALUE(kv_len + num_tokens - 1 <= S, "causal_lm_greedy_chain: kv_len = ", kv_len,
+                    " + ", num_tokens - 1, " later passes exceeds max_seq_len = ", S);
+  at::Tensor logits = causal_lm_pass_cpu(input_ids, kv_cache, len, kv_len, nv - 1, weights,
+                                         num_heads, eps);  // [B, V]
+  std::vector<at::Tensor> drafts{logits.argmax(-1)};   // [B] each
+  at::Tensor at_len = len + nv;
+  const at::Tensor first = at::zeros({B}, len.options());  // logits_index: the one token
+  for (int64_t i = 1; i < num_tokens; ++i) {
+    logits = causal_lm_pass_cpu(drafts.back().unsqueeze(1), kv_cache, at_len, kv_len + i, first,
+                                weights, num_heads, eps);
+    drafts.push_back(logits.argmax(-1));
+    at_len = at_len + 1;
+  }
+  return at::stack(drafts, 1);
+}
+
 }  // namespace specdec

@@ -21,5 +21,10 @@ at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_
                               const at::Tensor& lengths, int64_t kv_len,
                               const std::optional<at::Tensor>& logits_index,
                               at::TensorList weights, int64_t num_heads, double eps);
+// the greedy draft chain of a speculative step: one pass, then num_tokens - 1 one-token passes
+at::Tensor causal_lm_greedy_chain_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                                      const at::Tensor& lengths, const at::Tensor& num_valid,
+                                      int64_t kv_len, int64_t num_tokens, at::TensorList weights,
+                                      int64_t num_heads, double eps);
 
 }  // namespace specdec

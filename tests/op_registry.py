@@ -246,6 +246,12 @@ def _causal_lm_pass(device):
     return _on(device, ids, cache.kv, cache.lengths, 8, index) + (weights, 2, 1e-5)
 
 
+def _causal_lm_greedy_chain(device):
+    ids, kv, lengths, kv_len, _, weights, heads, eps = _causal_lm_pass(device)
+    num_valid = torch.tensor([2, 1], device=ids.device)
+    return (ids, kv, lengths, num_valid, kv_len, 3, weights, heads, eps)
+
+
 # ---------------------------------------------------------------- the registry
 def _backends(make, *extra, triton="triton"):
     """One case per backend: the native one needs the extension; ``triton="triton_slow"``
@@ -291,6 +297,7 @@ def _cases() -> list[Case]:
     cases.append(Case("rowinv_linear", "bias", _rowinv_linear, "extension"))
     cases.append(Case("rowinv_attention", "causal", _rowinv_attention, "extension"))
     cases.append(Case("causal_lm_pass", "one_layer", _causal_lm_pass, "extension"))
+    cases.append(Case("causal_lm_greedy_chain", "one_layer", _causal_lm_greedy_chain, "extension"))
     return cases
 
 

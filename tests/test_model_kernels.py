@@ -246,6 +246,36 @@ def test_one_op_pass_runs_only_where_it_is_the_same_pass():
         assert not gelu._one_op_pass(gelu.new_cache(1, 16))  # the op computes tanh GELU only
 
 
+def test_one_op_pass_follows_every_change_of_the_weights():
+    """The one-op pass reads its weights through slots found once: a reassigned parameter, a
+    replaced layer, a dtype conversion and ``load_state_dict(assign=True)`` all reach it (each
+    checked against the Python pass of the changed model, which reads every weight afresh)."""
+    model = _model(torch.float32)
+    ids = torch.randint(0, 61, (2, 3))
+
+    def same_as_python_pass():
+        a, b = _filled_pair(model, [4, 9])
+        got = model(ids, a, kv_len=16, validate=False)
+        assert torch.equal(got, _python_pass(model, ids, b, kv_len=16))
+        return got
+
+    with torch.inference_mode():
+        before = same_as_python_pass()
+        mlp = model.transformer.h[1].mlp
+        mlp.c_fc.weight = torch.nn.Parameter(mlp.c_fc.weight * 1.5)  # reassigned parameter
+        after = same_as_python_pass()
+        assert not torch.equal(after, before)
+        fresh = _model(torch.float32)  # replaced layers, from another model's weights
+        model.transformer.h[0] = fresh.transformer.h[0]
+        model.lm_head = fresh.lm_head
+        replaced = same_as_python_pass()
+        assert not torch.equal(replaced, after)
+        model.load_state_dict(_model(torch.float32).state_dict(), assign=True)
+        assert not torch.equal(same_as_python_pass(), replaced)
+        model.bfloat16()
+        assert same_as_python_pass().dtype == torch.bfloat16
+
+
 def test_one_op_pass_refuses_bad_calls_and_leaves_the_cache_as_it_was():
     model = _model(torch.float32)
     cache = model.new_cache(2, 16)
@@ -267,6 +297,76 @@ def test_one_op_pass_refuses_bad_calls_and_leaves_the_cache_as_it_was():
         op.causal_lm_pass(ids, cache.kv, cache.lengths, 16, None, weights, 4, 1e-5)
     with pytest.raises(TypeError, match="one dtype"):
         op.causal_lm_pass(ids, cache.kv.bfloat16(), cache.lengths, 16, None, weights, 2, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_chain_is_the_loop_of_passes_bitwise(dtype):
+    """``specdec::causal_lm_greedy_chain`` (a step's greedy drafts in one native call) against
+    the loop it replaces: a ragged pass over the tokens the cache lacks, ``argmax``, then one
+    pass per further draft fed the argmax before it; the same drafts and the same cache, to the
+    bit, for one and several rows, one or two catch-up tokens and chains of 1 to 5. Ties are
+    forced (a model whose logits are all equal) to check that the first index wins, as in
+    ``torch.argmax``."""
+    model = _model(dtype)
+    with torch.inference_mode():
+        for lengths, behind in (([7], [1]), ([0, 19, 4], [2, 1, 2])):
+            B, n = len(lengths), torch.tensor(behind)
+            for k in (1, 2, 5):
+                a, b = _filled_pair(model, lengths)
+                ids = torch.randint(0, 61, (B, 2))
+                kv_len = max(lengths) + 2
+                got = model.greedy_chain(ids, a, n, k, kv_len)
+                logits = model(ids, b, logits_index=n - 1, kv_len=kv_len, validate=False)
+                want = [logits.argmax(-1)]
+                b.advance(n)
+                for i in range(1, k):
+                    one = torch.zeros(B, dtype=torch.int64)
+                    x = want[-1][:, None]
+                    want.append(model(x, b, logits_index=one, kv_len=kv_len + i).argmax(-1))
+                    b.advance(1)
+                assert torch.equal(got, torch.stack(want, 1)), (lengths, k)
+                assert torch.equal(a.kv, b.kv)
+        flat = _model(dtype)
+        flat.lm_head.weight = torch.nn.Parameter(torch.zeros_like(flat.lm_head.weight))
+        cache = flat.new_cache(2, 16)
+        got = flat.greedy_chain(torch.tensor([[3, 4], [5, 6]]), cache, torch.tensor([2, 1]), 3, 2)
+        assert torch.equal(got, torch.zeros(2, 3, dtype=torch.int64))  # all tied: token 0
+
+
+def test_greedy_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was():
+    model = _model(torch.float32)
+    cache = model.new_cache(2, 16)
+    cache.advance(torch.tensor([3, 12]))
+    kv, lengths = cache.kv.clone(), cache.lengths.clone()
+    ids = torch.tensor([[1, 2], [4, 5]])
+    weights = [w.detach() for w in model._pass_weights()]
+
+    def chain(num_valid, num_tokens, kv_len=14, ids=ids):
+        n = torch.tensor(num_valid)
+        return op.causal_lm_greedy_chain(
+            ids, cache.kv, cache.lengths, n, kv_len, num_tokens, weights, 2, 1e-5
+        )
+
+    with pytest.raises(ValueError, match=r"row 1: 2 \+ 3 tokens at length 12 .* 16 slots"):
+        chain([1, 2], 4)  # the first pass fits; the fourth would not
+    with pytest.raises(ValueError, match=r"kv_len = 14 \+ 3 later passes exceeds"):
+        chain([1, 1], 4)
+    with pytest.raises(ValueError, match=r"num_valid\[0\] = 3 must be in \[1, 2\]"):
+        chain([3, 1], 1)
+    with pytest.raises(ValueError, match=r"num_valid\[1\] = 0"):
+        chain([1, 0], 1)
+    with pytest.raises(ValueError, match="num_tokens must be >= 1, got 0"):
+        chain([1, 1], 0)
+    with pytest.raises(ValueError, match=r"num_valid must be int64 \[B\] with B = 2"):
+        chain([1], 1)
+    with pytest.raises(ValueError, match=r"kv_len = 3 must be in"):
+        chain([1, 1], 1, kv_len=3)  # the first pass's own checks, before any write
+    assert torch.equal(cache.kv, kv) and torch.equal(cache.lengths, lengths)
+    assert chain([1, 2], 2).shape == (2, 2)  # what fits runs
+    python_only = _model(torch.float32)
+    python_only.row_invariant = False
+    cache = python_only.new_cache(2, 16)
+    assert python_only.greedy_chain(ids, cache, torch.tensor([1, 1]), 2, 4) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

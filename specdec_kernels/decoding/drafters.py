@@ -75,18 +75,28 @@ class ModelDrafter:
     def prefill(self, prompts, capacity):
         self.model.prefill([r[:-1] for r in prompts], capacity)
 
+    def behind(self, tokens, seq_len) -> tuple[torch.Tensor, torch.Tensor]:
+        """The committed tokens the cache lacks, ``[B, 2]`` (row ``b``'s first ``n[b]``), and
+        ``n`` ``[B]`` (1 or 2)."""
+        width = 2  # at most this many committed tokens not yet fed
+        n = seq_len - self.model.lengths  # [B]: 1 .. width
+        at = (self.model.lengths[:, None] + torch.arange(width, device=tokens.device)).clamp(
+            max=tokens.shape[1] - 1
+        )
+        return tokens.gather(1, at), n
+
     def catch_up(self, tokens, seq_len) -> torch.Tensor:
         """Feed the committed tokens the cache lacks (one ragged pass); the draft's logits
         ``[B, V]`` after the last committed token."""
-        dev = tokens.device
-        width = 2  # at most this many committed tokens not yet fed
-        behind = seq_len - self.model.lengths  # [B]: 1 .. width
-        at = (self.model.lengths[:, None] + torch.arange(width, device=dev)).clamp(
-            max=tokens.shape[1] - 1
-        )
-        return self.model.extend(tokens.gather(1, at), behind, logits_index=behind - 1)
+        fed, n = self.behind(tokens, seq_len)
+        return self.model.extend(fed, n, logits_index=n - 1)
 
     def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
+        if sampling.greedy and grammar is None and hasattr(self.model, "greedy_chain"):
+            # the whole chain in one native call where the model has one
+            drafts = self.model.greedy_chain(*self.behind(tokens, seq_len), k_loop)
+            if drafts is not None:
+                return ChainProposal(drafts, num_draft)
         logits = self.catch_up(tokens, seq_len)
         drafts, probs, masks = [], [], []
         races = [None] * k_loop  # every position's exponentials in one go (sampling)

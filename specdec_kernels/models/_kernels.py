@@ -1,7 +1,7 @@
 """Fake (meta) implementations of the row-invariant model kernels ``specdec::rowinv_linear``,
-``specdec::rowinv_attention`` (``csrc/model_cpu.cpp``) and ``specdec::causal_lm_pass``
-(``csrc/causal_lm_cpu.cpp``), so that they trace under ``torch.compile`` and pass
-``torch.library.opcheck``."""
+``specdec::rowinv_attention`` (``csrc/model_cpu.cpp``), ``specdec::causal_lm_pass`` and
+``specdec::causal_lm_greedy_chain`` (``csrc/causal_lm_cpu.cpp``), so that they trace under
+``torch.compile`` and pass ``torch.library.opcheck``."""
 
 from __future__ import annotations
 
@@ -28,3 +28,10 @@ def register_fakes() -> None:
     def _pass(input_ids, kv_cache, lengths, kv_len, logits_index, weights, num_heads, eps):
         rows = input_ids.shape if logits_index is None else logits_index.shape
         return weights[-1].new_empty((*rows, weights[-1].shape[0]))
+
+    if not hasattr(torch.ops.specdec, "causal_lm_greedy_chain"):
+        return
+
+    @torch.library.register_fake("specdec::causal_lm_greedy_chain")
+    def _chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps):
+        return input_ids.new_empty((input_ids.shape[0], num_tokens))

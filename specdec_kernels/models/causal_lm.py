@@ -25,6 +25,18 @@ _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
 
+# modules assigned as attributes anywhere in the process (torch's global registration hook):
+# CausalLM._pass_weights finds its weight slots again after any
+_modules_assigned = [0]
+
+
+def _count_module_assignment(module, name, submodule) -> None:
+    _modules_assigned[0] += 1
+
+
+torch.nn.modules.module.register_module_module_registration_hook(_count_module_assignment)
+
+
 class TreeAttention(NamedTuple):
     """Where ``T`` new tokens of a cached forward sit and what they see, for token trees.
 
@@ -322,6 +334,38 @@ class CausalLM(nn.Module):
                 )
             return linear(h, self.lm_head, getattr(self, "_row_invariant", False))
 
+    def greedy_chain(
+        self, input_ids: torch.Tensor, cache, num_valid: torch.Tensor, num_tokens: int, kv_len: int
+    ) -> torch.Tensor | None:
+        """A speculative step's greedy draft chain in one native call
+        (``specdec::causal_lm_greedy_chain``), or ``None`` where the one-op pass does not run
+        (then the caller loops over :meth:`forward` itself).
+
+        A pass over ``input_ids`` ``[B, W]`` (row ``b``'s first ``num_valid[b]`` tokens count),
+        the argmax of its logits at token ``num_valid[b] - 1``, then ``num_tokens - 1``
+        one-token passes, each fed the argmax before it; the last argmax is not fed. Returns
+        the argmaxes ``[B, num_tokens]`` int64, bitwise those of the loop of :meth:`forward`
+        calls and ``argmax`` (ties: the first index). Writes the cache at ``cache.lengths``
+        onwards and does not commit: the caller advances by ``num_valid + num_tokens - 1``.
+        ``kv_len`` (host int) bounds the first pass's attention as in :meth:`forward`; each
+        later pass reads one slot more.
+        """
+        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, "causal_lm_greedy_chain")):
+            return None
+        c = self.config
+        with self._on_own_threads():
+            return torch.ops.specdec.causal_lm_greedy_chain(
+                input_ids,
+                cache.kv,
+                cache.lengths,
+                num_valid,
+                kv_len,
+                num_tokens,
+                self._pass_weights(),
+                c.n_head,
+                c.layer_norm_epsilon,
+            )
+
     def _one_op_pass(self, cache) -> bool:
         """Whether this cached pass runs as one native op (``specdec::causal_lm_pass``,
         ``csrc/causal_lm_cpu.cpp``): the row-invariant kernels, a contiguous ``sk.KVCache``,
@@ -338,14 +382,29 @@ class CausalLM(nn.Module):
         )
 
     def _pass_weights(self) -> list[torch.Tensor]:
-        """The weights ``specdec::causal_lm_pass`` takes, in its order."""
+        """The weights ``specdec::causal_lm_pass`` takes, in its order.
+
+        Read live from the owning modules' parameter tables through slots found once (walking
+        the module tree by attribute costs 146 us a pass for the bundled 6-layer target, 36 us
+        of the draft's ~100 us); the slots are found again whenever a module was assigned
+        anywhere since (a replaced layer), while a reassigned or converted parameter is picked
+        up by the live read itself.
+        """
+        slots = getattr(self, "_weight_slots", None)
+        if slots is None or slots[0] != _modules_assigned[0]:
+            slots = self._weight_slots = (_modules_assigned[0], self._find_weight_slots())
+        return [table[name] for table, name in slots[1]]
+
+    def _find_weight_slots(self) -> list[tuple[dict, str]]:
+        """``(module._parameters, name)`` of each :meth:`_pass_weights` entry, in its order."""
         t = self.transformer
-        out = [t.wte.weight, t.wpe.weight]
+        mods = [(t.wte, "weight"), (t.wpe, "weight")]
         for block in t.h:
             a, m = block.attn, block.mlp
             for layer in (block.ln_1, a.c_attn, a.c_proj, block.ln_2, m.c_fc, m.c_proj):
-                out += (layer.weight, layer.bias)
-        return out + [t.ln_f.weight, t.ln_f.bias, self.lm_head.weight]
+                mods += [(layer, "weight"), (layer, "bias")]
+        mods += [(t.ln_f, "weight"), (t.ln_f, "bias"), (self.lm_head, "weight")]
+        return [(module._parameters, name) for module, name in mods]
 
     def new_cache(self, batch_size: int, max_seq_len: int | None = None):
         """An empty ``sk.KVCache`` shaped for this model (its dtype and device), zero-filled.
