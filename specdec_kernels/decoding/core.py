@@ -445,7 +445,7 @@ class Decoder:
         )
         st, tracker = self._start(rows_in, max_new_tokens, sampling)
         stats = GenerationStats()
-        counts = torch.zeros(2 + self.max_k + 1, dtype=torch.int64, device=st.ids.device)
+        steps: list[tuple[torch.Tensor, torch.Tensor]] = []  # (accepted, drafted) [B] a step
         results: dict[int, tuple] = {}  # row -> (tokens, from_draft, logprobs, top)
         done_tokens = 0  # generated tokens of retired rows
         kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results, gs)
@@ -458,9 +458,7 @@ class Decoder:
             stats.target_forwards += 1
             if self.drafter is not None:
                 stats.draft_forwards += self.drafter.forwards_per_step(k_loop)
-            counts[0] += n.sum()
-            counts[1] += k.sum()
-            counts[2:] += torch.bincount(n, minlength=self.max_k + 1)[: self.max_k + 1]
+            steps.append((n, k))  # counted once, at the end
             # ---- the one host sync of the step
             warm = self.drafter is not None and not self._draft_cold
             dvalue = self.drafter.sync_value() if warm else None
@@ -482,7 +480,7 @@ class Decoder:
             k_loop = max(host[1][i] for i in order) if self.max_k else 0
             if progress is not None:
                 progress(done_tokens + sum(host[2][i] for i in order), len(order))
-        return self._finish(rows_in, results, counts, stats, start)
+        return self._finish(rows_in, results, steps, stats, start)
 
     def _check_sampling(self, sampling) -> None:
         """``ValueError`` for what ``sampling`` asks that this decoder cannot do."""
@@ -674,8 +672,11 @@ class Decoder:
             gs.select(order)
         return st.select(order_t), tracker.select(order_t), order
 
-    def _finish(self, rows_in, results, counts, stats: GenerationStats, start) -> DecodeResult:
-        accepted, drafted, *hist = counts.tolist()
+    def _finish(self, rows_in, results, steps, stats: GenerationStats, start) -> DecodeResult:
+        n = torch.cat([a for a, _ in steps]).cpu() if steps else torch.zeros(0, dtype=torch.int64)
+        drafted = int(torch.cat([k for _, k in steps]).sum()) if steps else 0
+        accepted = int(n.sum())
+        hist = torch.bincount(n, minlength=self.max_k + 1)[: self.max_k + 1].tolist()
         lens = [len(r) for r in rows_in]
         seqs = [results[b][0] for b in range(len(rows_in))]
         from_draft = [results[b][1][lens[b] :] for b in range(len(rows_in))]

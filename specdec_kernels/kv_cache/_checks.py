@@ -75,6 +75,17 @@ def per_row(op: str, name: str, n, rows: int, device: torch.device) -> torch.Ten
     return n.to(torch.int64).expand(rows).contiguous()
 
 
+def is_row_counts(n, lengths: torch.Tensor) -> bool:
+    """Whether ``n`` is already what :func:`per_row` makes of it for a cache whose lengths are
+    ``lengths``: an int64 ``[B]`` tensor on their device (no conversion needed)."""
+    return (
+        isinstance(n, torch.Tensor)
+        and n.dtype == torch.int64
+        and n.shape == lengths.shape
+        and n.device == lengths.device
+    )
+
+
 def check_layer(op: str, layer, num_layers: int) -> int:
     if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < num_layers:
         raise ValueError(f"{op}: layer must be an int in [0, {num_layers}), got {layer!r}")
