@@ -48,8 +48,8 @@ def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias
 def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     """The linear layer and attention pick their code once per process from the CPU (AVX2+FMA
     where AVX-512F is missing); SPECDEC_LINEAR_TILE forces one, so each this CPU can run passes
-    the kernel tests and the one-op pass's bitwise test in a process of its own, whichever the
-    CPU would pick."""
+    the kernel tests and the one-op pass's and greedy chain's bitwise tests in a process of its
+    own, whichever the CPU would pick."""
     import os
     import subprocess
     import sys
@@ -65,6 +65,7 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
         "test_linear_matches_torch_and_is_row_invariant",
         "test_attention_matches_sdpa_and_ignores_other_queries",
         "test_one_op_pass_is_the_python_pass_bitwise",
+        "test_greedy_chain_is_the_loop_of_passes_bitwise",
     )
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     cmd += [f"{__file__}::{name}" for name in names]
