@@ -44,10 +44,34 @@ def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias
         torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("tile", ["generic", "avx2"])
+@pytest.mark.parametrize("n", [1, 17, 48, 257])
+@pytest.mark.parametrize("m", [1, 16, 17, 33, 45])
+def test_bfloat16_linear_rounds_exact_sums_to_nearest_even(n, m):
+    """Small integers make every float32 sum exact, so the one rounding to bfloat16 must give
+    exactly the exact sum's nearest-even bfloat16 (sums above 256 have ties to break), for every
+    row and column of whichever tile runs: a transposed, misplaced or twice-rounded element
+    fails, as does a lost bias. A NaN input row stays NaN, and only that row."""
+    g = torch.Generator().manual_seed(n * 100 + m)
+    c = 96
+    w = torch.randint(-6, 7, (n, c), generator=g).bfloat16()
+    x = torch.randint(-6, 7, (m, c), generator=g).bfloat16()
+    b = torch.randint(-40, 41, (n,), generator=g).bfloat16()
+    want = F.linear(x.double(), w.double(), b.double()).bfloat16()
+    got = op.rowinv_linear(x, w, b)
+    assert (want.float().abs() > 256).any() or n * m < 50  # ties to break, where there are many
+    assert torch.equal(got, want)
+    x[m // 2, 3] = float("nan")
+    got = op.rowinv_linear(x, w, b)
+    assert got[m // 2].isnan().all()
+    others = torch.arange(m) != m // 2
+    assert torch.equal(got[others], want[others])
+
+
+@pytest.mark.parametrize("tile", ["generic", "avx2", "dpbf16", "amx"])
 def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     """The linear layer and attention pick their code once per process from the CPU (AVX2+FMA
-    where AVX-512F is missing); SPECDEC_LINEAR_TILE forces one, so each this CPU can run passes
+    where AVX-512F is missing; for bfloat16 AMX's tiles, else AVX512_BF16's dot products, where
+    the CPU has them); SPECDEC_LINEAR_TILE forces one, so each this CPU can run passes
     the kernel tests and the one-op pass's and greedy chain's bitwise tests in a process of its
     own, whichever the CPU would pick."""
     import os
@@ -60,9 +84,14 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
 
     if tile == "avx2" and not CAPABILITY_FLAGS["avx2"] <= cpu_flag_set():
         pytest.skip("this CPU has no AVX2 with FMA (or no /proc/cpuinfo to say so)")
+    if tile == "dpbf16" and "avx512_bf16" not in cpu_flag_set():
+        pytest.skip("this CPU has no AVX512_BF16 (or no /proc/cpuinfo to say so)")
+    if tile == "amx" and not {"amx_bf16", "amx_tile"} <= cpu_flag_set():
+        pytest.skip("this CPU has no AMX-BF16 (or no /proc/cpuinfo to say so)")
     env = dict(os.environ, SPECDEC_LINEAR_TILE=tile)
     names = (
         "test_linear_matches_torch_and_is_row_invariant",
+        "test_bfloat16_linear_rounds_exact_sums_to_nearest_even",
         "test_attention_matches_sdpa_and_ignores_other_queries",
         "test_one_op_pass_is_the_python_pass_bitwise",
         "test_greedy_chain_is_the_loop_of_passes_bitwise",
@@ -86,7 +115,9 @@ def test_an_unknown_linear_tile_is_refused_by_name():
     env = dict(os.environ, SPECDEC_LINEAR_TILE="avx9")
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.returncode != 0
-    assert "SPECDEC_LINEAR_TILE must be 'generic' or 'avx2'" in run.stderr, run.stderr[-2000:]
+    assert "SPECDEC_LINEAR_TILE must be 'generic', 'avx2', 'dpbf16' or 'amx'" in run.stderr, (
+        run.stderr[-2000:]
+    )
     assert "'avx9'" in run.stderr
 
 
