@@ -53,7 +53,7 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
 
 def per_row(op: str, name: str, n, rows: int, device: torch.device) -> torch.Tensor:
     """``n`` (int, or integer tensor of shape ``[]`` or ``[rows]``) as a ``[rows]`` int64 tensor
-    on ``device`` (no sync)."""
+    on ``device`` (no sync); a contiguous int64 ``[rows]`` tensor is returned as it is."""
     if isinstance(n, bool):
         raise ValueError(f"{op}: {name} must be an int or an integer tensor, got {n!r}")
     if isinstance(n, int):
@@ -72,18 +72,9 @@ def per_row(op: str, name: str, n, rows: int, device: torch.device) -> torch.Ten
         raise ValueError(f"{op}: {name} must be an int or have shape [{rows}], got {list(n.shape)}")
     if n.device != device:
         raise ValueError(f"{op}: {name} is on {n.device} but the cache is on {device}")
+    if n.dtype == torch.int64 and n.dim() == 1 and n.is_contiguous():
+        return n  # already the per-row counts (a decoding loop's): no op
     return n.to(torch.int64).expand(rows).contiguous()
-
-
-def is_row_counts(n, lengths: torch.Tensor) -> bool:
-    """Whether ``n`` is already what :func:`per_row` makes of it for a cache whose lengths are
-    ``lengths``: an int64 ``[B]`` tensor on their device (no conversion needed)."""
-    return (
-        isinstance(n, torch.Tensor)
-        and n.dtype == torch.int64
-        and n.shape == lengths.shape
-        and n.device == lengths.device
-    )
 
 
 def check_layer(op: str, layer, num_layers: int) -> int:

@@ -12,7 +12,6 @@ from specdec_kernels.kv_cache._checks import (
     check_layer,
     documents_validate,
     first_bad,
-    is_row_counts,
     last_dim_contiguous,
     per_row,
     positive_int,
@@ -207,14 +206,10 @@ class KVCache:
     def _shift(self, op: str, n: int | torch.Tensor, sign: int, validate: bool) -> None:
         """``lengths += sign * n`` with ``n >= 0``, checked to stay in ``[0, max_seq_len]``
         (``validate``) or clamped into it."""
-        if not validate and is_row_counts(n, self._lengths):  # the loops' case, in 3 ops
-            step = bounded(n, self.max_seq_len)
-            self._lengths = self._lengths.add(step, alpha=sign).clamp_(0, self.max_seq_len)
-            return
         n = per_row(op, "n", n, self.batch_size, self.device)
-        new = self._lengths + sign * bounded(n, self.max_seq_len)
-        if not validate:
-            self._lengths = new.clamp(0, self.max_seq_len)
+        new = self._lengths.add(bounded(n, self.max_seq_len), alpha=sign)
+        if not validate:  # a decoding loop's int64 [B] counts: 3 ops
+            self._lengths = new.clamp_(0, self.max_seq_len)
             return
         room = self.max_seq_len - self._lengths if sign > 0 else self._lengths  # [B]
         b = first_bad((n < 0) | (n > room))
