@@ -347,6 +347,7 @@ void amx_group(const uint16_t* const* w, int64_t Cp, const uint32_t* x, int64_t 
     if (GN > 2) SPECDEC_TSTORE(7, out + 32 * 16, ld);
     return;
   }
+  TORCH_INTERNAL_ASSERT(GN <= 2, "amx_group: several input blocks take at most 2 weight tiles");
   for (int64_t j = 0; j < blocks; j += 2) {
     const uint32_t* x0 = x + j * bs;
     const uint32_t* x1 = x0 + bs;
@@ -579,15 +580,15 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   out_sizes.back() = N;
   // for bfloat16 models AMX's tiles, else the dot-product instruction, where the CPU has them
   const Tile tile = forced_tile();
-  const bool bf16_x = x.scalar_type() == at::kBFloat16;
-  const bool amx = bf16_x && (tile == Tile::kAmx || (tile == Tile::kBest && cpu_has_amx()));
-  const bool dpbf16 = bf16_x && !amx &&
+  const bool bf16 = x.scalar_type() == at::kBFloat16;  // weight's too (checked above)
+  const bool amx = bf16 && (tile == Tile::kAmx || (tile == Tile::kBest && cpu_has_amx()));
+  const bool dpbf16 = bf16 && !amx &&
                       (tile == Tile::kDpbf16 || (tile == Tile::kBest && cpu_has_dpbf16()));
   // otherwise the generic clones (AVX-512F's among them)
   const bool avx2 = !dpbf16 && linear_tile_is_avx2();
   const int64_t align = amx || dpbf16 ? 32 : kLanes;
   const int64_t Cp = (C + align - 1) / align * align;
-  // x as float32 (bfloat16 for dpbf16) [M, Cp] and weight [N, Cp], zero-padded (no copy when
+  // x as float32 (bfloat16 for amx and dpbf16) [M, Cp] and weight [N, Cp], zero-padded (no copy when
   // already aligned); a last tile of fewer than kRows weight rows is padded on its own below
   at::Tensor xf = x.reshape({-1, C}).to(amx || dpbf16 ? at::kBFloat16 : at::kFloat);
   if (Cp != C) xf = at::constant_pad_nd(xf, {0, Cp - C});
@@ -609,7 +610,6 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
     return out.view(out_sizes);
   }
 #endif
-  const bool bf16 = w.scalar_type() == at::kBFloat16;
   const float* xp = dpbf16 ? nullptr : xf.data_ptr<float>();
   const float* bp = b.defined() && !bf16 ? b.data_ptr<float>() : nullptr;
   const at::BFloat16* bp_bf16 = b.defined() && bf16 ? b.data_ptr<at::BFloat16>() : nullptr;
