@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +72,29 @@ def expected_tokens(alpha: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     k = k.to(alpha.dtype)
     safe = (1 - alpha).clamp_min(1e-6)
     return torch.where(alpha > 1 - 1e-6, k + 1, (1 - alpha ** (k + 1)) / safe)
+
+
+#: normal quantiles (the midpoints of four equal slices) standing for the spread of a row's
+#: steps to finish in :meth:`PassCosts.finish_rates`
+FINISH_QUANTILES = (-1.1503, -0.3186, 0.3186, 1.1503)
+
+
+def tokens_per_step(alpha: torch.Tensor, max_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The mean and variance ``[B, max_k + 1]`` of the tokens one step gives a row with
+    acceptance ``alpha`` ``[B]``, at ``K = 0 .. max_k``: ``1 + A``, with ``A`` the accepted
+    drafts, ``P(A >= j) = alpha**j`` for ``j <= K``; the mean is :func:`expected_tokens`.
+
+    >>> mu, var = tokens_per_step(torch.tensor([0.5]), 2)
+    >>> mu.tolist(), var.tolist()
+    ([[1.0, 1.5, 1.75]], [[0.0, 0.25, 0.6875]])
+    """
+    a = alpha.clamp(0.0, 1.0)[:, None]
+    j = torch.arange(1, max_k + 1, device=alpha.device, dtype=alpha.dtype)
+    tail = a**j  # [B, K]: P(A >= j)
+    zero = torch.zeros_like(a)
+    mean = torch.cat([zero, tail.cumsum(1)], 1)  # E[A]
+    square = torch.cat([zero, ((2 * j - 1) * tail).cumsum(1)], 1)  # E[A^2]
+    return 1 + mean, (square - mean**2).clamp_min(0.0)
 
 
 def best_num_draft_tokens(
@@ -223,9 +247,10 @@ class PassCosts:
     tokens: tuple[int, ...]
     target_ms: tuple[tuple[float, ...], ...]  # [len(batch)][len(tokens)]
     draft_ms: tuple[float, ...]  # [len(batch)]
-    step_ms: float = 0.0
-    draft_step_ms: float = 0.0
-    draft_fixed_ms: float = 0.0
+    # the loop's own work: one figure, or one per batch size of ``batch``
+    step_ms: float | tuple[float, ...] = 0.0
+    draft_step_ms: float | tuple[float, ...] = 0.0
+    draft_fixed_ms: float | tuple[float, ...] = 0.0
 
     @classmethod
     def linear(cls, cost_ratio: float, verify_cost: float, max_k: int) -> PassCosts:
@@ -253,13 +278,17 @@ class PassCosts:
         """Milliseconds of a ``[batch, 1]`` draft pass."""
         return self._interp(self.batch, self.draft_ms, batch)
 
+    def loop(self, value: float | tuple[float, ...], batch: int) -> float:
+        """One of the loop's own costs (``step_ms``, ...) at ``batch`` rows."""
+        return value if isinstance(value, (int, float)) else self._interp(self.batch, value, batch)
+
     def step_cost(self, batch: int, k: int) -> float:
         """Milliseconds of one step with ``k`` drafts per row for ``batch`` rows."""
         return (
             self.target(batch, k + 1)
-            + k * (self.draft(batch) + self.draft_step_ms)
-            + (self.draft_fixed_ms if k > 0 else 0.0)
-            + self.step_ms
+            + k * (self.draft(batch) + self.loop(self.draft_step_ms, batch))
+            + (self.loop(self.draft_fixed_ms, batch) if k > 0 else 0.0)
+            + self.loop(self.step_ms, batch)
         )
 
     def best_k(self, alpha: torch.Tensor, max_k: int) -> int:
@@ -284,6 +313,49 @@ class PassCosts:
         cost = _step_costs(self, int(alpha.numel()), max_k)
         return tokens / torch.tensor(cost, device=alpha.device, dtype=alpha.dtype).clamp_min(1e-12)
 
+    def finish_rates(self, alpha: torch.Tensor, left: torch.Tensor, max_k: int) -> torch.Tensor:
+        """``[max_k + 1]``: tokens per millisecond until the *last* row is done, at ``K = 0 ..
+        max_k`` drafts for every step from now on, for rows with acceptance estimates ``alpha``
+        ``[B]`` and ``left`` ``[B]`` tokens still to generate (on ``alpha``'s device, in its
+        dtype; no host sync).
+
+        A batch runs until its slowest row finishes, and a row that finishes early leaves
+        the batch to run on smaller: :meth:`token_rates` sums the rows' tokens as if every row
+        kept the batch busy to the end, which prices tokens of fast rows the wall time never
+        sees. Here each row's steps to finish are ``left / mu`` with the spread of a renewal
+        process, ``sd = sqrt(left * var / mu**3)`` (``mu``, ``var``: the mean and variance of
+        the tokens a step gives the row, :func:`tokens_per_step`), represented by
+        :data:`FINISH_QUANTILES` of a normal; the batch then runs ``B`` rows until the first
+        finishes, ``B - 1`` until the next, and so on, each stretch priced at
+        :meth:`step_cost` of the rows still running (a quarter of a row at a quarter of one
+        row's step). With the target alone (``K = 0``) every row gives one token a step: the
+        rows end together and the figure is :meth:`token_rates`'s. One row gives
+        :meth:`token_rates`'s figure at every ``K``.
+
+        >>> c = PassCosts(batch=(1, 4), tokens=(1, 3), target_ms=((1.0, 1.2), (1.6, 2.6)),
+        ...               draft_ms=(0.05, 0.1))
+        >>> alike, one_slow = torch.full((4,), 0.8), torch.tensor([0.8, 0.8, 0.8, 0.1])
+        >>> left = torch.full((4,), 32.0)
+        >>> [int(pick_k(r, 0.0)) for r in (c.token_rates(one_slow, 2),
+        ...                                c.finish_rates(alike, left, 2),
+        ...                                c.finish_rates(one_slow, left, 2))]
+        [2, 2, 0]
+        """
+        b = int(alpha.numel())
+        if b == 1:  # the same figure, for less work
+            return self.token_rates(alpha, max_k)
+        mu, var = tokens_per_step(alpha, max_k)  # [B, K+1]
+        left = left.to(alpha.dtype)[:, None].clamp_min(1.0)
+        steps = left / mu
+        sd = (left * var / mu**3).sqrt()
+        z = torch.tensor(FINISH_QUANTILES, device=alpha.device, dtype=alpha.dtype)
+        q = z.numel()
+        ends = (steps[..., None] + sd[..., None] * z).clamp_min(1.0)  # [B, K+1, Q]
+        ends = ends.permute(1, 0, 2).reshape(max_k + 1, b * q).sort(dim=1).values
+        stretch = torch.diff(ends, dim=1, prepend=torch.zeros_like(ends[:, :1]))
+        ms = (stretch * _stretch_costs(self, b, q, max_k, alpha.device, alpha.dtype)).sum(1)
+        return left.sum() / ms.clamp_min(1e-12)
+
     def ideal_speedup(self, alpha: float, batch: int, k: int) -> float:
         """The speedup over the target alone this model predicts for ``batch`` rows with
         acceptance ``alpha`` and ``k`` drafts per step."""
@@ -297,9 +369,14 @@ class PassCosts:
             tokens=list(self.tokens),
             target_ms=[list(r) for r in self.target_ms],
             draft_ms=list(self.draft_ms),
-            step_ms=self.step_ms,
-            draft_step_ms=self.draft_step_ms,
-            draft_fixed_ms=self.draft_fixed_ms,
+            **{
+                f: v if isinstance(v, (int, float)) else list(v)
+                for f, v in (
+                    ("step_ms", self.step_ms),
+                    ("draft_step_ms", self.draft_step_ms),
+                    ("draft_fixed_ms", self.draft_fixed_ms),
+                )
+            },
         )
 
     @classmethod
@@ -309,16 +386,37 @@ class PassCosts:
             tuple(d["tokens"]),
             tuple(tuple(r) for r in d["target_ms"]),
             tuple(d["draft_ms"]),
-            float(d["step_ms"]),
-            float(d.get("draft_step_ms", 0.0)),
-            float(d.get("draft_fixed_ms", 0.0)),
+            *(_loop_value(d.get(f, 0.0)) for f in ("step_ms", "draft_step_ms", "draft_fixed_ms")),
         )
+
+
+def _loop_value(v) -> float | tuple[float, ...]:
+    return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else float(v)
 
 
 @functools.lru_cache(maxsize=256)
 def _step_costs(costs: PassCosts, batch: int, max_k: int) -> tuple[float, ...]:
     """``costs.step_cost(batch, K)`` for ``K = 0 .. max_k`` (a loop asks every step)."""
     return tuple(costs.step_cost(batch, k) for k in range(max_k + 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _stretch_costs(costs: PassCosts, batch: int, q: int, max_k: int, device, dtype) -> torch.Tensor:
+    """``[K+1, batch * q]``: the step cost while ``(batch * q - j) / q`` rows run, for the
+    ``j``-th stretch of :meth:`PassCosts.finish_rates` (between whole rows the linear blend of
+    their costs; under one row its share of a one-row step). Built once per batch size (a
+    loop asks every step; nothing writes to it)."""
+
+    def at(rows: float, k: int) -> float:
+        lo = max(1, math.floor(rows))
+        if rows < 1:
+            return rows * costs.step_cost(1, k)
+        hi = _step_costs(costs, lo + 1, max_k)[k] if rows > lo else 0.0
+        return (1 - (rows - lo)) * _step_costs(costs, lo, max_k)[k] + (rows - lo) * hi
+
+    n = batch * q
+    table = [[at((n - j) / q, k) for j in range(n)] for k in range(max_k + 1)]
+    return torch.tensor(table, device=device, dtype=dtype)
 
 
 def _step_ms(batch: int, k: int, vocab: int, device, dtype, repeats: int) -> float:

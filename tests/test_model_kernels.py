@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import specdec_kernels as sk
-from specdec_kernels.adaptive import PassCosts, measure_pass_costs
+from specdec_kernels.adaptive import PassCosts, measure_pass_costs, pick_k
 from specdec_kernels.models import CausalLM, CausalLMConfig
 from specdec_kernels.models.bundled import fastest_dtype, heldout_text, row_invariant_available
 
@@ -456,6 +456,62 @@ def test_pass_costs_price_the_batch():
     assert PassCosts.linear(0.05, 0.0, 8).best_k(torch.tensor([0.0]), 8) == 0
 
 
+def test_tokens_per_step_is_the_truncated_geometric_mean_and_variance():
+    """Against the enumerated distribution: ``A = j`` accepted drafts with probability
+    ``alpha**j (1 - alpha)`` for ``j < K`` and ``alpha**K`` for ``j = K``."""
+    from specdec_kernels.adaptive import expected_tokens, tokens_per_step
+
+    alpha = torch.tensor([0.0, 0.3, 0.9, 1.0], dtype=torch.float64)
+    mu, var = tokens_per_step(alpha, 4)
+    for i, a in enumerate(alpha.tolist()):
+        for k in range(5):
+            p = [a**j * (1 - a) for j in range(k)] + [a**k]
+            m = sum((1 + j) * q for j, q in enumerate(p))
+            v = sum((1 + j) ** 2 * q for j, q in enumerate(p)) - m * m
+            assert float(mu[i, k]) == pytest.approx(m) and float(var[i, k]) == pytest.approx(v)
+    assert torch.allclose(mu[:3], expected_tokens(alpha[:3, None], torch.arange(5.0)[None]))
+
+
+def test_finish_rates_price_the_slowest_row():
+    """The batch runs until its last row is done: one slow row makes drafting lose even where
+    summing the rows' tokens says it pays; rows alike (or one row) price as the sum does, and
+    the target alone, whose rows end together, prices exactly as the sum."""
+    costs = PassCosts(
+        batch=(1, 4),
+        tokens=(1, 3),
+        target_ms=((1.0, 1.2), (1.6, 2.6)),
+        draft_ms=(0.05, 0.1),
+    )
+    left = torch.full((4,), 32.0, dtype=torch.float64)
+    alike = torch.full((4,), 0.8, dtype=torch.float64)
+    one_slow = torch.tensor([0.8, 0.8, 0.8, 0.1], dtype=torch.float64)
+    summed, finish = costs.token_rates(one_slow, 2), costs.finish_rates(one_slow, left, 2)
+    assert int(pick_k(summed, 0.0)) == 2 and int(pick_k(finish, 0.0)) == 0
+    assert float(finish[0]) == pytest.approx(float(summed[0]))
+    assert int(pick_k(costs.finish_rates(alike, left, 2), 0.0)) == 2
+    # the spread of steps to finish costs the batch: drafting's figure is below the sum's
+    assert float(costs.finish_rates(alike, left, 2)[2]) < float(costs.token_rates(alike, 2)[2])
+    one = torch.tensor([0.6], dtype=torch.float64)
+    assert torch.equal(costs.finish_rates(one, left[:1], 2), costs.token_rates(one, 2))
+
+
+def test_pass_costs_take_the_loop_costs_per_batch_size():
+    """``step_ms`` (and the draft's loop costs) may be one figure per batch size of the grid,
+    interpolated between them; a plain float is every batch size's; both survive the cache."""
+    import dataclasses
+
+    flat = PassCosts(batch=(1, 4), tokens=(1, 2), target_ms=((1.0, 1.5), (2.0, 3.0)),
+                     draft_ms=(0.1, 0.2), step_ms=0.5, draft_fixed_ms=0.25)  # fmt: skip
+    per = dataclasses.replace(flat, step_ms=(0.5, 1.1), draft_step_ms=(0.0, 0.3))
+    assert flat.step_cost(4, 0) == pytest.approx(2.5) and per.step_cost(1, 0) == flat.step_cost(
+        1, 0
+    )
+    assert per.step_cost(4, 1) == pytest.approx(3.0 + 0.2 + 0.3 + 0.25 + 1.1)
+    assert per.step_cost(2, 0) == pytest.approx(flat.target(2, 1) + 0.7)
+    for c in (flat, per):
+        assert PassCosts.from_dict(c.to_dict()) == c
+
+
 def test_auto_drafts_only_for_a_gain_beyond_the_margin():
     """A predicted gain under ``DRAFT_MARGIN`` (within the measurement's error) keeps the
     target alone; a larger one drafts. ``best_k`` and the loop's on-device choice agree."""
@@ -490,7 +546,7 @@ def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny):
     tracker = AcceptanceTracker.new(1, "cpu", prior=0.5, prior_weight=1.0)
     for cold, want in ((True, 0), (False, 1)):
         dec._draft_cold = cold
-        assert int(dec._auto_k(tracker)[0]) == want, cold
+        assert int(dec._auto_k(tracker, torch.tensor([32]))[0]) == want, cold
 
 
 def test_pass_costs_charge_drafting_once_per_step():

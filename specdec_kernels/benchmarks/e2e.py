@@ -102,7 +102,7 @@ DEMO_SCHEMA = {
 }
 
 
-QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=3)
+QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=7)
 
 
 def load_pair(assets: str | None = None, pair: str = "default", dtype: str = "float32"):

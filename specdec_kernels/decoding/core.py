@@ -531,7 +531,7 @@ class Decoder:
         self._auto_rows = b  # the batch size "auto" last chose K for
         self._draft_cold = True  # not drafting yet: the margin to start drafting applies
         if self.auto:  # the prior's choice until acceptance is measured
-            st.num_draft = self._auto_k(tracker)
+            st.num_draft = self._auto_k(tracker, st.limit - st.seq_len)
         self._capacity = capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
         # a draft that "auto" will not use at this batch size (no K pays even at the prior's
@@ -598,15 +598,16 @@ class Decoder:
         if k_loop > 0 or rows != self._auto_rows:  # a step without drafts teaches nothing:
             tracker.update(n, k)  # the choice stands until the batch changes
             if self.auto:
-                st.num_draft, self._auto_rows = self._auto_k(tracker), rows
+                st.num_draft, self._auto_rows = self._auto_k(tracker, st.limit - st.seq_len), rows
         return n, k
 
-    def _auto_k(self, tracker) -> torch.Tensor:
-        """``[B]``: the batch's ``K`` (:meth:`PassCosts.best_k`, on the device: the step's one
-        sync reads it with the rest). The margin to start drafting applies while the draft is
+    def _auto_k(self, tracker, left: torch.Tensor) -> torch.Tensor:
+        """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
+        to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
+        sync reads it with the rest. The margin to start drafting applies while the draft is
         not running; a running draft stops only where the target alone is faster."""
         alpha = tracker.alpha()  # [B]
-        rates = self.costs.token_rates(alpha.float(), self.max_k)  # [K+1]
+        rates = self.costs.finish_rates(alpha.float(), left, self.max_k)  # [K+1]
         running = self.drafter is not None and not self._draft_cold
         margin = 0.0 if running else DRAFT_MARGIN
         return pick_k(rates, margin).expand(alpha.numel()).clone()
