@@ -167,6 +167,16 @@ class AcceptanceTracker:
             0.0, 0.999
         )
 
+    def alpha_sd(self) -> torch.Tensor:
+        """``[B]``: the standard deviation of :meth:`alpha` as an estimate (a binomial
+        proportion over ``tried`` plus the prior's weight): wide while few drafts were tried.
+
+        >>> AcceptanceTracker.new(1, "cpu").alpha_sd()  # the prior alone: 0.7 of 4
+        tensor([0.2049])
+        """
+        a = self.alpha()
+        return (a * (1 - a) / (self.tried + self.prior_weight + 1)).sqrt()
+
     def select(self, rows: torch.Tensor) -> AcceptanceTracker:
         return AcceptanceTracker(
             self.accepted[rows], self.tried[rows], self.prior, self.prior_weight
@@ -313,7 +323,13 @@ class PassCosts:
         cost = _step_costs(self, int(alpha.numel()), max_k)
         return tokens / torch.tensor(cost, device=alpha.device, dtype=alpha.dtype).clamp_min(1e-12)
 
-    def finish_rates(self, alpha: torch.Tensor, left: torch.Tensor, max_k: int) -> torch.Tensor:
+    def finish_rates(
+        self,
+        alpha: torch.Tensor,
+        left: torch.Tensor,
+        max_k: int,
+        alpha_sd: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """``[max_k + 1]``: tokens per millisecond until the *last* row is done, at ``K = 0 ..
         max_k`` drafts for every step from now on, for rows with acceptance estimates ``alpha``
         ``[B]`` and ``left`` ``[B]`` tokens still to generate (on ``alpha``'s device, in its
@@ -328,9 +344,12 @@ class PassCosts:
         :data:`FINISH_QUANTILES` of a normal; the batch then runs ``B`` rows until the first
         finishes, ``B - 1`` until the next, and so on, each stretch priced at
         :meth:`step_cost` of the rows still running (a quarter of a row at a quarter of one
-        row's step). With the target alone (``K = 0``) every row gives one token a step: the
-        rows end together and the figure is :meth:`token_rates`'s. One row gives
-        :meth:`token_rates`'s figure at every ``K``.
+        row's step). ``alpha_sd`` ``[B]``, the estimates' own uncertainty
+        (:meth:`AcceptanceTracker.alpha_sd`), widens the spread by its effect on ``left / mu``
+        (to first order): early in a run every row's estimate is the prior, and a row that will
+        accept little is not known yet. With the target alone (``K = 0``) every row gives one
+        token a step: the rows end together and the figure is :meth:`token_rates`'s. One row
+        gives :meth:`token_rates`'s figure at every ``K``.
 
         >>> c = PassCosts(batch=(1, 4), tokens=(1, 3), target_ms=((1.0, 1.2), (1.6, 2.6)),
         ...               draft_ms=(0.05, 0.1))
@@ -347,7 +366,14 @@ class PassCosts:
         mu, var = tokens_per_step(alpha, max_k)  # [B, K+1]
         left = left.to(alpha.dtype)[:, None].clamp_min(1.0)
         steps = left / mu
-        sd = (left * var / mu**3).sqrt()
+        spread = left * var / mu**3
+        if alpha_sd is not None:  # d(left / mu) / d(alpha) = -left * mu' / mu^2
+            a = alpha.clamp(0.0, 1.0)[:, None]
+            j = torch.arange(1, max_k + 1, device=alpha.device, dtype=alpha.dtype)
+            slope = (j * a ** (j - 1)).cumsum(1)  # mu' at K = 1 .. max_k
+            slope = torch.cat([torch.zeros_like(a), slope], 1)
+            spread = spread + (left * slope / mu**2 * alpha_sd.to(alpha.dtype)[:, None]) ** 2
+        sd = spread.sqrt()
         z = torch.tensor(FINISH_QUANTILES, device=alpha.device, dtype=alpha.dtype)
         q = z.numel()
         ends = (steps[..., None] + sd[..., None] * z).clamp_min(1.0)  # [B, K+1, Q]

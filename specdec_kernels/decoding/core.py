@@ -41,6 +41,10 @@ from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
 from specdec_kernels.verification import METHODS
 
+#: steps between two choices of ``K`` by ``"auto"`` for a batch of more than one row (the
+#: choice is also renewed whenever rows retire)
+AUTO_EVERY = 4
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -529,6 +533,7 @@ class Decoder:
                 st.top_ids = torch.full((b, cap, n), -1, dtype=torch.int64, device=dev)
         tracker = AcceptanceTracker.new(b, dev)
         self._auto_rows = b  # the batch size "auto" last chose K for
+        self._auto_age = 0  # steps since that choice
         self._draft_cold = True  # not drafting yet: the margin to start drafting applies
         if self.auto:  # the prior's choice until acceptance is measured
             st.num_draft = self._auto_k(tracker, st.limit - st.seq_len)
@@ -597,8 +602,14 @@ class Decoder:
         rows = st.ids.numel()
         if k_loop > 0 or rows != self._auto_rows:  # a step without drafts teaches nothing:
             tracker.update(n, k)  # the choice stands until the batch changes
-            if self.auto:
+            self._auto_age += 1
+            # the one-row choice is a few ops; a batch's (finish_rates, ~50 small ops, ~0.4 ms
+            # a step at batch 4 right after a target pass) is renewed every AUTO_EVERY steps
+            # and whenever the batch changes
+            due = rows == 1 or rows != self._auto_rows or self._auto_age >= AUTO_EVERY
+            if self.auto and due:
                 st.num_draft, self._auto_rows = self._auto_k(tracker, st.limit - st.seq_len), rows
+                self._auto_age = 0
         return n, k
 
     def _auto_k(self, tracker, left: torch.Tensor) -> torch.Tensor:
@@ -607,7 +618,7 @@ class Decoder:
         sync reads it with the rest. The margin to start drafting applies while the draft is
         not running; a running draft stops only where the target alone is faster."""
         alpha = tracker.alpha()  # [B]
-        rates = self.costs.finish_rates(alpha.float(), left, self.max_k)  # [K+1]
+        rates = self.costs.finish_rates(alpha.float(), left, self.max_k, tracker.alpha_sd())
         running = self.drafter is not None and not self._draft_cold
         margin = 0.0 if running else DRAFT_MARGIN
         return pick_k(rates, margin).expand(alpha.numel()).clone()
