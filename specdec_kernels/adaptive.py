@@ -167,16 +167,6 @@ class AcceptanceTracker:
             0.0, 0.999
         )
 
-    def alpha_sd(self) -> torch.Tensor:
-        """``[B]``: the standard deviation of :meth:`alpha` as an estimate (a binomial
-        proportion over ``tried`` plus the prior's weight): wide while few drafts were tried.
-
-        >>> AcceptanceTracker.new(1, "cpu").alpha_sd()  # the prior alone: 0.7 of 4
-        tensor([0.2049])
-        """
-        a = self.alpha()
-        return (a * (1 - a) / (self.tried + self.prior_weight + 1)).sqrt()
-
     def select(self, rows: torch.Tensor) -> AcceptanceTracker:
         return AcceptanceTracker(
             self.accepted[rows], self.tried[rows], self.prior, self.prior_weight
@@ -257,10 +247,9 @@ class PassCosts:
     tokens: tuple[int, ...]
     target_ms: tuple[tuple[float, ...], ...]  # [len(batch)][len(tokens)]
     draft_ms: tuple[float, ...]  # [len(batch)]
-    # the loop's own work: one figure, or one per batch size of ``batch``
-    step_ms: float | tuple[float, ...] = 0.0
-    draft_step_ms: float | tuple[float, ...] = 0.0
-    draft_fixed_ms: float | tuple[float, ...] = 0.0
+    step_ms: float = 0.0
+    draft_step_ms: float = 0.0
+    draft_fixed_ms: float = 0.0
 
     @classmethod
     def linear(cls, cost_ratio: float, verify_cost: float, max_k: int) -> PassCosts:
@@ -288,17 +277,13 @@ class PassCosts:
         """Milliseconds of a ``[batch, 1]`` draft pass."""
         return self._interp(self.batch, self.draft_ms, batch)
 
-    def loop(self, value: float | tuple[float, ...], batch: int) -> float:
-        """One of the loop's own costs (``step_ms``, ...) at ``batch`` rows."""
-        return value if isinstance(value, (int, float)) else self._interp(self.batch, value, batch)
-
     def step_cost(self, batch: int, k: int) -> float:
         """Milliseconds of one step with ``k`` drafts per row for ``batch`` rows."""
         return (
             self.target(batch, k + 1)
-            + k * (self.draft(batch) + self.loop(self.draft_step_ms, batch))
-            + (self.loop(self.draft_fixed_ms, batch) if k > 0 else 0.0)
-            + self.loop(self.step_ms, batch)
+            + k * (self.draft(batch) + self.draft_step_ms)
+            + (self.draft_fixed_ms if k > 0 else 0.0)
+            + self.step_ms
         )
 
     def best_k(self, alpha: torch.Tensor, max_k: int) -> int:
@@ -323,13 +308,7 @@ class PassCosts:
         cost = _step_costs(self, int(alpha.numel()), max_k)
         return tokens / torch.tensor(cost, device=alpha.device, dtype=alpha.dtype).clamp_min(1e-12)
 
-    def finish_rates(
-        self,
-        alpha: torch.Tensor,
-        left: torch.Tensor,
-        max_k: int,
-        alpha_sd: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def finish_rates(self, alpha: torch.Tensor, left: torch.Tensor, max_k: int) -> torch.Tensor:
         """``[max_k + 1]``: tokens per millisecond until the *last* row is done, at ``K = 0 ..
         max_k`` drafts for every step from now on, for rows with acceptance estimates ``alpha``
         ``[B]`` and ``left`` ``[B]`` tokens still to generate (on ``alpha``'s device, in its
@@ -344,12 +323,9 @@ class PassCosts:
         :data:`FINISH_QUANTILES` of a normal; the batch then runs ``B`` rows until the first
         finishes, ``B - 1`` until the next, and so on, each stretch priced at
         :meth:`step_cost` of the rows still running (a quarter of a row at a quarter of one
-        row's step). ``alpha_sd`` ``[B]``, the estimates' own uncertainty
-        (:meth:`AcceptanceTracker.alpha_sd`), widens the spread by its effect on ``left / mu``
-        (to first order): early in a run every row's estimate is the prior, and a row that will
-        accept little is not known yet. With the target alone (``K = 0``) every row gives one
-        token a step: the rows end together and the figure is :meth:`token_rates`'s. One row
-        gives :meth:`token_rates`'s figure at every ``K``.
+        row's step). With the target alone (``K = 0``) every row gives one token a step: the
+        rows end together and the figure is :meth:`token_rates`'s. One row gives
+        :meth:`token_rates`'s figure at every ``K``.
 
         >>> c = PassCosts(batch=(1, 4), tokens=(1, 3), target_ms=((1.0, 1.2), (1.6, 2.6)),
         ...               draft_ms=(0.05, 0.1))
@@ -366,14 +342,7 @@ class PassCosts:
         mu, var = tokens_per_step(alpha, max_k)  # [B, K+1]
         left = left.to(alpha.dtype)[:, None].clamp_min(1.0)
         steps = left / mu
-        spread = left * var / mu**3
-        if alpha_sd is not None:  # d(left / mu) / d(alpha) = -left * mu' / mu^2
-            a = alpha.clamp(0.0, 1.0)[:, None]
-            j = torch.arange(1, max_k + 1, device=alpha.device, dtype=alpha.dtype)
-            slope = (j * a ** (j - 1)).cumsum(1)  # mu' at K = 1 .. max_k
-            slope = torch.cat([torch.zeros_like(a), slope], 1)
-            spread = spread + (left * slope / mu**2 * alpha_sd.to(alpha.dtype)[:, None]) ** 2
-        sd = spread.sqrt()
+        sd = (left * var / mu**3).sqrt()
         z = torch.tensor(FINISH_QUANTILES, device=alpha.device, dtype=alpha.dtype)
         q = z.numel()
         ends = (steps[..., None] + sd[..., None] * z).clamp_min(1.0)  # [B, K+1, Q]
@@ -395,14 +364,9 @@ class PassCosts:
             tokens=list(self.tokens),
             target_ms=[list(r) for r in self.target_ms],
             draft_ms=list(self.draft_ms),
-            **{
-                f: v if isinstance(v, (int, float)) else list(v)
-                for f, v in (
-                    ("step_ms", self.step_ms),
-                    ("draft_step_ms", self.draft_step_ms),
-                    ("draft_fixed_ms", self.draft_fixed_ms),
-                )
-            },
+            step_ms=self.step_ms,
+            draft_step_ms=self.draft_step_ms,
+            draft_fixed_ms=self.draft_fixed_ms,
         )
 
     @classmethod
@@ -412,12 +376,10 @@ class PassCosts:
             tuple(d["tokens"]),
             tuple(tuple(r) for r in d["target_ms"]),
             tuple(d["draft_ms"]),
-            *(_loop_value(d.get(f, 0.0)) for f in ("step_ms", "draft_step_ms", "draft_fixed_ms")),
+            float(d["step_ms"]),
+            float(d.get("draft_step_ms", 0.0)),
+            float(d.get("draft_fixed_ms", 0.0)),
         )
-
-
-def _loop_value(v) -> float | tuple[float, ...]:
-    return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else float(v)
 
 
 @functools.lru_cache(maxsize=256)

@@ -291,17 +291,15 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     """``costs`` with the decoding loop's own work measured in: per step (verification,
     commit, the one host sync: ``step_ms``), per drafting step (``draft_fixed_ms``) and per
     draft token (drawing and feeding it: ``draft_step_ms``; the two apart from runs at K = 1
-    and K = 4), each at the first, middle and last batch size of ``costs`` (the others
-    interpolated), from short greedy runs of the loop (the difference of two lengths, so the
-    prefill cancels; every row the same prompt, so that the rows finish together and every
-    step runs the whole batch; the median of five tries, the runs round-robin), minus the
-    model passes ``costs`` already prices. Measured once per pair like the pass costs, before
-    any generation."""
+    and K = 4), from short greedy runs of the loop at batch 1 (the difference of two
+    lengths, so the prefill cancels; the median of five tries, the three loops round-robin),
+    minus the model passes ``costs`` already prices. Measured once per pair like the pass
+    costs, before any generation."""
     import json
 
     from specdec_kernels._cache import remembered
 
-    key = "loop4:" + json.dumps(costs.to_dict(), sort_keys=True)
+    key = "loop3:" + json.dumps(costs.to_dict(), sort_keys=True)
     return remembered(
         key,
         lambda: _measure_loop_costs(costs, target, draft),
@@ -318,48 +316,33 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
     if ctx < 24:  # too short a context to time anything: the pass costs alone
         return costs
     short, long_ = ctx // 24, ctx // 4  # new tokens of the two runs
-    prompt = [(7 * i) % target.vocab_size for i in range(ctx // 8)]
-    hi = max(2, min(4, costs.tokens[-1] - 1))
-    grid = costs.batch
-    batches = sorted({grid[0], grid[len(grid) // 2], grid[-1]})
+    prompt = [[(7 * i) % target.vocab_size for i in range(ctx // 8)]]
 
-    def per_step(b: int, k: int) -> float:  # one try: wall per step, from a short and a long run
+    hi = max(2, min(4, costs.tokens[-1] - 1))
+
+    def per_step(k: int) -> float:  # one try: wall per step, from a short and a long run
         walls, steps = [], []
-        # a batch's steps cost more: fewer of them time it as well
-        for n in (short, long_ if b == 1 else ctx // 8):
+        for n in (short, long_):
             drafter = ModelDrafter(CausalLMAdapter(draft)) if k else None
-            res = Decoder(adapter_for(target), drafter, max(k, 1) if k else 4).run([prompt] * b, n)
+            res = Decoder(adapter_for(target), drafter, max(k, 1) if k else 4).run(prompt, n)
             walls.append(res.stats.wall_seconds * 1e3)
             steps.append(res.stats.target_forwards)
         return (walls[1] - walls[0]) / max(steps[1] - steps[0], 1)
 
-    # every loop round-robin (a slow spell of the machine spreads over all of them), the
+    # the three loops round-robin (a slow spell of the machine spreads over all of them), the
     # median of five tries each
-    tries = {(b, k): [] for b in batches for k in (0, 1, hi)}
+    tries = {k: [] for k in (0, 1, hi)}
     for _ in range(5):
-        for (b, k), t in tries.items():
-            t.append(per_step(b, k))
-    per = {bk: statistics.median(t) for bk, t in tries.items()}
-    step, per_token, fixed = [], [], []
-    for b in batches:
-        step.append(max(0.0, per[b, 0] - costs.target(b, 1)))
-        # what drafting adds beyond the priced passes, at K = 1 and at K = 4: a part per step
-        # (the catch-up pass, the draft's weights back into cache) and a part per draft token
-        extra = {
-            k: per[b, k] - costs.target(b, k + 1) - k * costs.draft(b) - step[-1] for k in (1, hi)
-        }
-        per_token.append(max(0.0, (extra[hi] - extra[1]) / (hi - 1)))
-        fixed.append(max(0.0, extra[1] - per_token[-1]))
-
-    def on_grid(values):
-        return tuple(PassCosts._interp(batches, values, b) for b in grid)
-
-    return dataclasses.replace(
-        costs,
-        step_ms=on_grid(step),
-        draft_step_ms=on_grid(per_token),
-        draft_fixed_ms=on_grid(fixed),
-    )
+        for k, t in tries.items():
+            t.append(per_step(k))
+    per = {k: statistics.median(t) for k, t in tries.items()}
+    step = max(0.0, per[0] - costs.target(1, 1))
+    # what drafting adds beyond the priced passes, at K = 1 and at K = 4: a part per step (the
+    # catch-up pass, the draft's weights back into cache) and a part per draft token
+    extra = {k: per[k] - costs.target(1, k + 1) - k * costs.draft(1) - step for k in (1, hi)}
+    per_token = max(0.0, (extra[hi] - extra[1]) / (hi - 1))
+    fixed = max(0.0, extra[1] - per_token)
+    return dataclasses.replace(costs, step_ms=step, draft_step_ms=per_token, draft_fixed_ms=fixed)
 
 
 def _measurable(target, draft) -> bool:

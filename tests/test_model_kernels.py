@@ -495,45 +495,6 @@ def test_finish_rates_price_the_slowest_row():
     assert torch.equal(costs.finish_rates(one, left[:1], 2), costs.token_rates(one, 2))
 
 
-def test_finish_rates_price_the_acceptance_estimates_uncertainty():
-    """A wide ``alpha_sd`` (few drafts tried yet: a row that will accept little may hide behind
-    the prior) lowers drafting's figure at batch > 1, never the target alone's; it shrinks as
-    drafts are tried; at batch 1 the figure is the expected one either way."""
-    from specdec_kernels.adaptive import AcceptanceTracker
-
-    costs = PassCosts(batch=(1, 4), tokens=(1, 3), target_ms=((1.0, 1.2), (1.6, 2.6)),
-                      draft_ms=(0.05, 0.1))  # fmt: skip
-    alpha = torch.full((4,), 0.7, dtype=torch.float64)
-    left = torch.full((4,), 32.0, dtype=torch.float64)
-    sure = costs.finish_rates(alpha, left, 2)
-    unsure = costs.finish_rates(alpha, left, 2, torch.full((4,), 0.2, dtype=torch.float64))
-    assert float(unsure[0]) == pytest.approx(float(sure[0]))
-    assert (unsure[1:] < sure[1:]).all()
-    t = AcceptanceTracker.new(4, "cpu")
-    wide = t.alpha_sd()
-    t.update(torch.full((4,), 14), torch.full((4,), 20))  # 14 of 20 accepted, no early stop
-    assert (t.alpha_sd() < wide / 2).all() and float(wide[0]) == pytest.approx(0.205, abs=1e-3)
-    one = costs.finish_rates(alpha[:1], left[:1], 2, torch.tensor([0.3], dtype=torch.float64))
-    assert torch.equal(one, costs.token_rates(alpha[:1], 2))
-
-
-def test_pass_costs_take_the_loop_costs_per_batch_size():
-    """``step_ms`` (and the draft's loop costs) may be one figure per batch size of the grid,
-    interpolated between them; a plain float is every batch size's; both survive the cache."""
-    import dataclasses
-
-    flat = PassCosts(batch=(1, 4), tokens=(1, 2), target_ms=((1.0, 1.5), (2.0, 3.0)),
-                     draft_ms=(0.1, 0.2), step_ms=0.5, draft_fixed_ms=0.25)  # fmt: skip
-    per = dataclasses.replace(flat, step_ms=(0.5, 1.1), draft_step_ms=(0.0, 0.3))
-    assert flat.step_cost(4, 0) == pytest.approx(2.5) and per.step_cost(1, 0) == flat.step_cost(
-        1, 0
-    )
-    assert per.step_cost(4, 1) == pytest.approx(3.0 + 0.2 + 0.3 + 0.25 + 1.1)
-    assert per.step_cost(2, 0) == pytest.approx(flat.target(2, 1) + 0.7)
-    for c in (flat, per):
-        assert PassCosts.from_dict(c.to_dict()) == c
-
-
 def test_auto_drafts_only_for_a_gain_beyond_the_margin():
     """A predicted gain under ``DRAFT_MARGIN`` (within the measurement's error) keeps the
     target alone; a larger one drafts. ``best_k`` and the loop's on-device choice agree."""

@@ -618,7 +618,7 @@ class Decoder:
         sync reads it with the rest. The margin to start drafting applies while the draft is
         not running; a running draft stops only where the target alone is faster."""
         alpha = tracker.alpha()  # [B]
-        rates = self.costs.finish_rates(alpha.float(), left, self.max_k, tracker.alpha_sd())
+        rates = self.costs.finish_rates(alpha.float(), left, self.max_k)  # [K+1]
         running = self.drafter is not None and not self._draft_cold
         margin = 0.0 if running else DRAFT_MARGIN
         return pick_k(rates, margin).expand(alpha.numel()).clone()
