@@ -10,8 +10,10 @@ token (``verify_cost``, 0 by default). ``best_num_draft_tokens`` picks the ``K``
 the ratio per row; :func:`measure_costs` times ``c`` and ``v`` once on this machine.
 
 The decoding loop's ``"auto"`` uses the batch-priced model instead: :class:`PassCosts` holds
-measured ``[B, T]`` target and ``[B, 1]`` draft passes (:func:`measure_pass_costs`), and
-:meth:`PassCosts.best_k` picks one ``K`` in ``0 .. max_k`` for the live batch.
+measured ``[B, T]`` target and ``[B, 1]`` draft passes (:func:`measure_pass_costs`), and the
+loop picks the one ``K`` in ``0 .. max_k`` that finishes the live batch soonest
+(:meth:`PassCosts.finish_rates`: the batch runs until its slowest row is done);
+:meth:`PassCosts.best_k` is the simpler choice by the rows' summed tokens per millisecond.
 
 ``alpha`` is estimated per row as accepted drafts over the positions actually tried (every
 accepted one plus the first rejection of each pass): positions after a rejection were never
@@ -343,7 +345,7 @@ class PassCosts:
         left = left.to(alpha.dtype)[:, None].clamp_min(1.0)
         steps = left / mu
         sd = (left * var / mu**3).sqrt()
-        z = torch.tensor(FINISH_QUANTILES, device=alpha.device, dtype=alpha.dtype)
+        z = _quantiles(alpha.device, alpha.dtype)
         q = z.numel()
         ends = (steps[..., None] + sd[..., None] * z).clamp_min(1.0)  # [B, K+1, Q]
         ends = ends.permute(1, 0, 2).reshape(max_k + 1, b * q).sort(dim=1).values
@@ -386,6 +388,11 @@ class PassCosts:
 def _step_costs(costs: PassCosts, batch: int, max_k: int) -> tuple[float, ...]:
     """``costs.step_cost(batch, K)`` for ``K = 0 .. max_k`` (a loop asks every step)."""
     return tuple(costs.step_cost(batch, k) for k in range(max_k + 1))
+
+
+@functools.lru_cache(maxsize=16)
+def _quantiles(device, dtype) -> torch.Tensor:
+    return torch.tensor(FINISH_QUANTILES, device=device, dtype=dtype)
 
 
 @functools.lru_cache(maxsize=256)

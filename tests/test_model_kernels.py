@@ -583,6 +583,39 @@ def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair
     assert [len(s) for s in sampled.sequences] == [ctx, ctx, 80]
 
 
+def test_auto_renews_a_batchs_choice_every_few_steps_and_one_rows_every_step(
+    pair_tiny, monkeypatch
+):
+    """A batch's choice (the finish-time model, dozens of small ops) is renewed every
+    ``AUTO_EVERY`` steps and whenever rows retire; one row's (a few ops) every step. The output
+    is the target's own either way."""
+    from specdec_kernels.decoding import core
+
+    target, draft = pair_tiny
+    costs = PassCosts(batch=(1, 4), tokens=(1, 5), target_ms=((1.0, 1.1), (1.2, 1.4)),
+                      draft_ms=(0.01, 0.01))  # fmt: skip
+    calls = []
+    real = core.Decoder._auto_k
+
+    def counted(self, tracker, left):
+        calls.append(left.numel())
+        return real(self, tracker, left)
+
+    monkeypatch.setattr(core.Decoder, "_auto_k", counted)
+    ids = sk.models.encode(heldout_text("tiny"))
+    gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
+    for prompts in ([ids[:20]], [ids[:20], ids[200:230], ids[400:410]]):
+        calls.clear()
+        out = gen.generate(prompts, 40)
+        assert out.sequences == sk.autoregressive_generate(target, prompts, 40).sequences
+        steps = out.stats.target_forwards
+        if len(prompts) == 1:
+            assert len(calls) == steps + 1  # the start's choice and one after every step
+        else:
+            batch = [n for n in calls if n > 1]
+            assert 1 <= len(batch) <= steps // core.AUTO_EVERY + len(prompts) + 1 < steps
+
+
 def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     target, draft = pair_tiny
