@@ -121,9 +121,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e.add_argument(
         "--quick",
         action="store_true",
-        help="a small grid: B 1,4,16, K 2,4,auto, 32 new tokens, 7 repeats (about a minute for "
-        "specdec and the target alone on 2 cores; transformers' baselines add several, the "
-        "more where the CPU lacks AVX-512)",
+        help="a small grid: B 1,4,16, K 2,4,auto, 32 new tokens, 7 repeats (1.5 minutes on 2 "
+        "AVX-512 cores; longer where the CPU lacks AVX-512, most of it transformers' bfloat16 "
+        "baselines: 3-9 minutes at 3 repeats there)",
     )
     e.add_argument("--batch", type=_csv(int), default=None, help="batch sizes (1,4,16)")
     e.add_argument("--k", type=_csv(_k), default=None, help="K values (1,2,4,8,auto)")
