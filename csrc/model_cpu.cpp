@@ -697,6 +697,29 @@ namespace {
 
 // One query against the keys its mask row allows, in slot order. qf: [Dp] float32, zero-padded;
 // k and v rows of D = Dp elements (D must be a multiple of kLanes here); out: [Dp] float32.
+// attend_row's weighted sum for a head of NV * 16 elements: the same operations in the same
+// order (each element adds p_i * v_i[d] key by key, then scales by 1 / sum), the running sums
+// held in NV vectors instead of stored and reloaded for every key.
+template <int NV, typename E>
+SPECDEC_INLINE void weigh_values16(const float* score, const int64_t* keys, int64_t n, float mx,
+                                   const E* v, int64_t vs, float* out) {
+  v16f o[NV];
+  for (int c = 0; c < NV; ++c) o[c] = v16f{};
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float p = std::exp(score[i] - mx);
+    sum += p;
+    const v16f pv = v16f{} + p;
+    const E* row = v + keys[i] * vs;
+    for (int c = 0; c < NV; ++c) o[c] += pv * load16(row + kLanes * c);
+  }
+  const v16f inv = v16f{} + 1.0f / sum;
+  for (int c = 0; c < NV; ++c) {
+    const v16f r = o[c] * inv;
+    std::memcpy(out + kLanes * c, &r, sizeof(r));
+  }
+}
+
 template <typename E>
 SPECDEC_INLINE void attend_row(const float* qf, int64_t Dp, const E* k, int64_t ks, const E* v,
                                int64_t vs, const bool* mask, int64_t ms, int64_t L, float scale,
@@ -714,6 +737,13 @@ SPECDEC_INLINE void attend_row(const float* qf, int64_t Dp, const E* k, int64_t 
   }
   for (int64_t d = 0; d < Dp; ++d) out[d] = 0.0f;
   if (n == 0) return;
+  switch (Dp) {  // head sizes up to 64: the weighted sum in registers across the keys
+    case 16: return weigh_values16<1>(score, keys, n, mx, v, vs, out);
+    case 32: return weigh_values16<2>(score, keys, n, mx, v, vs, out);
+    case 48: return weigh_values16<3>(score, keys, n, mx, v, vs, out);
+    case 64: return weigh_values16<4>(score, keys, n, mx, v, vs, out);
+    default: break;
+  }
   float sum = 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float p = std::exp(score[i] - mx);
