@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass
 
 import torch
@@ -398,16 +397,12 @@ def _quantiles(device, dtype) -> torch.Tensor:
 @functools.lru_cache(maxsize=256)
 def _stretch_costs(costs: PassCosts, batch: int, q: int, max_k: int, device, dtype) -> torch.Tensor:
     """``[K+1, batch * q]``: the step cost while ``(batch * q - j) / q`` rows run, for the
-    ``j``-th stretch of :meth:`PassCosts.finish_rates` (between whole rows the linear blend of
-    their costs; under one row its share of a one-row step). Built once per batch size (a
-    loop asks every step; nothing writes to it)."""
+    ``j``-th stretch of :meth:`PassCosts.finish_rates` (between batch sizes as
+    :meth:`PassCosts.step_cost` interpolates; under one row its share of a one-row step). Built
+    once per batch size (a loop asks every step; nothing writes to it)."""
 
-    def at(rows: float, k: int) -> float:
-        lo = max(1, math.floor(rows))
-        if rows < 1:
-            return rows * costs.step_cost(1, k)
-        hi = _step_costs(costs, lo + 1, max_k)[k] if rows > lo else 0.0
-        return (1 - (rows - lo)) * _step_costs(costs, lo, max_k)[k] + (rows - lo) * hi
+    def at(rows: float, k: int) -> float:  # step_cost interpolates between batch sizes itself
+        return rows * costs.step_cost(1, k) if rows < 1 else costs.step_cost(rows, k)
 
     n = batch * q
     table = [[at((n - j) / q, k) for j in range(n)] for k in range(max_k + 1)]
