@@ -111,3 +111,53 @@ def test_demo_tensor_parallel(capfd):
     assert "tensor parallel over 2 ranks" in out
     assert out.count("acceptance rate") == 1  # only the first rank prints
     assert "tensor-parallel output identical to the single-process target's" in out
+
+
+def test_bench_e2e_threads(monkeypatch, capsys):
+    """``specdec bench e2e --threads``: ``auto`` by default (the demo's choice: the process on the
+    thread count at which the target's passes run fastest, the draft on its own), an int as
+    given; anything else is refused naming the argument and the value."""
+    from specdec_kernels.benchmarks import cli as bench_cli
+    from specdec_kernels.benchmarks import e2e
+
+    parser = bench_cli.build_parser()
+    assert parser.parse_args(["e2e"]).threads == "auto"
+    assert parser.parse_args(["e2e", "--threads", "1"]).threads == 1
+    with pytest.raises(SystemExit):
+        parser.parse_args(["e2e", "--threads", "two"])
+    assert "--threads: must be a non-negative int or 'auto', got 'two'" in capsys.readouterr().err
+
+    # the choice is fastest_threads' for the pair's target: one core or all of them, cached
+    chosen = bench_cli._fastest_threads(None, "tiny")
+    assert chosen in {1, os.cpu_count()}
+    assert bench_cli._fastest_threads(None, "tiny") == chosen
+
+    seen = {}
+
+    def fake_run(cfg, assets=None, log=print):
+        seen["cfg"], seen["threads"] = cfg, torch.get_num_threads()
+        return []
+
+    monkeypatch.setattr(bench_cli, "_fastest_threads", lambda assets, pair: 1)
+    monkeypatch.setattr(e2e, "run_e2e", fake_run)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        argv = ["e2e", "--pair", "tiny", "--batch", "1", "--json", ""]
+        assert bench_cli.main_bench(argv) == 0
+        assert seen["threads"] == 1 and seen["cfg"].draft_threads == "auto"
+        assert bench_cli.main_bench([*argv, "--threads", "2"]) == 0
+        assert seen["threads"] == 2 and seen["cfg"].draft_threads is None
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_load_bundled_dtype_names():
+    """``load_bundled`` takes a dtype's name as well as the dtype, and refuses anything else
+    naming the argument and the value (a string used to fail deep inside ``Module.to``)."""
+    target, draft = load_bundled("tiny", dtype="bfloat16", draft_dtype="float32")
+    assert target.lm_head.weight.dtype == torch.bfloat16
+    assert draft.lm_head.weight.dtype == torch.float32
+    for kw, bad in (("dtype", "float33"), ("dtype", "Tensor"), ("dtype", 3), ("draft_dtype", "x")):
+        with pytest.raises(ValueError, match=f"^{kw} must be a torch.dtype.*got {bad!r}"):
+            load_bundled("tiny", **{kw: bad})

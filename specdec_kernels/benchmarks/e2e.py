@@ -81,6 +81,9 @@ class E2EConfig:
     # batch 1 decodes this many prompts, each alone, one after another (the prompts of batch
     # 4 when it is 4): one 64-token prompt is too small a sample of acceptance to compare K by
     interactive_prompts: int = 4
+    # the draft's CausalLM.num_threads: None (the process's) or "auto" (load_bundled's choice,
+    # the demo's; bench e2e sets it with --threads auto)
+    draft_threads: int | str | None = None
 
 
 # the schema of ``specdec demo --json`` and of ``--grammar json`` here: strings as patterns, not
@@ -105,16 +108,25 @@ DEMO_SCHEMA = {
 QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=7)
 
 
-def load_pair(assets: str | None = None, pair: str = "default", dtype: str = "float32"):
+def load_pair(
+    assets: str | None = None,
+    pair: str = "default",
+    dtype: str = "float32",
+    draft_threads: int | str | None = None,
+):
     """``(target, draft, heldout_text)``: bundled pair ``pair`` (target in ``dtype``; with
-    ``"auto"`` both models in their fastest dtype here), or the float32 files of ``assets``."""
+    ``"auto"`` both models in their fastest dtype here; the draft on ``draft_threads``, see
+    ``load_bundled``), or the float32 files of ``assets``."""
     from specdec_kernels.models import bundled
     from specdec_kernels.models.causal_lm import CausalLM
 
     if assets is None:
         dt = dtype if dtype == "auto" else getattr(torch, dtype)
         target, draft = bundled.load_bundled(
-            pair, dtype=dt, draft_dtype="auto" if dtype == "auto" else None
+            pair,
+            dtype=dt,
+            draft_dtype="auto" if dtype == "auto" else None,
+            draft_threads=draft_threads,
         )
         return target, draft, bundled.heldout_text(pair)
     target = CausalLM.load(os.path.join(assets, "target.safetensors"))
@@ -336,7 +348,7 @@ def _configs(cfg: E2EConfig, hf_ok: bool):
 def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     """Run every configuration ``cfg.repeats`` times, interleaved; one row per
     ``(system, batch_size, K, temperature)`` with the median figures."""
-    target, draft, text = load_pair(assets, cfg.pair, cfg.dtype)
+    target, draft, text = load_pair(assets, cfg.pair, cfg.dtype, cfg.draft_threads)
     from specdec_kernels.adaptive import measure_pass_costs
 
     grammar = e2e_grammar(cfg.grammar, target)

@@ -55,6 +55,15 @@ def decode(ids) -> str:
     return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
 
+def _dtype_arg(name: str, value) -> torch.dtype | str:
+    """``value`` as a ``torch.dtype`` (a dtype's name like ``"bfloat16"`` taken too), or
+    ``"auto"``; anything else raises naming the argument."""
+    named = getattr(torch, value, None) if isinstance(value, str) else value
+    if value == "auto" or isinstance(named, torch.dtype):
+        return "auto" if value == "auto" else named
+    raise ValueError(f"{name} must be a torch.dtype, a dtype's name or 'auto', got {value!r}")
+
+
 def load_bundled(
     name: str = "default",
     dtype: torch.dtype | str = torch.float32,
@@ -68,11 +77,12 @@ def load_bundled(
 
     Parameters
     ----------
-    dtype : torch.dtype or "auto"
-        The target's dtype. ``"auto"``: the fastest of float32 and bfloat16 for this target on
-        this machine (:func:`fastest_dtype`: measured once, cached), bfloat16 where the CPU has
-        the matrix or dot-product units for it, float32 where nothing faster exists.
-    draft_dtype : torch.dtype or "auto", optional
+    dtype : torch.dtype, a dtype's name or "auto"
+        The target's dtype (``torch.bfloat16`` or ``"bfloat16"``). ``"auto"``: the fastest of
+        float32 and bfloat16 for this target on this machine (:func:`fastest_dtype`: measured
+        once, cached), bfloat16 where the CPU has the matrix or dot-product units for it,
+        float32 where nothing faster exists.
+    draft_dtype : torch.dtype, a dtype's name or "auto", optional
         The draft's dtype; default ``dtype`` (with ``"auto"`` the draft's own fastest: a model
         this small is often fastest in float32).
     row_invariant : bool, optional
@@ -95,6 +105,8 @@ def load_bundled(
     """
     folder = pair_dir(name)
     paths = (os.path.join(folder, "target.safetensors"), os.path.join(folder, "draft.safetensors"))
+    dtype = _dtype_arg("dtype", dtype)
+    draft_dtype = None if draft_dtype is None else _dtype_arg("draft_dtype", draft_dtype)
     dtypes = [dtype, dtype if draft_dtype is None else draft_dtype]
     models = []
     for path, dt, tokens in zip(paths, dtypes, ((1, 5), (1,))):
