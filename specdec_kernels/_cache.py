@@ -115,10 +115,12 @@ def passes_ms(
     spell of the machine spreads over every entry instead of inflating a few. With ``calls >
     1`` the first call of each entry's turn is not timed: the others run as a decoding loop
     runs one pass after the same pass (the caches hold its own working set, not what the other
-    entries left); with ``calls = 1`` every pass runs after the others'."""
+    entries left); with ``calls = 1`` every pass runs after the others'. An entry may name a
+    torch thread count fourth, ``(model, batch, tokens, threads)``: its passes run on that many
+    threads (the process's count is restored after)."""
     runs = []
     with torch.inference_mode():
-        for model, batch, tokens in entries:
+        for model, batch, tokens, *threads in entries:
             device = next(model.parameters()).device
             cache = model.new_cache(batch, context + tokens + 1)
             model.hidden_states(
@@ -126,17 +128,24 @@ def passes_ms(
             )
             cache.advance(context)
             x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
-            runs.append((model, cache, x, context + tokens, device.type == "cuda"))
+            threads = threads[0] if threads else None
+            runs.append((model, cache, x, context + tokens, device.type == "cuda", threads))
         times: list[list[float]] = [[] for _ in runs]
-        for r in range(repeats + 1):  # the first round warms up
-            for t, (model, cache, x, kv_len, cuda) in zip(times, runs):
-                for c in range(calls):
-                    t0 = time.perf_counter()
-                    model(x, cache, kv_len=kv_len, validate=False)
-                    if cuda:
-                        torch.cuda.synchronize(x.device)
-                    if r > 0 and (c > 0 or calls == 1):
-                        t.append(time.perf_counter() - t0)
+        before = torch.get_num_threads()
+        try:
+            for r in range(repeats + 1):  # the first round warms up
+                for t, (model, cache, x, kv_len, cuda, threads) in zip(times, runs):
+                    if threads is not None:
+                        torch.set_num_threads(threads)
+                    for c in range(calls):
+                        t0 = time.perf_counter()
+                        model(x, cache, kv_len=kv_len, validate=False)
+                        if cuda:
+                            torch.cuda.synchronize(x.device)
+                        if r > 0 and (c > 0 or calls == 1):
+                            t.append(time.perf_counter() - t0)
+        finally:
+            torch.set_num_threads(before)
     out = []
     for t in times:
         t = sorted(t)

@@ -2,6 +2,8 @@
 the models on them: a token's logits must be bitwise the same whatever else shares the pass, so
 that speculative greedy output is exactly the target's own greedy decoding."""
 
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -433,6 +435,56 @@ def test_fastest_dtype_is_measured_once_and_cached():
     n = len(calls)
     assert first in (torch.float32, torch.bfloat16) and n >= 2
     assert fastest_dtype(load) == first and len(calls) == n + 1  # only the probe model again
+
+
+def test_fastest_dtype_and_threads_time_candidates_round_robin(monkeypatch):
+    """Both choices time every candidate in one round-robin (``passes_ms`` over all of them,
+    so that a slow spell of the machine falls on each) and take the least total."""
+    from specdec_kernels import _cache
+    from specdec_kernels.models.bundled import fastest_threads
+
+    seen = []
+
+    def fake(entries, context, repeats, quantile=0.25, calls=1):
+        seen.append(entries)
+        slow = {torch.float32: 3.0, torch.bfloat16: 1.0, 1: 1.0}  # ms a pass, by dtype or count
+        return [slow.get(e[3] if len(e) > 3 else e[0].lm_head.weight.dtype, 2.0) for e in entries]
+
+    monkeypatch.setattr(_cache, "passes_ms", fake)
+    monkeypatch.setattr(_cache, "_MEMORY", {})  # choices earlier tests made stay out
+    assert fastest_dtype(lambda dt: _model(torch.float32).to(dt), cache=False) == torch.bfloat16
+    assert [(e[0].lm_head.weight.dtype, e[2]) for e in seen[-1]] == [
+        (torch.float32, 1), (torch.float32, 5), (torch.bfloat16, 1), (torch.bfloat16, 5)
+    ]  # fmt: skip
+    monkeypatch.setattr(os, "cpu_count", lambda: 3)
+    assert fastest_threads(lambda: _model(torch.float32), cache=False) == 1
+    assert [(e[2], e[3]) for e in seen[-1]] == [(1, 1), (5, 1), (1, 3), (5, 3)]
+
+
+def test_passes_ms_runs_each_entry_on_its_threads():
+    """An entry's fourth field is its thread count: each timed pass runs on it, and the
+    process's count is restored afterwards (also when a pass raises)."""
+    model = _model(torch.float32)
+    model.row_invariant = row_invariant_available(model)
+    counts = []
+    real = model.forward
+
+    def forward(*args, **kw):
+        counts.append(torch.get_num_threads())
+        return real(*args, **kw)
+
+    model.forward = forward
+    before = torch.get_num_threads()
+    from specdec_kernels._cache import passes_ms
+
+    ms = passes_ms([(model, 1, 1, 1), (model, 1, 2, 2), (model, 1, 1)], 8, 2)
+    assert len(ms) == 3 and all(t > 0 for t in ms)
+    assert counts == [1, 2, before] * 3  # a warm-up round, then 2 timed rounds
+    assert torch.get_num_threads() == before
+    model.forward = lambda *a, **kw: 1 / 0
+    with pytest.raises(ZeroDivisionError):
+        passes_ms([(model, 1, 1, 2)], 8, 1)
+    assert torch.get_num_threads() == before
 
 
 # --------------------------------------------------------------------------------- pass costs
