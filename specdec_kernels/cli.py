@@ -163,21 +163,16 @@ def _demo_in_group(args) -> int:
 def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
     import contextlib
     import io
-    import os
 
     import torch
 
     import specdec_kernels as sk
     from specdec_kernels.models.bundled import EOS_ID, encode, load_bundled
-    from specdec_kernels.models.causal_lm import CausalLM
 
     if args.threads == "auto":
-        from specdec_kernels.models.bundled import fastest_threads, pair_dir
+        from specdec_kernels.models.bundled import target_threads
 
-        target_file = os.path.join(pair_dir(args.pair), "target.safetensors")
-        torch.set_num_threads(
-            1 if world_size > 1 else fastest_threads(lambda: CausalLM.load(target_file))
-        )
+        torch.set_num_threads(1 if world_size > 1 else target_threads(args.pair))
     elif int(args.threads):
         torch.set_num_threads(int(args.threads))
     k = args.num_speculative_tokens

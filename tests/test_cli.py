@@ -128,9 +128,11 @@ def test_bench_e2e_threads(monkeypatch, capsys):
     assert "--threads: must be a non-negative int or 'auto', got 'two'" in capsys.readouterr().err
 
     # the choice is fastest_threads' for the pair's target: one core or all of them, cached
-    chosen = bench_cli._fastest_threads(None, "tiny")
+    from specdec_kernels.models import bundled
+
+    chosen = bundled.target_threads("tiny")
     assert chosen in {1, os.cpu_count()}
-    assert bench_cli._fastest_threads(None, "tiny") == chosen
+    assert bundled.target_threads("tiny") == chosen
 
     seen = {}
 
@@ -138,7 +140,7 @@ def test_bench_e2e_threads(monkeypatch, capsys):
         seen["cfg"], seen["threads"] = cfg, torch.get_num_threads()
         return []
 
-    monkeypatch.setattr(bench_cli, "_fastest_threads", lambda assets, pair: 1)
+    monkeypatch.setattr(bundled, "target_threads", lambda name, assets=None: 1)
     monkeypatch.setattr(e2e, "run_e2e", fake_run)
     before = torch.get_num_threads()
     try:
@@ -158,6 +160,12 @@ def test_load_bundled_dtype_names():
     target, draft = load_bundled("tiny", dtype="bfloat16", draft_dtype="float32")
     assert target.lm_head.weight.dtype == torch.bfloat16
     assert draft.lm_head.weight.dtype == torch.float32
-    for kw, bad in (("dtype", "float33"), ("dtype", "Tensor"), ("dtype", 3), ("draft_dtype", "x")):
-        with pytest.raises(ValueError, match=f"^{kw} must be a torch.dtype.*got {bad!r}"):
+    for kw, bad in (
+        ("dtype", "float33"),
+        ("dtype", "Tensor"),
+        ("dtype", 3),
+        ("dtype", "int64"),
+        ("draft_dtype", "x"),
+    ):
+        with pytest.raises(ValueError, match=f"^{kw} must be a floating torch.dtype.*got {bad!r}"):
             load_bundled("tiny", **{kw: bad})

@@ -334,18 +334,6 @@ def _threads(text: str) -> int | str:
     return int(text)
 
 
-def _fastest_threads(assets: str | None, pair: str) -> int:
-    """``--threads auto``: one or every core, whichever runs the target's one- and five-token
-    passes faster here (``fastest_threads``, measured once and cached), as ``specdec demo``."""
-    import os
-
-    from specdec_kernels.models.bundled import fastest_threads, pair_dir
-    from specdec_kernels.models.causal_lm import CausalLM
-
-    folder = assets if assets is not None else pair_dir(pair)
-    return fastest_threads(lambda: CausalLM.load(os.path.join(folder, "target.safetensors")))
-
-
 def _e2e(args) -> int:
     import dataclasses
 
@@ -354,7 +342,9 @@ def _e2e(args) -> int:
     from specdec_kernels.benchmarks import e2e, results
 
     if args.threads == "auto":
-        torch.set_num_threads(_fastest_threads(args.assets, args.pair))
+        from specdec_kernels.models.bundled import target_threads
+
+        torch.set_num_threads(target_threads(args.pair, args.assets))
     elif args.threads:
         torch.set_num_threads(args.threads)
     if args.trees:

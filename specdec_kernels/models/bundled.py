@@ -56,12 +56,14 @@ def decode(ids) -> str:
 
 
 def _dtype_arg(name: str, value) -> torch.dtype | str:
-    """``value`` as a ``torch.dtype`` (a dtype's name like ``"bfloat16"`` taken too), or
-    ``"auto"``; anything else raises naming the argument."""
+    """``value`` as a floating ``torch.dtype`` (a dtype's name like ``"bfloat16"`` taken too),
+    or ``"auto"``; anything else raises naming the argument."""
+    if value == "auto":
+        return value
     named = getattr(torch, value, None) if isinstance(value, str) else value
-    if value == "auto" or isinstance(named, torch.dtype):
-        return "auto" if value == "auto" else named
-    raise ValueError(f"{name} must be a torch.dtype, a dtype's name or 'auto', got {value!r}")
+    if isinstance(named, torch.dtype) and named.is_floating_point:
+        return named
+    raise ValueError(f"{name} must be a floating torch.dtype, its name or 'auto', got {value!r}")
 
 
 def load_bundled(
@@ -228,6 +230,14 @@ def fastest_threads(load, *, tokens=(1, 5), repeats: int = 7, cache: bool = True
         return counts[totals.index(min(totals))]
 
     return remembered(key, measure, load=int, cache=cache)
+
+
+def target_threads(name: str = "default", assets: str | None = None) -> int:
+    """:func:`fastest_threads` for the target of bundled pair ``name`` (or of the folder
+    ``assets``): the thread count ``specdec demo`` and ``specdec bench e2e`` run on with
+    ``--threads auto``."""
+    folder = pair_dir(name) if assets is None else assets
+    return fastest_threads(lambda: CausalLM.load(os.path.join(folder, "target.safetensors")))
 
 
 _DTYPE_NAMES = {str(d).replace("torch.", ""): d for d in DTYPE_CANDIDATES}
