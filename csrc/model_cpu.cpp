@@ -25,6 +25,7 @@
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
 #include <cmath>
 #if defined(__GNUC__) && defined(__x86_64__)
 #include <cpuid.h>
@@ -179,11 +180,66 @@ SPECDEC_AVX2 inline void rows_avx2(const float* x, int64_t Cp, const W* w0, cons
   }
 }
 
+// A few input rows (2-5: a verify pass of one sequence) by one eight-lane half h of the inputs
+// from position c0 to c1 (in steps of 16), NW weight rows: the half's partial sums continue from
+// part[(i * kRows + r) * 8 ...] (zeros where c0 = 0) and go back there. R * NW accumulators,
+// NW weights and one input vector stay in registers: each input load serves NW weight rows and
+// each weight load R input rows (rows_avx2 holds two accumulators per element, so three rows
+// by two weight rows fill the registers and inputs come as memory operands, one load per FMA).
+template <int R, int NW, typename W>
+SPECDEC_AVX2 inline void few_half_avx2(const float* x, int64_t Cp, const W* w, int h, int64_t c0,
+                                       int64_t c1, float* part) {
+  __m256 a[R][NW];
+  for (int i = 0; i < R; ++i)
+    for (int r = 0; r < NW; ++r)
+      a[i][r] = c0 == 0 ? _mm256_setzero_ps() : _mm256_loadu_ps(part + (i * kRows + r) * 8);
+  for (int64_t c = c0 + h * 8; c < c1; c += kLanes) {
+    __m256 wv[NW];
+    for (int r = 0; r < NW; ++r) wv[r] = load8(w + r * Cp + c);
+    for (int i = 0; i < R; ++i) {
+      const __m256 xv = _mm256_loadu_ps(x + i * Cp + c);
+      for (int r = 0; r < NW; ++r) a[i][r] = _mm256_fmadd_ps(xv, wv[r], a[i][r]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int r = 0; r < NW; ++r) _mm256_storeu_ps(part + (i * kRows + r) * 8, a[i][r]);
+}
+
+// rows_avx2's result for all R input rows against the tile's kRows weight rows, one half at a
+// time over blocks of 512 positions (a block's inputs and weights stay in L1 for both halves).
+template <int R, int NW, typename W>
+SPECDEC_AVX2 void few_rows_avx2(const float* x, int64_t Cp, const W* w, float* out, int64_t ld) {
+  alignas(32) float lo[R * kRows * 8], hi[R * kRows * 8];
+  constexpr int64_t kBlock = 512;
+  for (int64_t c0 = 0; c0 < Cp; c0 += kBlock) {
+    const int64_t c1 = std::min<int64_t>(Cp, c0 + kBlock);
+    for (int r = 0; r < kRows; r += NW) {
+      few_half_avx2<R, NW>(x, Cp, w + r * Cp, 0, c0, c1, lo + r * 8);
+      few_half_avx2<R, NW>(x, Cp, w + r * Cp, 1, c0, c1, hi + r * 8);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int r = 0; r < kRows; ++r) {
+      const int e = (i * kRows + r) * 8;
+      out[i * ld + r] = finish16(_mm256_load_ps(lo + e), _mm256_load_ps(hi + e));
+    }
+}
+
 template <typename W>
 SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const W* w, float* out,
                                    int64_t ld, const W* pf) {
   for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
     __builtin_prefetch(pf + c);
+  // 2-5 rows: one half at a time (0.8-0.9x rows_avx2's time for 384-long reductions, about
+  // the same for 1536, bfloat16, Zen 3); one
+  // row streams its weights once either way, and from 6 rows linear_tile_avx2_wide is faster
+  switch (M) {
+    case 2: return few_rows_avx2<2, 4>(x, Cp, w, out, ld);
+    case 3: return few_rows_avx2<3, 2>(x, Cp, w, out, ld);
+    case 4: return few_rows_avx2<4, 2>(x, Cp, w, out, ld);
+    case 5: return few_rows_avx2<5, 2>(x, Cp, w, out, ld);
+    default: break;
+  }
   for (int r = 0; r < kRows; r += 2) {
     const W* w0 = w + r * Cp;
     int64_t m = 0;
@@ -194,6 +250,99 @@ SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const 
     }
     if (m < M) rows_avx2<1>(x + m * Cp, Cp, w0, w0 + Cp, out + m * ld + r, ld);
   }
+}
+
+// Wide inputs (M >= kWideRows: a prefill, a batch's verify pass) on AVX2: the same per-element
+// arithmetic as rows_avx2 (lanes 0-7 of the sixteen partial sums in input order, lanes 8-15
+// likewise, then finish16), one eight-lane half at a time. A half needs one accumulator per
+// element where rows_avx2 needs two, so three input rows by all four weight rows fit the
+// registers (12 accumulators, 4 weights) and each weight register serves three rows; the
+// weights are converted to float32 once per tile, not once per three input rows. Measured in
+// the op against rows_avx2 (bfloat16, 2 threads, Zen 3, interleaved): 0.73-0.75x its time at
+// 48-63 rows, 0.84-0.89x at 20; a reduction longer than kWideBlock (384 x 1536) gains nothing
+// below kWideLongRows rows, where rows_avx2 stays.
+constexpr int64_t kWideRows = 6;
+constexpr int64_t kWideLongRows = 48;
+
+// x [M, Cp] float32 -> xh [2][M][Cp / 2]: half h of row m holds elements 16j + 8h .. + 7, j in
+// order.
+SPECDEC_AVX2 void pack_halves(const float* x, int64_t M, int64_t Cp, float* xh) {
+  const int64_t half = Cp / 2;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t j = 0; j < Cp / kLanes; ++j)
+      for (int h = 0; h < 2; ++h)
+        _mm256_storeu_ps(xh + (h * M + m) * half + j * 8,
+                         _mm256_loadu_ps(x + m * Cp + j * 16 + h * 8));
+}
+
+// R packed input rows (one half, stride half) against the four packed weight rows of that half
+// (stride wstride) over n positions of the half: the eight-lane partial sums continue from
+// part[(i * 4 + r) * 8 ...] (zeros where first) and go back there.
+template <int R>
+SPECDEC_AVX2 inline void half_rows_avx2(const float* xh, int64_t half, const float* wh,
+                                        int64_t wstride, int64_t n, bool first, float* part) {
+  __m256 a[R][kRows];
+  for (int i = 0; i < R; ++i)
+    for (int r = 0; r < kRows; ++r)
+      a[i][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + (i * kRows + r) * 8);
+  for (int64_t c = 0; c < n; c += 8) {
+    const __m256 w0 = _mm256_loadu_ps(wh + c), w1 = _mm256_loadu_ps(wh + wstride + c);
+    const __m256 w2 = _mm256_loadu_ps(wh + 2 * wstride + c);
+    const __m256 w3 = _mm256_loadu_ps(wh + 3 * wstride + c);
+    for (int i = 0; i < R; ++i) {
+      const __m256 xv = _mm256_loadu_ps(xh + i * half + c);
+      a[i][0] = _mm256_fmadd_ps(xv, w0, a[i][0]);
+      a[i][1] = _mm256_fmadd_ps(xv, w1, a[i][1]);
+      a[i][2] = _mm256_fmadd_ps(xv, w2, a[i][2]);
+      a[i][3] = _mm256_fmadd_ps(xv, w3, a[i][3]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(part + (i * kRows + r) * 8, a[i][r]);
+}
+
+// linear_tile_avx2's result for M >= kWideRows. xh: x packed by pack_halves; scratch: at least
+// kWideScratch(M) floats of the calling thread's own. Blocks of kWideBlock positions: a block's
+// weights, converted once, stay in L1 while every input row passes.
+constexpr int64_t kWideBlock = 768;
+constexpr int64_t kWideScratch(int64_t M) { return kRows * kWideBlock + 2 * M * kRows * 8; }
+
+template <typename W>
+SPECDEC_AVX2 void linear_tile_avx2_wide(const float* xh, int64_t M, int64_t Cp, const W* w,
+                                        float* out, int64_t ld, const W* pf, float* scratch) {
+  for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
+    __builtin_prefetch(pf + c);
+  const int64_t half = Cp / 2;
+  float* wp = scratch;                         // [2][kRows][kWideBlock / 2]: one block
+  float* part = scratch + kRows * kWideBlock;  // [2][M][kRows][8]
+  constexpr int64_t hb = kWideBlock / 2;
+  for (int64_t c0 = 0; c0 < Cp; c0 += kWideBlock) {
+    const int64_t len = std::min<int64_t>(kWideBlock, Cp - c0), n = len / 2;
+    for (int r = 0; r < kRows; ++r)
+      for (int64_t j = 0; j < len / kLanes; ++j)
+        for (int h = 0; h < 2; ++h)
+          _mm256_storeu_ps(wp + (h * kRows + r) * hb + j * 8,
+                           load8(w + r * Cp + c0 + j * 16 + h * 8));
+    for (int h = 0; h < 2; ++h) {
+      const float* x0 = xh + h * M * half + c0 / 2;
+      const float* w0 = wp + h * kRows * hb;
+      float* p0 = part + h * M * kRows * 8;
+      int64_t m = 0;
+      for (; m + 3 <= M; m += 3)
+        half_rows_avx2<3>(x0 + m * half, half, w0, hb, n, c0 == 0, p0 + m * kRows * 8);
+      if (m + 2 <= M) {
+        half_rows_avx2<2>(x0 + m * half, half, w0, hb, n, c0 == 0, p0 + m * kRows * 8);
+        m += 2;
+      }
+      if (m < M) half_rows_avx2<1>(x0 + m * half, half, w0, hb, n, c0 == 0, p0 + m * kRows * 8);
+    }
+  }
+  const float* hi = part + M * kRows * 8;
+  for (int64_t m = 0; m < M; ++m)
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t e = (m * kRows + r) * 8;
+      out[m * ld + r] = finish16(_mm256_loadu_ps(part + e), _mm256_loadu_ps(hi + e));
+    }
 }
 
 bool cpu_has_avx2_fma() {
@@ -626,6 +775,15 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   // a task gets at least ~256k multiply-adds: a small layer (a draft's) runs on one thread,
   // where waking the others would cost more than it saves
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * Cp * kRows));
+#ifdef SPECDEC_HAVE_AVX2
+  const bool wide = avx2 && M >= kWideRows && (Cp <= kWideBlock || M >= kWideLongRows);
+  at::Tensor xh;  // x by eight-lane halves, for linear_tile_avx2_wide
+  if (wide) {
+    xh = at::empty({2, M, Cp / 2}, xf.options());
+    pack_halves(xp, M, Cp, xh.data_ptr<float>());
+  }
+  const float* xhp = wide ? xh.data_ptr<float>() : nullptr;
+#endif
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     // kGroup tiles at a time into one buffer [M, kGroup * kRows]: each output row's columns of
     // the group are then rounded and stored contiguously
@@ -633,6 +791,9 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
     const int64_t ld = kGroup * kRows;
     std::vector<uint16_t> last_bf16;  // the last, partial tile: its rows, zero-padded to kRows
     std::vector<float> last_f32;
+#ifdef SPECDEC_HAVE_AVX2
+    std::vector<float> scratch(wide ? kWideScratch(M) : 0);
+#endif
     for (int64_t g = lo; g < hi; g += kGroup) {
       const int64_t g_end = std::min(g + kGroup, hi);
       for (int64_t t = g; t < g_end; ++t) {
@@ -654,7 +815,8 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
 #endif
           } else if (avx2) {
 #ifdef SPECDEC_HAVE_AVX2
-            linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
+            if (wide) linear_tile_avx2_wide(xhp, M, Cp, wt, tile, ld, pf, scratch.data());
+            else linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
 #endif
           } else {
             linear_tile_bf16(xp, M, Cp, wt, tile, ld, pf);
@@ -669,7 +831,8 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
           const float* pf = ahead < 0 ? nullptr : w_f32 + ahead;
           if (avx2) {
 #ifdef SPECDEC_HAVE_AVX2
-            linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
+            if (wide) linear_tile_avx2_wide(xhp, M, Cp, wt, tile, ld, pf, scratch.data());
+            else linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
 #endif
           } else {
             linear_tile_f32(xp, M, Cp, wt, tile, ld, pf);

@@ -22,22 +22,25 @@ DTYPES = [(torch.float32, 2e-5, 1e-5), (torch.bfloat16, 0.0, 1.6e-2)]
 
 
 @pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
-@pytest.mark.parametrize("n, c", [(1152, 384), (7, 37), (1000, 32), (257, 128)])
+@pytest.mark.parametrize("n, c", [(1152, 384), (7, 37), (1000, 32), (257, 128), (40, 1540)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias):
+    """Every row count a tile treats its own way (the AVX2 tile: one row, 2-5, 6 and up in
+    groups of three with a remainder of 0-2, and from 48 rows for reductions over 768 long)
+    gives each row bitwise its one-row result."""
     w = torch.randn(n, c).to(dtype)
     b = torch.randn(n).to(dtype) if bias else None
-    x = torch.randn(45, c).to(dtype)
+    x = torch.randn(64, c).to(dtype)
     want = F.linear(x.double(), w.double(), None if b is None else b.double())
     got = op.rowinv_linear(x, w, b)
-    assert got.dtype == dtype and got.shape == (45, n)
+    assert got.dtype == dtype and got.shape == (64, n)
     # bfloat16: one rounding of the float32 sum, so within a bfloat16 ulp of the exact value
     torch.testing.assert_close(got.double(), want, atol=atol + 1e-4 * c**0.5, rtol=rtol)
-    rows = torch.cat([op.rowinv_linear(x[i : i + 1], w, b) for i in range(45)])
-    for m in (1, 2, 3, 4, 5, 9, 15, 45):
+    rows = torch.cat([op.rowinv_linear(x[i : i + 1], w, b) for i in range(64)])
+    for m in (1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 45, 47, 48, 64):
         assert torch.equal(op.rowinv_linear(x[:m], w, b), rows[:m]), m
     # leading dims fold into rows; the thread count splits columns, never a sum
-    assert torch.equal(op.rowinv_linear(x.view(5, 9, c), w, b), rows.view(5, 9, n))
+    assert torch.equal(op.rowinv_linear(x.view(8, 8, c), w, b), rows.view(8, 8, n))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
