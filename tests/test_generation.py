@@ -123,8 +123,8 @@ def test_finished_rows_cost_no_work(pair):
         out = gen.generate([prompts[0], [3] * 90], max_new_tokens=30)  # row 1 hits context 96
     finally:
         handle.remove()
-    assert first == [4]  # one pass, every row done after it
-    assert seen[0] == 2 and seen[-1] == 1 and seen == sorted(seen, reverse=True)
+    assert first == [4, 4]  # the prefill, then one pass: every row done after it
+    assert seen[:2] == [2, 2] and seen[-1] == 1 and seen == sorted(seen, reverse=True)
     assert len(out.sequences[1]) == 96
 
 

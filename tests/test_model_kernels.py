@@ -623,12 +623,20 @@ def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair
     ctx = target.max_seq_len
     prompts = [ids[: ctx - 6], ids[100 : 100 + ctx - 40], ids[300:320]]  # rows retire at 6, 40
     gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
-    rows_seen = []  # the batch size of every pass the draft runs
-    hook = draft.transformer.h[0].register_forward_hook(lambda m, a, o: rows_seen.append(len(o)))
+    rows_seen = []  # the batch size of every pass the draft runs: forwards and native chains
+    hook = draft.register_forward_pre_hook(lambda m, a: rows_seen.append(len(a[0])))
+    chain = draft.greedy_chain
+
+    def counted_chain(input_ids, *args, **kw):
+        rows_seen.append(len(input_ids))
+        return chain(input_ids, *args, **kw)
+
+    draft.greedy_chain = counted_chain
     try:
         out = gen.generate(prompts, 60)
     finally:
         hook.remove()
+        del draft.greedy_chain
     assert rows_seen and set(rows_seen) == {1}  # never the three or two rows of the K = 0 steps
     assert out.sequences == sk.autoregressive_generate(target, prompts, 60).sequences
     passes = out.stats.target_forwards
