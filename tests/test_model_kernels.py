@@ -566,6 +566,39 @@ def test_auto_drafts_only_for_a_gain_beyond_the_margin():
     assert int(pick_k(torch.tensor([1.0, 1 + DRAFT_MARGIN / 2]), margin=0.0)) == 1
 
 
+def test_one_row_choice_from_host_floats_is_the_tensor_paths():
+    """``PassCosts.one_row_k`` (a one-row loop on the CPU) picks what ``pick_k`` of
+    ``token_rates`` picks, over random cost grids, acceptances from 0 to 0.999 and both margins,
+    wherever the tensor path's float32 values do not tie within rounding (1e-5 relative)."""
+    from specdec_kernels.adaptive import pick_k
+
+    g = torch.Generator().manual_seed(7)
+    checked = 0
+    for _ in range(25):
+        tokens = (1, 2, 3, 5, 9)
+        base = 0.5 + 2 * torch.rand(1, generator=g).item()
+        slope = 0.02 + 0.6 * torch.rand(1, generator=g).item()
+        row = tuple(base * (1 + slope * (t - 1)) for t in tokens)
+        costs = PassCosts(
+            (1, 4),
+            tokens,
+            (row, tuple(2 * v for v in row)),
+            (0.02 + 0.2 * torch.rand(1, generator=g).item(), 0.3),
+            step_ms=0.1 * torch.rand(1, generator=g).item(),
+            draft_fixed_ms=0.3 * torch.rand(1, generator=g).item(),
+        )
+        for a in torch.linspace(0.0, 0.999, 41).tolist():
+            for margin in (0.0, 0.1):
+                rates = costs.token_rates(torch.tensor([a]), 8)
+                boosted = rates * torch.tensor([1 + margin] + [1.0] * 8)
+                top = boosted.topk(2).values
+                if top[0] - top[1] <= 1e-5 * top[0]:
+                    continue  # a tie within float32 rounding: either choice is the best
+                assert costs.one_row_k(a, 8, margin) == int(pick_k(rates, margin)), (a, margin)
+                checked += 1
+    assert checked > 1900  # nearly every case decided
+
+
 def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny):
     """Hysteresis: the margin guards the start of drafting only. A predicted gain of half the
     margin does not start a cold draft, and does not stop a running one."""

@@ -615,12 +615,16 @@ class Decoder:
     def _auto_k(self, tracker, left: torch.Tensor) -> torch.Tensor:
         """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
         to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
-        sync reads it with the rest. The margin to start drafting applies while the draft is
+        sync reads it with the rest (one row on the CPU: the same choice from host floats,
+        :meth:`PassCosts.one_row_k`). The margin to start drafting applies while the draft is
         not running; a running draft stops only where the target alone is faster."""
         alpha = tracker.alpha()  # [B]
-        rates = self.costs.finish_rates(alpha.float(), left, self.max_k)  # [K+1]
         running = self.drafter is not None and not self._draft_cold
         margin = 0.0 if running else DRAFT_MARGIN
+        if alpha.numel() == 1 and alpha.device.type == "cpu":  # reading it syncs nothing
+            k = self.costs.one_row_k(float(alpha), self.max_k, margin)
+            return torch.full((1,), k, dtype=torch.int64)
+        rates = self.costs.finish_rates(alpha.float(), left, self.max_k)  # [K+1]
         return pick_k(rates, margin).expand(alpha.numel()).clone()
 
     @staticmethod
