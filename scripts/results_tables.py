@@ -279,6 +279,11 @@ def row_invariant_section() -> str | None:
     )
 
 
+def median(values: list[float]) -> float:
+    v = sorted(values)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+
+
 def readme_figure() -> str:
     """The README's demo figure (between the demo-figure markers), from demo.json: every run
     of the latest run's commit and settings, as the median and range of each case's speedup."""
@@ -309,12 +314,20 @@ def readme_figure() -> str:
         if not got:
             continue
         b = next(r["batch_size"] for r in rows if r["case"] == case)
-        mid = (
-            got[len(got) // 2]
-            if len(got) % 2
-            else (got[len(got) // 2 - 1] + got[len(got) // 2]) / 2
+        of_case = [r for r in rows if r["case"] == case]
+        spec = median([r["tokens_per_second"] for r in of_case])
+        alone = median([r["target_alone_tokens_per_second"] for r in of_case])
+        # a run whose "auto" never drafted timed the target alone twice: say so
+        undrafted = sum(1 for r in of_case if r.get("mean_k") == 0)
+        note = (
+            f"; `auto` drafted nothing (K = 0, the target alone) in {undrafted} of them"
+            if undrafted
+            else ""
         )
-        parts.append(f"{case} (batch {b}) **{mid:.2f}x** (median; {got[0]:.2f}-{got[-1]:.2f}x)")
+        parts.append(
+            f"{case} (batch {b}) **{median(got):.2f}x** (median; {got[0]:.2f}-{got[-1]:.2f}x; "
+            f"{spec:.0f} vs {alone:.0f} tokens/s{note})"
+        )
     identical = all(r.get("greedy_identical") for r in rows)
     return (
         f"Measured by `{last.get('command') or 'specdec demo'}`, {runs} runs from a fresh clone on "
