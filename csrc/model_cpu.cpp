@@ -230,9 +230,9 @@ SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const 
                                    int64_t ld, const W* pf) {
   for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
     __builtin_prefetch(pf + c);
-  // 2-5 rows: one half at a time (0.8-0.9x rows_avx2's time for 384-long reductions, about
-  // the same for 1536, bfloat16, Zen 3); one
-  // row streams its weights once either way, and from 6 rows linear_tile_avx2_wide is faster
+  // 2-5 rows: one half at a time (0.8-0.9x rows_avx2's time for 384-long reductions, about the
+  // same for 1536-long ones; bfloat16, Zen 3). One row streams its weights once either way, and
+  // from kWideRows rows the caller runs linear_tile_avx2_wide instead
   switch (M) {
     case 2: return few_rows_avx2<2, 4>(x, Cp, w, out, ld);
     case 3: return few_rows_avx2<3, 2>(x, Cp, w, out, ld);
