@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -279,11 +280,6 @@ def row_invariant_section() -> str | None:
     )
 
 
-def median(values: list[float]) -> float:
-    v = sorted(values)
-    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
-
-
 def readme_figure() -> str:
     """The README's demo figure (between the demo-figure markers), from demo.json: every run
     of the latest run's commit and settings, as the median and range of each case's speedup."""
@@ -310,13 +306,12 @@ def readme_figure() -> str:
     )
     parts = []
     for case in ("interactive", "batched"):
-        got = sorted(r["speedup"] for r in rows if r["case"] == case)
-        if not got:
-            continue
-        b = next(r["batch_size"] for r in rows if r["case"] == case)
         of_case = [r for r in rows if r["case"] == case]
-        spec = median([r["tokens_per_second"] for r in of_case])
-        alone = median([r["target_alone_tokens_per_second"] for r in of_case])
+        if not of_case:
+            continue
+        got = sorted(r["speedup"] for r in of_case)
+        spec = statistics.median(r["tokens_per_second"] for r in of_case)
+        alone = statistics.median(r["target_alone_tokens_per_second"] for r in of_case)
         # a run whose "auto" never drafted timed the target alone twice: say so
         undrafted = sum(1 for r in of_case if r.get("mean_k") == 0)
         note = (
@@ -325,7 +320,8 @@ def readme_figure() -> str:
             else ""
         )
         parts.append(
-            f"{case} (batch {b}) **{median(got):.2f}x** (median; {got[0]:.2f}-{got[-1]:.2f}x; "
+            f"{case} (batch {of_case[0]['batch_size']}) **{statistics.median(got):.2f}x** "
+            f"(median; {got[0]:.2f}-{got[-1]:.2f}x; "
             f"{spec:.0f} vs {alone:.0f} tokens/s{note})"
         )
     identical = all(r.get("greedy_identical") for r in rows)

@@ -183,9 +183,7 @@ def fastest_dtype(
             model.row_invariant = row_invariant_available(model)
             models.append(model)
         ms = passes_ms([(m, 1, t) for m in models for t in tokens], 64, repeats)
-        n = len(tokens)
-        totals = [sum(ms[i * n : (i + 1) * n]) for i in range(len(models))]
-        return DTYPE_CANDIDATES[totals.index(min(totals))]
+        return DTYPE_CANDIDATES[_least_total(ms, len(tokens))]
 
     return remembered(
         key,
@@ -226,10 +224,16 @@ def fastest_threads(load, *, tokens=(1, 5), repeats: int = 7, cache: bool = True
         counts = sorted({1, cores})
         # round-robin over the thread counts, as fastest_dtype over its dtypes
         ms = passes_ms([(model, 1, t, n) for n in counts for t in tokens], 64, repeats)
-        totals = [sum(ms[i * len(tokens) : (i + 1) * len(tokens)]) for i in range(len(counts))]
-        return counts[totals.index(min(totals))]
+        return counts[_least_total(ms, len(tokens))]
 
     return remembered(key, measure, load=int, cache=cache)
+
+
+def _least_total(ms: list[float], n: int) -> int:
+    """The candidate whose ``n`` consecutive entries of ``ms`` sum least (the first of
+    equals): the pick of :func:`fastest_dtype` and :func:`fastest_threads`."""
+    totals = [sum(ms[i : i + n]) for i in range(0, len(ms), n)]
+    return totals.index(min(totals))
 
 
 def target_threads(name: str = "default", assets: str | None = None) -> int:
