@@ -54,43 +54,93 @@ at::Tensor picked_rows(const at::Tensor& index, int64_t B, int64_t T) {
 
 }  // namespace
 
-at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
-                              const at::Tensor& lengths, int64_t kv_len,
-                              const std::optional<at::Tensor>& logits_index,
-                              at::TensorList weights, int64_t num_heads, double eps) {
-  TORCH_CHECK_VALUE(weights.size() >= 5 && (weights.size() - 5) % kPerLayer == 0,
-                    "causal_lm_pass: weights must be wte, wpe, ", kPerLayer,
+// The checks of one pass (causal_lm_pass's, and each chain's first pass): the weights' count, the
+// cache's [L, 2, B, H, S, D] against them, the dtypes, the lengths and kv_len. Returns the
+// lengths, contiguous.
+at::Tensor check_pass(const char* op, const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                      const at::Tensor& lengths, int64_t kv_len, at::TensorList weights,
+                      int64_t num_heads) {
+  TORCH_CHECK_VALUE(weights.size() >= 5 && (weights.size() - 5) % kPerLayer == 0, op,
+                    ": weights must be wte, wpe, ", kPerLayer,
                     " per layer, ln_f (2) and lm_head, got ", weights.size(), " tensors");
   const int64_t layers = static_cast<int64_t>((weights.size() - 5) / kPerLayer);
-  TORCH_CHECK_VALUE(input_ids.scalar_type() == at::kLong && input_ids.dim() == 2,
-                    "causal_lm_pass: input_ids must be int64 [B, T], got ",
-                    input_ids.scalar_type(), " ", input_ids.sizes());
+  TORCH_CHECK_VALUE(input_ids.scalar_type() == at::kLong && input_ids.dim() == 2, op,
+                    ": input_ids must be int64 [B, T], got ", input_ids.scalar_type(), " ",
+                    input_ids.sizes());
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   TORCH_CHECK_VALUE(kv_cache.dim() == 6 && kv_cache.size(0) == layers && kv_cache.size(1) == 2 &&
                         kv_cache.size(2) == B && kv_cache.size(3) == num_heads,
-                    "causal_lm_pass: kv_cache must be [L, 2, B, H, S, D] with L = ", layers,
-                    ", B = ", B, ", H = ", num_heads, ", got ", kv_cache.sizes());
+                    op, ": kv_cache must be [L, 2, B, H, S, D] with L = ", layers, ", B = ", B,
+                    ", H = ", num_heads, ", got ", kv_cache.sizes());
   const at::Tensor& wte = weights[0];
-  const int64_t H = num_heads, D = kv_cache.size(5), C = H * D, S = kv_cache.size(4);
-  TORCH_CHECK_VALUE(wte.dim() == 2 && wte.size(1) == C, "causal_lm_pass: wte must be [V, ", C,
+  const int64_t C = num_heads * kv_cache.size(5), S = kv_cache.size(4);
+  TORCH_CHECK_VALUE(wte.dim() == 2 && wte.size(1) == C, op, ": wte must be [V, ", C,
                     "] (H * D of the cache), got ", wte.sizes());
-  TORCH_CHECK_TYPE(kv_cache.scalar_type() == wte.scalar_type(), "causal_lm_pass: kv_cache (",
+  TORCH_CHECK_TYPE(kv_cache.scalar_type() == wte.scalar_type(), op, ": kv_cache (",
                    kv_cache.scalar_type(), ") and the weights (", wte.scalar_type(),
                    ") must have one dtype");
   TORCH_CHECK_VALUE(lengths.scalar_type() == at::kLong && lengths.dim() == 1 &&
                         lengths.size(0) == B,
-                    "causal_lm_pass: lengths must be int64 [B] with B = ", B, ", got ",
+                    op, ": lengths must be int64 [B] with B = ", B, ", got ",
                     lengths.scalar_type(), " ", lengths.sizes());
-  const at::Tensor len = lengths.contiguous();
+  at::Tensor len = lengths.contiguous();
   const int64_t* lp = len.data_ptr<int64_t>();
   int64_t longest = 0;
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK_VALUE(0 <= lp[b] && lp[b] <= S - T, "causal_lm_pass: row ", b, ": ", T,
+    TORCH_CHECK_VALUE(0 <= lp[b] && lp[b] <= S - T, op, ": row ", b, ": ", T,
                       " tokens at length ", lp[b], " do not fit a cache of ", S, " slots");
     longest = std::max(longest, lp[b] + T);
   }
-  TORCH_CHECK_VALUE(longest <= kv_len && kv_len <= S, "causal_lm_pass: kv_len = ", kv_len,
+  TORCH_CHECK_VALUE(longest <= kv_len && kv_len <= S, op, ": kv_len = ", kv_len,
                     " must be in [max(lengths) + T, max_seq_len] = [", longest, ", ", S, "]");
+  return len;
+}
+
+// The checks of a chain beyond its first pass's: num_tokens, num_valid, and room in the cache for
+// every later pass, so that a failing call leaves the cache as it was.
+void check_chain(const char* op, const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                 const at::Tensor& lengths, const at::Tensor& num_valid, int64_t kv_len,
+                 int64_t num_tokens) {
+  TORCH_CHECK_VALUE(num_tokens >= 1, op, ": num_tokens must be >= 1, got ", num_tokens);
+  TORCH_CHECK_VALUE(input_ids.scalar_type() == at::kLong && input_ids.dim() == 2, op,
+                    ": input_ids must be int64 [B, W], got ", input_ids.scalar_type(), " ",
+                    input_ids.sizes());
+  const int64_t B = input_ids.size(0), W = input_ids.size(1);
+  TORCH_CHECK_VALUE(num_valid.scalar_type() == at::kLong && num_valid.dim() == 1 &&
+                        num_valid.size(0) == B,
+                    op, ": num_valid must be int64 [B] with B = ", B, ", got ",
+                    num_valid.scalar_type(), " ", num_valid.sizes());
+  TORCH_CHECK_VALUE(lengths.scalar_type() == at::kLong && lengths.dim() == 1 &&
+                        lengths.size(0) == B,
+                    op, ": lengths must be int64 [B] with B = ", B, ", got ",
+                    lengths.scalar_type(), " ", lengths.sizes());
+  TORCH_CHECK_VALUE(kv_cache.dim() == 6, op, ": kv_cache must be [L, 2, B, H, S, D], got ",
+                    kv_cache.sizes());
+  const int64_t S = kv_cache.size(4);
+  const at::Tensor nv = num_valid.contiguous(), len = lengths.contiguous();
+  const int64_t *np = nv.data_ptr<int64_t>(), *lp = len.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_VALUE(1 <= np[b] && np[b] <= W, op, ": num_valid[", b, "] = ", np[b],
+                      " must be in [1, ", W, "]");
+    TORCH_CHECK_VALUE(lp[b] + np[b] + num_tokens - 1 <= S, op, ": row ", b, ": ", np[b], " + ",
+                      num_tokens - 1, " tokens at length ", lp[b], " do not fit a cache of ", S,
+                      " slots");
+  }
+  TORCH_CHECK_VALUE(kv_len + num_tokens - 1 <= S, op, ": kv_len = ", kv_len, " + ",
+                    num_tokens - 1, " later passes exceeds max_seq_len = ", S);
+}
+
+at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                              const at::Tensor& lengths, int64_t kv_len,
+                              const std::optional<at::Tensor>& logits_index,
+                              at::TensorList weights, int64_t num_heads, double eps) {
+  const at::Tensor len =
+      check_pass("causal_lm_pass", input_ids, kv_cache, lengths, kv_len, weights, num_heads);
+  const int64_t layers = static_cast<int64_t>((weights.size() - 5) / kPerLayer);
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  const at::Tensor& wte = weights[0];
+  const int64_t H = num_heads, D = kv_cache.size(5), C = H * D;
+  const int64_t* lp = len.data_ptr<int64_t>();
 
   // every check before the first write: a failing call leaves the cache as it was
   std::optional<at::Tensor> rows;
@@ -143,36 +193,10 @@ at::Tensor causal_lm_greedy_chain_cpu(const at::Tensor& input_ids, const at::Ten
                                       const at::Tensor& lengths, const at::Tensor& num_valid,
                                       int64_t kv_len, int64_t num_tokens, at::TensorList weights,
                                       int64_t num_heads, double eps) {
-  TORCH_CHECK_VALUE(num_tokens >= 1, "causal_lm_greedy_chain: num_tokens must be >= 1, got ",
-                    num_tokens);
-  TORCH_CHECK_VALUE(input_ids.scalar_type() == at::kLong && input_ids.dim() == 2,
-                    "causal_lm_greedy_chain: input_ids must be int64 [B, W], got ",
-                    input_ids.scalar_type(), " ", input_ids.sizes());
-  const int64_t B = input_ids.size(0), W = input_ids.size(1);
-  TORCH_CHECK_VALUE(num_valid.scalar_type() == at::kLong && num_valid.dim() == 1 &&
-                        num_valid.size(0) == B,
-                    "causal_lm_greedy_chain: num_valid must be int64 [B] with B = ", B, ", got ",
-                    num_valid.scalar_type(), " ", num_valid.sizes());
-  TORCH_CHECK_VALUE(lengths.scalar_type() == at::kLong && lengths.dim() == 1 &&
-                        lengths.size(0) == B,
-                    "causal_lm_greedy_chain: lengths must be int64 [B] with B = ", B, ", got ",
-                    lengths.scalar_type(), " ", lengths.sizes());
-  TORCH_CHECK_VALUE(kv_cache.dim() == 6, "causal_lm_greedy_chain: kv_cache must be [L, 2, B, H, ",
-                    "S, D], got ", kv_cache.sizes());
-  const int64_t S = kv_cache.size(4);
+  check_chain("causal_lm_greedy_chain", input_ids, kv_cache, lengths, num_valid, kv_len,
+              num_tokens);
+  const int64_t B = input_ids.size(0);
   const at::Tensor nv = num_valid.contiguous(), len = lengths.contiguous();
-  const int64_t *np = nv.data_ptr<int64_t>(), *lp = len.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK_VALUE(1 <= np[b] && np[b] <= W, "causal_lm_greedy_chain: num_valid[", b,
-                      "] = ", np[b], " must be in [1, ", W, "]");
-    // every pass must fit before the first one writes: a failing call leaves the cache as it
-    // was (the first pass checks its own W tokens, kv_len and the weights)
-    TORCH_CHECK_VALUE(lp[b] + np[b] + num_tokens - 1 <= S, "causal_lm_greedy_chain: row ", b,
-                      ": ", np[b], " + ", num_tokens - 1, " tokens at length ", lp[b],
-                      " do not fit a cache of ", S, " slots");
-  }
-  TORCH_CHECK_VALUE(kv_len + num_tokens - 1 <= S, "causal_lm_greedy_chain: kv_len = ", kv_len,
-                    " + ", num_tokens - 1, " later passes exceeds max_seq_len = ", S);
   at::Tensor logits = causal_lm_pass_cpu(input_ids, kv_cache, len, kv_len, nv - 1, weights,
                                          num_heads, eps);  // [B, V]
   std::vector<at::Tensor> drafts{logits.argmax(-1)};   // [B] each

@@ -1093,4 +1093,298 @@ at::Tensor rowinv_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
   return out;
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// The greedy draft chain on float32 activations (causal_lm_draft_chain, bindings.cpp).
+//
+// causal_lm_greedy_chain runs the draft's passes as the Python pass does (bitwise): some 70
+// ATen calls a pass (embeddings, layer norms, views, a bfloat16 <-> float32 copy and an
+// allocation per projection), which for a one-layer C = 128 draft are ~3/4 of its ~100 us pass
+// (perf, Zen 3). A draft's tokens need no bitwise contract (any draft leaves greedy output and
+// sampling's distribution as they are; it only moves acceptance), so this chain computes the
+// same network with the activations in float32 scratch buffers: no ATen call between the
+// embedding and the argmax, each projection on the linear tiles above (float32 out, bias added
+// once), each query on the attention rows above, its own layer norm and tanh GELU. The cache
+// is read and written in its dtype, as the other passes do. Logits differ from the bitwise
+// pass's in the last bits (a float32 model: another layer norm and GELU) or by the bfloat16
+// roundings of the activations it skips (a bfloat16 model): the drafts are the same tokens
+// except near ties (tests/test_model_kernels.py checks them against a float64 copy).
+namespace {
+
+template <typename T>
+SPECDEC_INLINE float as_float(T v) {
+  return static_cast<float>(v);
+}
+
+// y[i] = (x[i] - mean) / sqrt(var + eps) * w[i] + b[i] for one row of C.
+template <typename T>
+void layer_norm_row(const float* x, int64_t C, const T* w, const T* b, float eps, float* y) {
+  float mean = 0.0f;
+  for (int64_t i = 0; i < C; ++i) mean += x[i];
+  mean /= static_cast<float>(C);
+  float var = 0.0f;
+  for (int64_t i = 0; i < C; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const float inv = 1.0f / std::sqrt(var / static_cast<float>(C) + eps);
+  for (int64_t i = 0; i < C; ++i) y[i] = (x[i] - mean) * inv * as_float(w[i]) + as_float(b[i]);
+}
+
+// out [M, N] = x [M, C] . w [N, C]^T (+ bias) in float32; C a multiple of kLanes (the caller
+// checks), threads over the weight tiles as rowinv_linear does.
+template <typename T>
+void linear_rows_f32(const float* x, int64_t M, int64_t C, const T* w, const T* bias, int64_t N,
+                     float* out) {
+  using W = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
+  const W* wp = reinterpret_cast<const W*>(w);
+  const bool avx2 = linear_tile_is_avx2();  // the tile rowinv_linear's float32 layers run
+  const int64_t tiles = (N + kRows - 1) / kRows;
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * C * kRows));
+  at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(M * kRows);
+    std::vector<W> last;
+    for (int64_t t = lo; t < hi; ++t) {
+      const int64_t n0 = t * kRows;
+      const int rows = static_cast<int>(std::min<int64_t>(kRows, N - n0));
+      const W* wt = wp + n0 * C;
+      if (rows < kRows) {  // the last, partial tile: its rows, zero-padded to kRows
+        last.assign(kRows * C, W(0));
+        std::memcpy(last.data(), wt, rows * C * sizeof(W));
+        wt = last.data();
+      }
+#ifdef SPECDEC_HAVE_AVX2
+      if (avx2) linear_tile_avx2(x, M, C, wt, buf.data(), kRows, static_cast<const W*>(nullptr));
+      else
+#endif
+      if constexpr (std::is_same_v<W, float>)
+        linear_tile_f32(x, M, C, wt, buf.data(), kRows, nullptr);
+      else
+        linear_tile_bf16(x, M, C, wt, buf.data(), kRows, nullptr);
+      for (int64_t m = 0; m < M; ++m)
+        for (int r = 0; r < rows; ++r)
+          out[m * N + n0 + r] = buf[m * kRows + r] + (bias ? as_float(bias[n0 + r]) : 0.0f);
+    }
+  });
+  (void)avx2;
+}
+
+// Softmax attention of the query q [D] over slots 0 .. n-1 of one head's keys and values
+// (rows of D elements of the cache's dtype T, row strides ks and vs); out [D].
+template <typename T>
+void attend_prefix(const float* q, int64_t D, const T* k, int64_t ks, const T* v, int64_t vs,
+                   int64_t n, float scale, float* score, int64_t* keys, float* out) {
+  static const bool all = true;  // every slot attended: a mask row of stride 0
+  using E = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
+  const E* ke = reinterpret_cast<const E*>(k);
+  const E* ve = reinterpret_cast<const E*>(v);
+#ifdef SPECDEC_HAVE_AVX2
+  if (linear_tile_is_avx2()) {
+    attend_row_avx2(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
+    return;
+  }
+#endif
+  if constexpr (std::is_same_v<E, float>)
+    attend_row_f32(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
+  else
+    attend_row_bf16(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
+}
+
+// GELU, tanh approximation, in place: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). std::tanh
+// was a fifth of the chain's time; on AVX2 tanh(u) = (e^2u - 1) / (e^2u + 1) with a degree-6
+// exp (relative error ~2e-7), u clamped to +-10 where tanh is +-1 in float32.
+#ifdef SPECDEC_HAVE_AVX2
+SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+SPECDEC_AVX2 void gelu_tanh_avx2(float* v, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(v + i);
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608f),
+                             _mm256_fmadd_ps(x3, _mm256_set1_ps(0.044715f), x));
+    u = _mm256_max_ps(_mm256_min_ps(u, _mm256_set1_ps(10.0f)), _mm256_set1_ps(-10.0f));
+    const __m256 e = exp8(_mm256_add_ps(u, u)), one = _mm256_set1_ps(1.0f);
+    const __m256 t = _mm256_div_ps(_mm256_sub_ps(e, one), _mm256_add_ps(e, one));
+    _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, t)));
+  }
+  for (; i < n; ++i)
+    v[i] = 0.5f * v[i] * (1.0f + std::tanh(0.7978845608f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
+}
+#endif
+
+void gelu_tanh(float* v, int64_t n) {
+#ifdef SPECDEC_HAVE_AVX2
+  // wherever the CPU has AVX2 (AVX-512 CPUs too: scalar tanh is the slow part), unless the
+  // generic kernels are forced (SPECDEC_LINEAR_TILE=generic, how the tests run them here)
+  if (cpu_has_avx2_fma() && forced_tile() != Tile::kGeneric) return gelu_tanh_avx2(v, n);
+#endif
+  for (int64_t i = 0; i < n; ++i)
+    v[i] = 0.5f * v[i] * (1.0f + std::tanh(0.7978845608f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
+}
+
+// One pass of R = B * T tokens (row b's tokens ids[b * T .. + T - 1] at slots len[b] ..): the
+// residual stream x [R, C] after the embeddings, each layer's K and V written to the cache, and
+// x after the last layer.
+template <typename DT>
+void draft_pass(const int64_t* ids, int64_t B, int64_t T, const int64_t* len,
+                const at::Tensor& kv_cache, at::TensorList weights, int64_t H, float eps,
+                std::vector<float>& x) {
+  const int64_t layers = static_cast<int64_t>((weights.size() - 5) / 12);
+  const DT* wte = weights[0].data_ptr<DT>();
+  const DT* wpe = weights[1].data_ptr<DT>();
+  const int64_t C = weights[0].size(1), P = weights[1].size(0), D = C / H, R = B * T;
+  const int64_t S = kv_cache.size(4);
+  const auto st = kv_cache.strides();  // [L, 2, B, H, S, D]
+  DT* cache = kv_cache.data_ptr<DT>();
+  x.assign(R * C, 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t r = b * T + t, pos = std::min(len[b] + t, P - 1);
+      const DT* e = wte + ids[r] * C;
+      const DT* p = wpe + pos * C;
+      for (int64_t i = 0; i < C; ++i) x[r * C + i] = as_float(e[i]) + as_float(p[i]);
+    }
+  std::vector<float> h(R * C), y(R * C), qkv;
+  std::vector<float> score(S), acc(D);
+  std::vector<int64_t> keys(S);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t l = 0; l < layers; ++l) {
+    const at::Tensor* w = weights.data() + 2 + l * 12;
+    auto ptr = [&](int i) { return w[i].data_ptr<DT>(); };
+    for (int64_t r = 0; r < R; ++r) layer_norm_row(&x[r * C], C, ptr(0), ptr(1), eps, &h[r * C]);
+    qkv.resize(R * 3 * C);
+    linear_rows_f32(h.data(), R, C, ptr(2), ptr(3), 3 * C, qkv.data());
+    DT* kc = cache + l * st[0];
+    DT* vc = kc + st[1];
+    for (int64_t b = 0; b < B; ++b)  // this pass's keys and values into the cache
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t hd = 0; hd < H; ++hd) {
+          const float* src = &qkv[(b * T + t) * 3 * C + hd * D];
+          const int64_t at = b * st[2] + hd * st[3] + (len[b] + t) * st[4];
+          for (int64_t d = 0; d < D; ++d) {
+            kc[at + d] = DT(src[C + d]);
+            vc[at + d] = DT(src[2 * C + d]);
+          }
+        }
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t hd = 0; hd < H; ++hd) {
+          const int64_t base = b * st[2] + hd * st[3];
+          attend_prefix(&qkv[(b * T + t) * 3 * C + hd * D], D, kc + base, st[4], vc + base,
+                        st[4], len[b] + t + 1, scale, score.data(), keys.data(), acc.data());
+          std::memcpy(&y[(b * T + t) * C + hd * D], acc.data(), D * sizeof(float));
+        }
+    linear_rows_f32(y.data(), R, C, ptr(4), ptr(5), C, h.data());
+    for (int64_t i = 0; i < R * C; ++i) x[i] += h[i];
+    for (int64_t r = 0; r < R; ++r) layer_norm_row(&x[r * C], C, ptr(6), ptr(7), eps, &h[r * C]);
+    const int64_t I = w[8].size(0);
+    std::vector<float> f(R * I);
+    linear_rows_f32(h.data(), R, C, ptr(8), ptr(9), I, f.data());
+    gelu_tanh(f.data(), R * I);
+    linear_rows_f32(f.data(), R, I, ptr(10), ptr(11), C, h.data());
+    for (int64_t i = 0; i < R * C; ++i) x[i] += h[i];
+  }
+}
+
+// argmax over row `r` of x after ln_f and the LM head (ties: the first index).
+template <typename DT>
+int64_t draft_argmax(const std::vector<float>& x, int64_t r, at::TensorList weights, float eps,
+                     std::vector<float>& logits) {
+  const at::Tensor* w = weights.data() + weights.size() - 3;
+  const int64_t C = weights[0].size(1), V = w[2].size(0);
+  std::vector<float> h(C);
+  layer_norm_row(&x[r * C], C, w[0].data_ptr<DT>(), w[1].data_ptr<DT>(), eps, h.data());
+  logits.resize(V);
+  linear_rows_f32<DT>(h.data(), 1, C, w[2].data_ptr<DT>(), nullptr, V, logits.data());
+  int64_t best = 0;
+  for (int64_t v = 1; v < V; ++v)
+    if (logits[v] > logits[best] || (std::isnan(logits[v]) && !std::isnan(logits[best]))) best = v;
+  return best;
+}
+
+template <typename DT>
+at::Tensor draft_chain(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                       const at::Tensor& lengths, const at::Tensor& num_valid, int64_t num_tokens,
+                       at::TensorList weights, int64_t H, float eps) {
+  const int64_t B = input_ids.size(0), W = input_ids.size(1);
+  const at::Tensor ids = input_ids.contiguous();
+  std::vector<int64_t> len(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + B);
+  const int64_t* nv = num_valid.data_ptr<int64_t>();
+  at::Tensor out = at::empty({B, num_tokens}, input_ids.options());
+  int64_t* op = out.data_ptr<int64_t>();
+  std::vector<float> x, logits;
+  draft_pass<DT>(ids.data_ptr<int64_t>(), B, W, len.data(), kv_cache, weights, H, eps, x);
+  std::vector<int64_t> next(B);
+  for (int64_t b = 0; b < B; ++b) {
+    next[b] = op[b * num_tokens] = draft_argmax<DT>(x, b * W + nv[b] - 1, weights, eps, logits);
+    len[b] += nv[b];
+  }
+  for (int64_t i = 1; i < num_tokens; ++i) {
+    draft_pass<DT>(next.data(), B, 1, len.data(), kv_cache, weights, H, eps, x);
+    for (int64_t b = 0; b < B; ++b) {
+      next[b] = op[b * num_tokens + i] = draft_argmax<DT>(x, b, weights, eps, logits);
+      len[b] += 1;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                                     const at::Tensor& lengths, const at::Tensor& num_valid,
+                                     int64_t kv_len, int64_t num_tokens, at::TensorList weights,
+                                     int64_t num_heads, double eps) {
+  const char* op = "causal_lm_draft_chain";
+  check_chain(op, input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens);
+  check_pass(op, input_ids, kv_cache, lengths, kv_len, weights, num_heads);
+  // the float32 chain reads the weights raw: one dtype, contiguous, the GPT-2 shapes, and
+  // reductions the tiles take (multiples of kLanes); anything else runs the bitwise chain
+  const at::Tensor& wte = weights[0];
+  const int64_t C = wte.size(1), V = wte.size(0), D = kv_cache.size(5);
+  const int64_t layers = static_cast<int64_t>((weights.size() - 5) / 12);
+  auto shaped = [&](const at::Tensor& t, std::initializer_list<int64_t> sizes) {
+    return t.scalar_type() == wte.scalar_type() && t.is_contiguous() && t.device().is_cpu() &&
+           t.sizes().equals(sizes);
+  };
+  bool lean = (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16) &&
+              kv_cache.stride(5) == 1 && C % kLanes == 0 && D % kLanes == 0 &&
+              shaped(wte, {V, C}) && weights[1].dim() == 2 &&
+              shaped(weights[1], {weights[1].size(0), C}) && weights[1].size(0) > 0;
+  for (int64_t l = 0; lean && l < layers; ++l) {
+    const at::Tensor* w = weights.data() + 2 + l * 12;
+    const int64_t I = w[8].dim() == 2 ? w[8].size(0) : -1;
+    lean = I > 0 && I % kLanes == 0 && shaped(w[0], {C}) && shaped(w[1], {C}) &&
+           shaped(w[2], {3 * C, C}) && shaped(w[3], {3 * C}) && shaped(w[4], {C, C}) &&
+           shaped(w[5], {C}) && shaped(w[6], {C}) && shaped(w[7], {C}) && shaped(w[8], {I, C}) &&
+           shaped(w[9], {I}) && shaped(w[10], {C, I}) && shaped(w[11], {C});
+  }
+  const at::Tensor* f = weights.data() + weights.size() - 3;
+  lean = lean && shaped(f[0], {C}) && shaped(f[1], {C}) && f[2].dim() == 2 &&
+         shaped(f[2], {f[2].size(0), C});
+  if (!lean)
+    return causal_lm_greedy_chain_cpu(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens,
+                                      weights, num_heads, eps);
+  const at::Tensor ids = input_ids.contiguous();
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i)
+    TORCH_CHECK_INDEX(0 <= ip[i] && ip[i] < V, op, ": input_ids holds ", ip[i],
+                      ", outside the vocabulary [0, ", V, ")");
+  if (kv_cache.scalar_type() == at::kBFloat16)
+    return draft_chain<at::BFloat16>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
+                                     num_tokens, weights, num_heads, static_cast<float>(eps));
+  return draft_chain<float>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
+                            num_tokens, weights, num_heads, static_cast<float>(eps));
+}
+
 }  // namespace specdec

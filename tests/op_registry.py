@@ -298,6 +298,7 @@ def _cases() -> list[Case]:
     cases.append(Case("rowinv_attention", "causal", _rowinv_attention, "extension"))
     cases.append(Case("causal_lm_pass", "one_layer", _causal_lm_pass, "extension"))
     cases.append(Case("causal_lm_greedy_chain", "one_layer", _causal_lm_greedy_chain, "extension"))
+    cases.append(Case("causal_lm_draft_chain", "one_layer", _causal_lm_greedy_chain, "extension"))
     return cases
 
 

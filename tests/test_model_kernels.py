@@ -100,6 +100,7 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
         "test_attention_matches_sdpa_and_ignores_other_queries",
         "test_one_op_pass_is_the_python_pass_bitwise",
         "test_greedy_chain_is_the_loop_of_passes_bitwise",
+        "test_draft_chain_is_the_network_in_float32",
     )
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     cmd += [f"{__file__}::{name}" for name in names]
@@ -370,7 +371,74 @@ def test_greedy_chain_is_the_loop_of_passes_bitwise(dtype):
         assert torch.equal(got, torch.zeros(2, 3, dtype=torch.int64))  # all tied: token 0
 
 
-def test_greedy_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_draft_chain_is_the_network_in_float32(dtype):
+    """``specdec::causal_lm_draft_chain`` (``greedy_chain(exact=False)``, a drafter's chain: the
+    same network on float32 activations, its own layer norm and GELU) against a float64 copy of
+    the model run pass by pass, fed the same tokens: every draft is the reference's argmax
+    wherever the reference's two best logits are more than ``tie`` apart (float32 activations
+    may only choose otherwise near a tie), and the keys and values it writes are the
+    reference's to the cache dtype's precision. Rows and chain lengths as in the bitwise test;
+    a model of tiny logits scaled up so that most steps are decided (>= 80% checked)."""
+    torch.manual_seed(0)
+    model = _model(dtype)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8)  # wider logit gaps: most argmaxes decided
+    ref = CausalLM(model.config).double().eval()
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    tie, kv_tol = (1e-3, 1e-4) if dtype == torch.float32 else (0.5, 0.06)
+    decided = total = 0
+    with torch.inference_mode():
+        for lengths, behind in (([7], [1]), ([0, 19, 4], [2, 1, 2])):
+            B, n = len(lengths), torch.tensor(behind)
+            for k in (1, 2, 5):
+                prefix = torch.randint(0, 61, (B, max(lengths) + 1))
+                a, b = model.new_cache(B, 64), ref.new_cache(B, 64)
+                for m, cache in ((model, a), (ref, b)):
+                    _python_pass(m, prefix, cache, validate=False)
+                    cache.advance(torch.tensor(lengths))
+                untouched = a.kv.clone()
+                ids = torch.randint(0, 61, (B, 2))
+                kv_len = max(lengths) + 2
+                got = model.greedy_chain(ids, a, n, k, kv_len, exact=False)
+                x, at, one = ids, n - 1, torch.zeros(B, dtype=torch.int64)
+                for i in range(k):
+                    logits = ref(x, b, logits_index=at, kv_len=kv_len + i, validate=False)
+                    b.advance(n if i == 0 else 1)
+                    top = logits.topk(2, -1).values
+                    sure = top[:, 0] - top[:, 1] > tie
+                    want = logits.argmax(-1)
+                    assert torch.equal(got[sure, i], want[sure]), (lengths, k, i)
+                    decided, total = decided + int(sure.sum()), total + B
+                    x, at = got[:, i : i + 1], one  # the chain feeds its own drafts
+                for r in range(B):  # the slots the chain wrote, and none past them
+                    end = lengths[r] + behind[r] + k - 1
+                    new = slice(lengths[r], end)
+                    want_kv = b.kv[:, :, r, :, new].to(dtype)
+                    torch.testing.assert_close(
+                        a.kv[:, :, r, :, new], want_kv, atol=kv_tol, rtol=kv_tol
+                    )
+                    after = slice(max(end, lengths[r] + 2), None)
+                    assert torch.equal(a.kv[:, :, r, :, after], untouched[:, :, r, :, after])
+    assert decided >= 0.8 * total, (decided, total)
+
+
+def test_draft_chain_runs_the_bitwise_chain_where_its_tiles_do_not_fit():
+    """A hidden size the float32 chain's tiles do not take (an MLP of 40 units, not a multiple
+    of 16): the draft chain is then the bitwise chain, drafts and cache alike."""
+    cfg = CausalLMConfig(vocab_size=61, n_positions=64, n_embd=64, n_layer=1, n_head=2, n_inner=40)
+    model = CausalLM(cfg).eval()
+    model.row_invariant = True
+    with torch.inference_mode():
+        a, b = _filled_pair(model, [5, 9])
+        ids, n = torch.randint(0, 61, (2, 2)), torch.tensor([2, 1])
+        got = model.greedy_chain(ids, a, n, 3, 11, exact=False)
+        assert torch.equal(got, model.greedy_chain(ids, b, n, 3, 11))
+        assert torch.equal(a.kv, b.kv)
+
+
+@pytest.mark.parametrize("name", ["causal_lm_greedy_chain", "causal_lm_draft_chain"])
+def test_greedy_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was(name):
     model = _model(torch.float32)
     cache = model.new_cache(2, 16)
     cache.advance(torch.tensor([3, 12]))
@@ -380,7 +448,7 @@ def test_greedy_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was():
 
     def chain(num_valid, num_tokens, kv_len=14, ids=ids):
         n = torch.tensor(num_valid)
-        return op.causal_lm_greedy_chain(
+        return getattr(op, name)(
             ids, cache.kv, cache.lengths, n, kv_len, num_tokens, weights, 2, 1e-5
         )
 
@@ -398,6 +466,8 @@ def test_greedy_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was():
         chain([1], 1)
     with pytest.raises(ValueError, match=r"kv_len = 3 must be in"):
         chain([1, 1], 1, kv_len=3)  # the first pass's own checks, before any write
+    with pytest.raises(IndexError, match=r"61|vocabulary|out of range"):
+        chain([1, 1], 2, ids=torch.tensor([[1, 2], [4, 61]]))  # a token past the vocabulary
     assert torch.equal(cache.kv, kv) and torch.equal(cache.lengths, lengths)
     assert chain([1, 2], 2).shape == (2, 2)  # what fits runs
     python_only = _model(torch.float32)

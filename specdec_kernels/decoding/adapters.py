@@ -127,14 +127,19 @@ class CausalLMAdapter:
         self._max_len = span
         return logits
 
-    def greedy_chain(self, tokens, num_valid, num_tokens):
+    def greedy_chain(self, tokens, num_valid, num_tokens, exact=True):
         """The greedy drafts ``[B, num_tokens]`` of :meth:`CausalLM.greedy_chain
-        <specdec_kernels.models.CausalLM.greedy_chain>` after ``tokens`` ``[B, W]``, committing
-        what it fed (``num_valid + num_tokens - 1`` per row); ``None`` (nothing done) where the
-        model has no native chain, and the caller loops over :meth:`extend`."""
+        <specdec_kernels.models.CausalLM.greedy_chain>` after ``tokens`` ``[B, W]`` (``exact``
+        as there), committing what it fed (``num_valid + num_tokens - 1`` per row); ``None``
+        (nothing done) where the model has no native chain, and the caller loops over
+        :meth:`extend`."""
         chain = getattr(self.model, "greedy_chain", None)
         span = self._max_len + tokens.shape[1]  # the first pass's, as extend's
-        drafts = None if chain is None else chain(tokens, self.cache, num_valid, num_tokens, span)
+        drafts = (
+            None
+            if chain is None
+            else chain(tokens, self.cache, num_valid, num_tokens, span, exact=exact)
+        )
         if drafts is not None:
             self.cache.advance(num_valid + (num_tokens - 1), validate=False)
             self._max_len += tokens.shape[1] + num_tokens - 1

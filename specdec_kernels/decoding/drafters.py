@@ -93,8 +93,9 @@ class ModelDrafter:
 
     def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
         if sampling.greedy and grammar is None and hasattr(self.model, "greedy_chain"):
-            # the whole chain in one native call where the model has one
-            drafts = self.model.greedy_chain(*self.behind(tokens, seq_len), k_loop)
+            # the whole chain in one native call where the model has one; drafts need no
+            # bitwise contract (float32 activations, CausalLM.greedy_chain's exact=False)
+            drafts = self.model.greedy_chain(*self.behind(tokens, seq_len), k_loop, exact=False)
             if drafts is not None:
                 return ChainProposal(drafts, num_draft)
         logits = self.catch_up(tokens, seq_len)

@@ -1,7 +1,8 @@
 """Fake (meta) implementations of the row-invariant model kernels ``specdec::rowinv_linear``,
-``specdec::rowinv_attention`` (``csrc/model_cpu.cpp``), ``specdec::causal_lm_pass`` and
-``specdec::causal_lm_greedy_chain`` (``csrc/causal_lm_cpu.cpp``), so that they trace under
-``torch.compile`` and pass ``torch.library.opcheck``."""
+``specdec::rowinv_attention``, ``specdec::causal_lm_draft_chain`` (``csrc/model_cpu.cpp``),
+``specdec::causal_lm_pass`` and ``specdec::causal_lm_greedy_chain``
+(``csrc/causal_lm_cpu.cpp``), so that they trace under ``torch.compile`` and pass
+``torch.library.opcheck``."""
 
 from __future__ import annotations
 
@@ -34,4 +35,11 @@ def register_fakes() -> None:
 
     @torch.library.register_fake("specdec::causal_lm_greedy_chain")
     def _chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps):
+        return input_ids.new_empty((input_ids.shape[0], num_tokens))
+
+    if not hasattr(torch.ops.specdec, "causal_lm_draft_chain"):
+        return
+
+    @torch.library.register_fake("specdec::causal_lm_draft_chain")
+    def _draft_chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps):
         return input_ids.new_empty((input_ids.shape[0], num_tokens))
