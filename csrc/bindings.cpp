@@ -59,6 +59,8 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("causal_lm_greedy_chain(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, "
         "Tensor num_valid, int kv_len, int num_tokens, Tensor[] weights, int num_heads, "
         "float eps) -> Tensor");
+  m.def("causal_lm_draft_pass(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, int kv_len, "
+        "Tensor logits_index, Tensor[] weights, int num_heads, float eps) -> Tensor");
   m.def("causal_lm_draft_chain(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, "
         "Tensor num_valid, int kv_len, int num_tokens, Tensor[] weights, int num_heads, "
         "float eps) -> Tensor");
@@ -78,6 +80,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("causal_lm_pass", &specdec::causal_lm_pass_cpu);
   m.impl("causal_lm_greedy_chain", &specdec::causal_lm_greedy_chain_cpu);
   m.impl("causal_lm_draft_chain", &specdec::causal_lm_draft_chain_cpu);
+  m.impl("causal_lm_draft_pass", &specdec::causal_lm_draft_pass_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA

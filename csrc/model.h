@@ -33,6 +33,12 @@ at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tens
                                      const at::Tensor& lengths, const at::Tensor& num_valid,
                                      int64_t kv_len, int64_t num_tokens, at::TensorList weights,
                                      int64_t num_heads, double eps);
+// One cached pass of causal_lm_pass with logits_index [B], on the same float32 kernels: the
+// logits [B, V] in float32 (a drafter's sampled drafts).
+at::Tensor causal_lm_draft_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                                    const at::Tensor& lengths, int64_t kv_len,
+                                    const at::Tensor& logits_index, at::TensorList weights,
+                                    int64_t num_heads, double eps);
 // The argument checks the passes and chains share (causal_lm_cpu.cpp); check_pass returns the
 // lengths, contiguous.
 at::Tensor check_pass(const char* op, const at::Tensor& input_ids, const at::Tensor& kv_cache,

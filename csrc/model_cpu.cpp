@@ -1296,18 +1296,25 @@ void draft_pass(const int64_t* ids, int64_t B, int64_t T, const int64_t* len,
   }
 }
 
-// argmax over row `r` of x after ln_f and the LM head (ties: the first index).
+// The logits [V] of row r of x: ln_f, then the LM head.
 template <typename DT>
-int64_t draft_argmax(const std::vector<float>& x, int64_t r, at::TensorList weights, float eps,
-                     std::vector<float>& logits) {
+void draft_logits(const std::vector<float>& x, int64_t r, at::TensorList weights, float eps,
+                  float* logits) {
   const at::Tensor* w = weights.data() + weights.size() - 3;
   const int64_t C = weights[0].size(1), V = w[2].size(0);
   std::vector<float> h(C);
   layer_norm_row(&x[r * C], C, w[0].data_ptr<DT>(), w[1].data_ptr<DT>(), eps, h.data());
-  logits.resize(V);
-  linear_rows_f32<DT>(h.data(), 1, C, w[2].data_ptr<DT>(), nullptr, V, logits.data());
+  linear_rows_f32<DT>(h.data(), 1, C, w[2].data_ptr<DT>(), nullptr, V, logits);
+}
+
+// argmax over row r's logits (ties: the first index; a NaN wins, as in torch.argmax).
+template <typename DT>
+int64_t draft_argmax(const std::vector<float>& x, int64_t r, at::TensorList weights, float eps,
+                     std::vector<float>& logits) {
+  logits.resize(weights[weights.size() - 1].size(0));
+  draft_logits<DT>(x, r, weights, eps, logits.data());
   int64_t best = 0;
-  for (int64_t v = 1; v < V; ++v)
+  for (int64_t v = 1; v < static_cast<int64_t>(logits.size()); ++v)
     if (logits[v] > logits[best] || (std::isnan(logits[v]) && !std::isnan(logits[best]))) best = v;
   return best;
 }
@@ -1341,15 +1348,12 @@ at::Tensor draft_chain(const at::Tensor& input_ids, const at::Tensor& kv_cache,
 
 }  // namespace
 
-at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
-                                     const at::Tensor& lengths, const at::Tensor& num_valid,
-                                     int64_t kv_len, int64_t num_tokens, at::TensorList weights,
-                                     int64_t num_heads, double eps) {
-  const char* op = "causal_lm_draft_chain";
-  check_chain(op, input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens);
-  check_pass(op, input_ids, kv_cache, lengths, kv_len, weights, num_heads);
-  // the float32 chain reads the weights raw: one dtype, contiguous, the GPT-2 shapes, and
-  // reductions the tiles take (multiples of kLanes); anything else runs the bitwise chain
+namespace {
+
+// Whether the float32 draft kernels take this model: the weights raw (one dtype, contiguous, on
+// the CPU, the GPT-2 shapes) and reductions the tiles take (multiples of kLanes). Anything else
+// runs the bitwise pass or chain.
+bool fits_draft_kernels(const at::Tensor& kv_cache, at::TensorList weights) {
   const at::Tensor& wte = weights[0];
   const int64_t C = wte.size(1), V = wte.size(0), D = kv_cache.size(5);
   const int64_t layers = static_cast<int64_t>((weights.size() - 5) / 12);
@@ -1357,34 +1361,98 @@ at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tens
     return t.scalar_type() == wte.scalar_type() && t.is_contiguous() && t.device().is_cpu() &&
            t.sizes().equals(sizes);
   };
-  bool lean = (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16) &&
+  bool fits = (kv_cache.scalar_type() == at::kFloat || kv_cache.scalar_type() == at::kBFloat16) &&
               kv_cache.stride(5) == 1 && C % kLanes == 0 && D % kLanes == 0 &&
-              shaped(wte, {V, C}) && weights[1].dim() == 2 &&
-              shaped(weights[1], {weights[1].size(0), C}) && weights[1].size(0) > 0;
-  for (int64_t l = 0; lean && l < layers; ++l) {
+              shaped(wte, {V, C}) && weights[1].dim() == 2 && weights[1].size(0) > 0 &&
+              shaped(weights[1], {weights[1].size(0), C});
+  for (int64_t l = 0; fits && l < layers; ++l) {
     const at::Tensor* w = weights.data() + 2 + l * 12;
     const int64_t I = w[8].dim() == 2 ? w[8].size(0) : -1;
-    lean = I > 0 && I % kLanes == 0 && shaped(w[0], {C}) && shaped(w[1], {C}) &&
+    fits = I > 0 && I % kLanes == 0 && shaped(w[0], {C}) && shaped(w[1], {C}) &&
            shaped(w[2], {3 * C, C}) && shaped(w[3], {3 * C}) && shaped(w[4], {C, C}) &&
            shaped(w[5], {C}) && shaped(w[6], {C}) && shaped(w[7], {C}) && shaped(w[8], {I, C}) &&
            shaped(w[9], {I}) && shaped(w[10], {C, I}) && shaped(w[11], {C});
   }
   const at::Tensor* f = weights.data() + weights.size() - 3;
-  lean = lean && shaped(f[0], {C}) && shaped(f[1], {C}) && f[2].dim() == 2 &&
+  return fits && shaped(f[0], {C}) && shaped(f[1], {C}) && f[2].dim() == 2 &&
          shaped(f[2], {f[2].size(0), C});
-  if (!lean)
-    return causal_lm_greedy_chain_cpu(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens,
-                                      weights, num_heads, eps);
-  const at::Tensor ids = input_ids.contiguous();
+}
+
+// input_ids, contiguous, every id checked to be in the vocabulary (the kernels read the
+// embedding rows raw).
+at::Tensor checked_ids(const char* op, const at::Tensor& input_ids, int64_t V) {
+  at::Tensor ids = input_ids.contiguous();
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < ids.numel(); ++i)
     TORCH_CHECK_INDEX(0 <= ip[i] && ip[i] < V, op, ": input_ids holds ", ip[i],
                       ", outside the vocabulary [0, ", V, ")");
+  return ids;
+}
+
+template <typename DT>
+at::Tensor draft_pass_logits(const at::Tensor& ids, const at::Tensor& kv_cache,
+                             const at::Tensor& len, const at::Tensor& index,
+                             at::TensorList weights, int64_t H, float eps) {
+  const int64_t B = ids.size(0), T = ids.size(1), V = weights[weights.size() - 1].size(0);
+  std::vector<float> x;
+  draft_pass<DT>(ids.data_ptr<int64_t>(), B, T, len.data_ptr<int64_t>(), kv_cache, weights, H,
+                 eps, x);
+  at::Tensor out = at::empty({B, V}, ids.options().dtype(at::kFloat));
+  const int64_t* ip = index.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b)
+    draft_logits<DT>(x, b * T + ip[b], weights, eps, out.data_ptr<float>() + b * V);
+  return out;
+}
+
+}  // namespace
+
+at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                                     const at::Tensor& lengths, const at::Tensor& num_valid,
+                                     int64_t kv_len, int64_t num_tokens, at::TensorList weights,
+                                     int64_t num_heads, double eps) {
+  const char* op = "causal_lm_draft_chain";
+  check_chain(op, input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens);
+  check_pass(op, input_ids, kv_cache, lengths, kv_len, weights, num_heads);
+  if (!fits_draft_kernels(kv_cache, weights))
+    return causal_lm_greedy_chain_cpu(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens,
+                                      weights, num_heads, eps);
+  const at::Tensor ids = checked_ids(op, input_ids, weights[0].size(0));
   if (kv_cache.scalar_type() == at::kBFloat16)
     return draft_chain<at::BFloat16>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
                                      num_tokens, weights, num_heads, static_cast<float>(eps));
   return draft_chain<float>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
                             num_tokens, weights, num_heads, static_cast<float>(eps));
+}
+
+at::Tensor causal_lm_draft_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
+                                    const at::Tensor& lengths, int64_t kv_len,
+                                    const at::Tensor& logits_index, at::TensorList weights,
+                                    int64_t num_heads, double eps) {
+  const char* op = "causal_lm_draft_pass";
+  const at::Tensor len =
+      check_pass(op, input_ids, kv_cache, lengths, kv_len, weights, num_heads);
+  const int64_t B = input_ids.size(0), T = input_ids.size(1);
+  TORCH_CHECK_VALUE(logits_index.scalar_type() == at::kLong && logits_index.dim() == 1 &&
+                        logits_index.size(0) == B,
+                    op, ": logits_index must be int64 [B] with B = ", B, ", got ",
+                    logits_index.scalar_type(), " ", logits_index.sizes());
+  at::Tensor index = logits_index.contiguous().clone();
+  int64_t* xp = index.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK_INDEX(-T <= xp[b] && xp[b] < T, op, ": logits_index[", b, "] = ", xp[b],
+                      " is out of range for ", T, " tokens");
+    if (xp[b] < 0) xp[b] += T;
+  }
+  if (!fits_draft_kernels(kv_cache, weights))
+    return causal_lm_pass_cpu(input_ids, kv_cache, lengths, kv_len, logits_index, weights,
+                              num_heads, eps)
+        .to(at::kFloat);
+  const at::Tensor ids = checked_ids(op, input_ids, weights[0].size(0));
+  if (kv_cache.scalar_type() == at::kBFloat16)
+    return draft_pass_logits<at::BFloat16>(ids, kv_cache, len, index, weights, num_heads,
+                                           static_cast<float>(eps));
+  return draft_pass_logits<float>(ids, kv_cache, len, index, weights, num_heads,
+                                  static_cast<float>(eps));
 }
 
 }  // namespace specdec

@@ -99,16 +99,31 @@ def write_json(path: str, data: dict) -> None:
 
 
 def pass_ms(
-    model, batch: int, tokens: int, context: int, repeats: int, quantile: float = 0.25
+    model,
+    batch: int,
+    tokens: int,
+    context: int,
+    repeats: int,
+    quantile: float = 0.25,
+    *,
+    drafting: bool = False,
 ) -> float:
     """Milliseconds of one cached ``[batch, tokens]`` pass of ``model`` after ``context`` tokens:
     the ``quantile`` of ``repeats`` timed calls (default the lower quartile: other work on the
-    machine only ever adds time)."""
-    return passes_ms([(model, batch, tokens)], context, repeats, quantile)[0]
+    machine only ever adds time). ``drafting``: the pass a drafter runs, with one logits row a
+    row (``CausalLM.draft_logits``, float32 kernels without the bitwise contract, where the
+    model has it)."""
+    return passes_ms([(model, batch, tokens)], context, repeats, quantile, drafting=drafting)[0]
 
 
 def passes_ms(
-    entries, context: int, repeats: int, quantile: float = 0.25, calls: int = 1
+    entries,
+    context: int,
+    repeats: int,
+    quantile: float = 0.25,
+    calls: int = 1,
+    *,
+    drafting: bool = False,
 ) -> list[float]:
     """:func:`pass_ms` of every ``(model, batch, tokens)`` of ``entries``, timed round-robin:
     ``calls`` calls of each per round, ``repeats`` rounds after a warm-up one, so that a slow
@@ -117,7 +132,7 @@ def passes_ms(
     runs one pass after the same pass (the caches hold its own working set, not what the other
     entries left); with ``calls = 1`` every pass runs after the others'. An entry may name a
     torch thread count fourth, ``(model, batch, tokens, threads)``: its passes run on that many
-    threads (the process's count is restored after)."""
+    threads (the process's count is restored after). ``drafting`` as in :func:`pass_ms`."""
     runs = []
     with torch.inference_mode():
         for model, batch, tokens, *threads in entries:
@@ -129,19 +144,24 @@ def passes_ms(
             cache.advance(context)
             x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
             threads = threads[0] if threads else None
-            runs.append((model, cache, x, context + tokens, device.type == "cuda", threads))
+            if drafting and hasattr(model, "draft_logits"):
+                last = torch.full((batch,), tokens - 1, dtype=torch.int64, device=device)
+                run = functools.partial(model.draft_logits, x, cache, last, context + tokens)
+            else:
+                run = functools.partial(model, x, cache, kv_len=context + tokens, validate=False)
+            runs.append((run, device.type == "cuda", threads, x.device))
         times: list[list[float]] = [[] for _ in runs]
         before = torch.get_num_threads()
         try:
             for r in range(repeats + 1):  # the first round warms up
-                for t, (model, cache, x, kv_len, cuda, threads) in zip(times, runs):
+                for t, (run, cuda, threads, device) in zip(times, runs):
                     if threads is not None:
                         torch.set_num_threads(threads)
                     for c in range(calls):
                         t0 = time.perf_counter()
-                        model(x, cache, kv_len=kv_len, validate=False)
+                        run()
                         if cuda:
-                            torch.cuda.synchronize(x.device)
+                            torch.cuda.synchronize(device)
                         if r > 0 and (c > 0 or calls == 1):
                             t.append(time.perf_counter() - t0)
         finally:

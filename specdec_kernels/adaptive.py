@@ -498,7 +498,8 @@ def measure_pass_costs(
 ) -> PassCosts:
     """Time ``target`` and ``draft`` once on this machine, before any generation, for
     :class:`PassCosts`: target passes of ``1, 2, 3, 5`` and ``max_k + 1`` tokens and draft
-    passes of one token at batch sizes ``1, 2, 4, ... <= max_batch`` after a ``context``-token
+    passes of one token (the pass a drafter runs: ``CausalLM.draft_logits``, float32 kernels,
+    where the draft has it) at batch sizes ``1, 2, 3, 4, 8, ... <= max_batch`` after a ``context``-token
     prefix (the lower quartile of ``repeats``, made non-decreasing in tokens and rows), and the
     verification op's time.
 
@@ -514,9 +515,15 @@ def measure_pass_costs(
     key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:per-batch"
 
     def measure() -> PassCosts:
+        # powers of two, and 3 (the demo's batch): a row more changes the pass there by more
+        # than a straight line from 2 to 4 gives (the AVX2 tile takes up to 5 rows a pass in
+        # registers, so 3 rows' one-token pass cost 1.78 ms where the line put 2.14: 20% off,
+        # enough for "auto" to draft at batch 3 and lose, Zen 3, bfloat16, 2 threads)
         batch = [1]
         while batch[-1] * 2 <= max_batch:
             batch.append(batch[-1] * 2)
+        if max_batch >= 3:
+            batch.insert(2, 3)
         tokens = sorted({1, 2, 3, 5, max_k + 1} & set(range(1, max_k + 2)))
         # the target's token counts round-robin, one batch size at a time: "auto" compares the
         # passes of one batch size, and a slow spell of the machine spreads over all of them
@@ -535,7 +542,9 @@ def measure_pass_costs(
             rows.append(tuple(prev))
         target_ms = tuple(rows)
         draft_ms = tuple(
-            itertools.accumulate((pass_ms(draft, b, 1, context, repeats) for b in batch), max)
+            itertools.accumulate(
+                (pass_ms(draft, b, 1, context, repeats, drafting=True) for b in batch), max
+            )
         )
         p = next(target.parameters())
         step = _step_ms(1, min(max_k, 4), target.vocab_size, p.device, p.dtype, repeats)

@@ -299,6 +299,7 @@ def _cases() -> list[Case]:
     cases.append(Case("causal_lm_pass", "one_layer", _causal_lm_pass, "extension"))
     cases.append(Case("causal_lm_greedy_chain", "one_layer", _causal_lm_greedy_chain, "extension"))
     cases.append(Case("causal_lm_draft_chain", "one_layer", _causal_lm_greedy_chain, "extension"))
+    cases.append(Case("causal_lm_draft_pass", "one_layer", _causal_lm_pass, "extension"))
     return cases
 
 

@@ -423,6 +423,46 @@ def test_draft_chain_is_the_network_in_float32(dtype):
     assert decided >= 0.8 * total, (decided, total)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_draft_pass_is_the_network_in_float32(dtype):
+    """``specdec::causal_lm_draft_pass`` (``CausalLM.draft_logits``, a drafter's sampled
+    drafts) against a float64 copy of the model: ragged rows, one or two tokens, every
+    ``logits_index`` (negative too); float32 logits within the activations' precision of the
+    reference's, the same cache slots written."""
+    torch.manual_seed(1)
+    model = _model(dtype)
+    ref = CausalLM(model.config).double().eval()
+    ref.load_state_dict({k: v.double() for k, v in model.state_dict().items()})
+    tol = 2e-4 if dtype == torch.float32 else 0.08
+    with torch.inference_mode():
+        for lengths in ([7], [0, 19, 4]):
+            B = len(lengths)
+            prefix = torch.randint(0, 61, (B, max(lengths) + 1))
+            a, b = model.new_cache(B, 64), ref.new_cache(B, 64)
+            for m, cache in ((model, a), (ref, b)):
+                _python_pass(m, prefix, cache, validate=False)
+                cache.advance(torch.tensor(lengths))
+            for T in (1, 2):
+                ids = torch.randint(0, 61, (B, T))
+                for index in (torch.zeros(B, dtype=torch.int64), torch.full((B,), -1)):
+                    kv_len = max(lengths) + T
+                    got = model.draft_logits(ids, a, index, kv_len)
+                    want = ref(ids, b, logits_index=index, kv_len=kv_len, validate=False)
+                    assert got.dtype == torch.float32 and got.shape == (B, 61)
+                    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+                    for r in range(B):
+                        new = slice(lengths[r], lengths[r] + T)
+                        torch.testing.assert_close(
+                            a.kv[:, :, r, :, new],
+                            b.kv[:, :, r, :, new].to(dtype),
+                            atol=tol,
+                            rtol=tol,
+                        )
+        bad = torch.tensor([2])
+        with pytest.raises(IndexError, match=r"logits_index\[0\] = 2 is out of range for 2"):
+            model.draft_logits(torch.tensor([[1, 2]]), model.new_cache(1, 8), bad, 2)
+
+
 def test_draft_chain_runs_the_bitwise_chain_where_its_tiles_do_not_fit():
     """A hidden size the float32 chain's tiles do not take (an MLP of 40 units, not a multiple
     of 16): the draft chain is then the bitwise chain, drafts and cache alike."""
@@ -791,6 +831,30 @@ def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
         assert list(row) == sorted(row)
     assert (tmp_path / "pass_costs.json").exists()
     assert measure_pass_costs(target, draft, max_k=4, max_batch=2, repeats=2) is costs
+    wider = measure_pass_costs(target, draft, max_k=1, max_batch=8, repeats=1)
+    assert wider.batch == (1, 2, 3, 4, 8)  # powers of two, and the demo's 3
+    assert list(wider.draft_ms) == sorted(wider.draft_ms) and wider.draft_ms[0] > 0
+
+
+def test_draft_costs_time_the_drafters_pass(pair_tiny, monkeypatch):
+    """The draft's cost is that of the pass a drafter runs (``CausalLM.draft_logits``: float32
+    kernels), not the bitwise forward."""
+    from specdec_kernels import _cache
+
+    target, draft = pair_tiny
+    calls = []
+    real = type(draft).draft_logits
+
+    def counted(self, *args):
+        calls.append(args[0].shape)
+        return real(self, *args)
+
+    monkeypatch.setattr(type(draft), "draft_logits", counted)
+    ms = _cache.pass_ms(draft, 2, 1, 16, repeats=2, drafting=True)
+    assert ms > 0 and calls and all(shape == (2, 1) for shape in calls)
+    calls.clear()
+    _cache.pass_ms(draft, 2, 1, 16, repeats=2)
+    assert not calls  # the plain forward
 
 
 def test_cached_costs_are_keyed_by_the_kernels(pair_tiny, monkeypatch):

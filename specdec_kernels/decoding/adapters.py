@@ -127,6 +127,18 @@ class CausalLMAdapter:
         self._max_len = span
         return logits
 
+    def draft_extend(self, tokens, num_valid, logits_index):
+        """:meth:`extend` for a drafter: the logits ``[B, V]`` (float32) of
+        :meth:`CausalLM.draft_logits <specdec_kernels.models.CausalLM.draft_logits>` where the
+        model has it (no bitwise contract: a draft's), else :meth:`extend`'s."""
+        if not hasattr(self.model, "draft_logits"):
+            return self.extend(tokens, num_valid, logits_index)
+        span = self._max_len + tokens.shape[1]
+        logits = self.model.draft_logits(tokens, self.cache, logits_index, span)
+        self.cache.advance(num_valid, validate=False)
+        self._max_len = span
+        return logits
+
     def greedy_chain(self, tokens, num_valid, num_tokens, exact=True):
         """The greedy drafts ``[B, num_tokens]`` of :meth:`CausalLM.greedy_chain
         <specdec_kernels.models.CausalLM.greedy_chain>` after ``tokens`` ``[B, W]`` (``exact``

@@ -55,6 +55,13 @@ class Drafter(Protocol):
     def forwards_per_step(self, k_loop: int) -> int: ...
 
 
+def _own_method(model, name: str):
+    """``model``'s method ``name`` where its class defines one, else ``None``: a wrapper that
+    forwards other attributes to an adapter (``__getattr__``) and overrides ``extend`` (a
+    logits processor, say) must not have its ``extend`` skipped by the adapter's faster paths."""
+    return getattr(model, name) if hasattr(type(model), name) else None
+
+
 class ModelDrafter:
     """A smaller causal LM behind any model adapter, sampling its drafts autoregressively.
 
@@ -89,13 +96,14 @@ class ModelDrafter:
         """Feed the committed tokens the cache lacks (one ragged pass); the draft's logits
         ``[B, V]`` after the last committed token."""
         fed, n = self.behind(tokens, seq_len)
-        return self.model.extend(fed, n, logits_index=n - 1)
+        return self._extend(fed, n, n - 1)
 
     def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
-        if sampling.greedy and grammar is None and hasattr(self.model, "greedy_chain"):
+        chain = _own_method(self.model, "greedy_chain")
+        if sampling.greedy and grammar is None and chain is not None:
             # the whole chain in one native call where the model has one; drafts need no
             # bitwise contract (float32 activations, CausalLM.greedy_chain's exact=False)
-            drafts = self.model.greedy_chain(*self.behind(tokens, seq_len), k_loop, exact=False)
+            drafts = chain(*self.behind(tokens, seq_len), k_loop, exact=False)
             if drafts is not None:
                 return ChainProposal(drafts, num_draft)
         logits = self.catch_up(tokens, seq_len)
@@ -114,7 +122,7 @@ class ModelDrafter:
                 grammar.push_drafts(x, i < num_draft)
             if i + 1 < k_loop:
                 ones = torch.ones_like(x)
-                logits = self.model.extend(x[:, None], ones, logits_index=ones - 1)
+                logits = self._extend(x[:, None], ones, ones - 1)
         q = None if sampling.greedy else torch.stack(probs, 1)  # [B, k_loop, V]
         prop = ChainProposal(torch.stack(drafts, 1), num_draft, q)
         if grammar is not None:
@@ -122,6 +130,14 @@ class ModelDrafter:
             grammar.discard_drafts()
             prop.token_bitmask = torch.stack(masks, 1)  # [B, k_loop + 1, W]
         return prop
+
+    def _extend(self, tokens, num_valid, logits_index):
+        """The model's pass with one logits row a row: the adapter's drafter pass
+        (``draft_extend``: float32 kernels, no bitwise contract) where it has one."""
+        extend = _own_method(self.model, "draft_extend")
+        if extend is None:
+            return self.model.extend(tokens, num_valid, logits_index=logits_index)
+        return extend(tokens, num_valid, logits_index)
 
     def accept(self, num_accepted, k_loop):
         # fed: the catch-up, then drafts 1 .. k_loop-1; keep the accepted ones

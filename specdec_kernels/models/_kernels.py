@@ -1,8 +1,8 @@
 """Fake (meta) implementations of the row-invariant model kernels ``specdec::rowinv_linear``,
-``specdec::rowinv_attention``, ``specdec::causal_lm_draft_chain`` (``csrc/model_cpu.cpp``),
-``specdec::causal_lm_pass`` and ``specdec::causal_lm_greedy_chain``
-(``csrc/causal_lm_cpu.cpp``), so that they trace under ``torch.compile`` and pass
-``torch.library.opcheck``."""
+``specdec::rowinv_attention``, the drafter's ``specdec::causal_lm_draft_chain`` and
+``specdec::causal_lm_draft_pass`` (``csrc/model_cpu.cpp``), ``specdec::causal_lm_pass`` and
+``specdec::causal_lm_greedy_chain`` (``csrc/causal_lm_cpu.cpp``), so that they trace under
+``torch.compile`` and pass ``torch.library.opcheck``."""
 
 from __future__ import annotations
 
@@ -43,3 +43,8 @@ def register_fakes() -> None:
     @torch.library.register_fake("specdec::causal_lm_draft_chain")
     def _draft_chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps):
         return input_ids.new_empty((input_ids.shape[0], num_tokens))
+
+    @torch.library.register_fake("specdec::causal_lm_draft_pass")
+    def _draft_pass(input_ids, kv_cache, lengths, kv_len, logits_index, weights, n, eps):
+        v = weights[-1].shape[0]
+        return input_ids.new_empty((input_ids.shape[0], v), dtype=torch.float32)

@@ -381,6 +381,30 @@ class CausalLM(nn.Module):
                 c.layer_norm_epsilon,
             )
 
+    def draft_logits(
+        self, input_ids: torch.Tensor, cache, logits_index: torch.Tensor, kv_len: int
+    ) -> torch.Tensor:
+        """:meth:`forward`'s cached pass with ``logits_index`` ``[B]``, for a drafter: the
+        logits ``[B, V]`` in float32 from ``specdec::causal_lm_draft_pass`` (the float32
+        kernels of :meth:`greedy_chain`'s ``exact=False``: a draft's logits need no bitwise
+        contract) where the one-op pass runs, else :meth:`forward`'s, as float32. Writes the
+        cache at ``cache.lengths`` onwards as :meth:`forward` does (not advanced)."""
+        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, "causal_lm_draft_pass")):
+            kw = {"logits_index": logits_index, "kv_len": kv_len, "validate": False}
+            return self(input_ids, cache, **kw).float()
+        c = self.config
+        with self._on_own_threads():
+            return torch.ops.specdec.causal_lm_draft_pass(
+                input_ids,
+                cache.kv,
+                cache.lengths,
+                kv_len,
+                logits_index,
+                self._pass_weights(),
+                c.n_head,
+                c.layer_norm_epsilon,
+            )
+
     def _one_op_pass(self, cache) -> bool:
         """Whether this cached pass runs as one native op (``specdec::causal_lm_pass``,
         ``csrc/causal_lm_cpu.cpp``): the row-invariant kernels, a contiguous ``sk.KVCache``,
