@@ -500,8 +500,8 @@ def measure_pass_costs(
     :class:`PassCosts`: target passes of ``1, 2, 3, 5`` and ``max_k + 1`` tokens and draft
     passes of one token (the pass a drafter runs: ``CausalLM.draft_logits``, float32 kernels,
     where the draft has it) at batch sizes ``1, 2, 3, 4, 8, ... <= max_batch`` after a
-    ``context``-token prefix (the lower quartile of ``repeats``, made non-decreasing in tokens and rows), and the
-    verification op's time.
+    ``context``-token prefix (the lower quartile of ``repeats``, made non-decreasing in tokens
+    and rows), and the verification op's time.
 
     The result is cached per (models, their dtype and device, thread count, torch version,
     CPU): in this process, and in :func:`cache_path` unless ``cache=False``. The generator
