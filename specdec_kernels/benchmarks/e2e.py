@@ -34,10 +34,11 @@ value; a row stops where its grammar ends (greedy: at the same token in both sys
 
 Per row: ``tokens_per_second`` (generated tokens of all rows per wall second, prefill included),
 ``acceptance_rate`` and ``mean_accepted`` (from the generator's statistics), ``cost_ratio``
-``c`` = draft forward time / target forward time (one token per row, at the batch size, measured
-in this process), ``ideal_speedup`` = Leviathan et al.'s walltime improvement
-``(1 - a**(g+1)) / ((1 - a) (g c + 1))`` with ``g`` the mean ``K`` used and ``a`` = ``alpha``, the
-measured per-position acceptance probability (accepted drafts / (accepted drafts + first
+``c`` = the draft's pass time (the pass its drafter runs: ``CausalLM.draft_logits``) / target
+forward time (one token per row, at the batch size, measured in this process),
+``ideal_speedup`` = Leviathan et al.'s walltime improvement
+``(1 - a**(g+1)) / ((1 - a) (g c + 1))`` with ``g`` the mean ``K`` used and ``a`` = ``alpha``,
+the measured per-position acceptance probability (accepted drafts / (accepted drafts + first
 rejections)); ``acceptance_rate`` is the generator's accepted / drafted, which also counts the
 positions after a rejection and so is lower for larger ``K``, and ``speedup_vs_target_only``
 against ``target_only`` at the same batch size and temperature.
@@ -145,19 +146,27 @@ def make_prompts(text: str, batch_size: int, prompt_len: int) -> list[list[int]]
 
 # ----------------------------------------------------------------------------- forward costs
 @torch.inference_mode()
-def forward_ms(model, batch_size: int, tokens: int, context: int, calls: int = 15) -> float:
+def forward_ms(
+    model, batch_size: int, tokens: int, context: int, calls: int = 15, drafting: bool = False
+) -> float:
     """Median ms of one cached forward of ``tokens`` new tokens per row after ``context``
-    committed ones, logits of every new token (what decoding does)."""
+    committed ones, logits of every new token (what decoding does); ``drafting``: the pass a
+    drafter runs instead (``CausalLM.draft_logits``, float32 kernels, where the model has it)."""
     cache = model.new_cache(batch_size, model.max_seq_len)
     ids = torch.randint(0, model.vocab_size, (batch_size, context))
     model.hidden_states(ids, cache, context)
     cache.advance(context)
     x = torch.randint(0, model.vocab_size, (batch_size, tokens))
-    model(x, cache, kv_len=context + tokens)
+    if drafting and hasattr(model, "draft_logits"):
+        last = torch.full((batch_size,), tokens - 1, dtype=torch.int64)
+        run = functools.partial(model.draft_logits, x, cache, last, context + tokens)
+    else:
+        run = functools.partial(model, x, cache, kv_len=context + tokens)
+    run()
     times = []
     for _ in range(calls):
         t0 = time.perf_counter()
-        model(x, cache, kv_len=context + tokens)
+        run()
         times.append(time.perf_counter() - t0)
     return statistics.median(times) * 1e3
 
@@ -169,7 +178,9 @@ def measure_costs(target, draft, batch_size: int, context: int, ks) -> dict:
     )
     acc: dict[str, list[float]] = {}
     for _ in range(3):
-        acc.setdefault("draft_ms", []).append(forward_ms(draft, batch_size, 1, context))
+        acc.setdefault("draft_ms", []).append(
+            forward_ms(draft, batch_size, 1, context, drafting=True)
+        )
         for w in widths:
             acc.setdefault(f"target_ms_{w}", []).append(forward_ms(target, batch_size, w, context))
     return {k: statistics.median(v) for k, v in acc.items()}
@@ -393,7 +404,7 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     for b in cfg.batch_sizes:
         costs[b] = measure_costs(target, draft, b, context, cfg.ks)
         log(
-            f"[e2e] B={b}: draft forward {costs[b]['draft_ms']:.2f} ms, target forward "
+            f"[e2e] B={b}: draft pass {costs[b]['draft_ms']:.2f} ms, target forward "
             f"{costs[b]['target_ms_1']:.2f} ms (1 token/row), cost ratio "
             f"{costs[b]['draft_ms'] / costs[b]['target_ms_1']:.3f}"
         )
