@@ -110,10 +110,19 @@ def pass_ms(
 ) -> float:
     """Milliseconds of one cached ``[batch, tokens]`` pass of ``model`` after ``context`` tokens:
     the ``quantile`` of ``repeats`` timed calls (default the lower quartile: other work on the
-    machine only ever adds time). ``drafting``: the pass a drafter runs, with one logits row a
-    row (``CausalLM.draft_logits``, float32 kernels without the bitwise contract, where the
-    model has it)."""
+    machine only ever adds time). ``drafting``: the pass a drafter runs (:func:`one_pass`)."""
     return passes_ms([(model, batch, tokens)], context, repeats, quantile, drafting=drafting)[0]
+
+
+def one_pass(model, x: torch.Tensor, cache, kv_len: int, drafting: bool = False):
+    """A callable running ``model``'s cached pass over ``x`` ``[B, T]`` at ``cache.lengths``
+    (not advanced), as the timings take it: the forward with logits of every token, or with
+    ``drafting`` the pass a drafter runs (``CausalLM.draft_logits``, one logits row a row,
+    float32 kernels without the bitwise contract) where the model has it."""
+    if drafting and hasattr(model, "draft_logits"):
+        last = torch.full((x.shape[0],), x.shape[1] - 1, dtype=torch.int64, device=x.device)
+        return functools.partial(model.draft_logits, x, cache, last, kv_len)
+    return functools.partial(model, x, cache, kv_len=kv_len, validate=False)
 
 
 def passes_ms(
@@ -144,11 +153,7 @@ def passes_ms(
             cache.advance(context)
             x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
             threads = threads[0] if threads else None
-            if drafting and hasattr(model, "draft_logits"):
-                last = torch.full((batch,), tokens - 1, dtype=torch.int64, device=device)
-                run = functools.partial(model.draft_logits, x, cache, last, context + tokens)
-            else:
-                run = functools.partial(model, x, cache, kv_len=context + tokens, validate=False)
+            run = one_pass(model, x, cache, context + tokens, drafting)
             runs.append((run, device.type == "cuda", threads, x.device))
         times: list[list[float]] = [[] for _ in runs]
         before = torch.get_num_threads()

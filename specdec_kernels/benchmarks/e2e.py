@@ -57,6 +57,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specdec_kernels._cache import one_pass
 from specdec_kernels.adaptive import expected_tokens
 
 SYSTEMS = ("specdec", "target_only", "hf_assisted", "hf_target_only", "specdec_block")
@@ -157,11 +158,7 @@ def forward_ms(
     model.hidden_states(ids, cache, context)
     cache.advance(context)
     x = torch.randint(0, model.vocab_size, (batch_size, tokens))
-    if drafting and hasattr(model, "draft_logits"):
-        last = torch.full((batch_size,), tokens - 1, dtype=torch.int64)
-        run = functools.partial(model.draft_logits, x, cache, last, context + tokens)
-    else:
-        run = functools.partial(model, x, cache, kv_len=context + tokens)
+    run = one_pass(model, x, cache, context + tokens, drafting)
     run()
     times = []
     for _ in range(calls):

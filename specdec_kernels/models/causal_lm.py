@@ -313,17 +313,8 @@ class CausalLM(nn.Module):
         """
         with self._on_own_threads():
             if tree is None and self._one_op_pass(cache):
-                c = self.config
-                return torch.ops.specdec.causal_lm_pass(
-                    input_ids,
-                    cache.kv,
-                    cache.lengths,
-                    cache.max_seq_len if kv_len is None else kv_len,
-                    logits_index,
-                    self._pass_weights(),
-                    c.n_head,
-                    c.layer_norm_epsilon,
-                )
+                span = cache.max_seq_len if kv_len is None else kv_len
+                return self._native("causal_lm_pass", input_ids, cache, span, logits_index)
             h = self.hidden_states(input_ids, cache, kv_len, validate, tree)  # [B, T, C]
             if logits_index is not None:
                 rows = torch.arange(h.shape[0], device=h.device)
@@ -361,25 +352,15 @@ class CausalLM(nn.Module):
         ``specdec::causal_lm_draft_chain`` instead: the same network with float32 activations
         and no ATen call inside (its own layer norm and GELU), 2.9x faster for the bundled
         one-layer draft (K = 2: 212 -> 73 us, Zen 3); its logits differ from the bitwise pass's
-        by the bfloat16 roundings it skips, so a draft token may differ near a tie. The cache
-        is written in its dtype as every pass writes it.
+        in the last bits (another layer norm and GELU) or by the bfloat16 roundings it skips,
+        so a draft token may differ near a tie. The cache is written in its dtype as every pass
+        writes it.
         """
         name = "causal_lm_greedy_chain" if exact else "causal_lm_draft_chain"
         if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, name)):
             return None
-        c = self.config
         with self._on_own_threads():
-            return getattr(torch.ops.specdec, name)(
-                input_ids,
-                cache.kv,
-                cache.lengths,
-                num_valid,
-                kv_len,
-                num_tokens,
-                self._pass_weights(),
-                c.n_head,
-                c.layer_norm_epsilon,
-            )
+            return self._native(name, input_ids, cache, num_valid, kv_len, num_tokens)
 
     def draft_logits(
         self, input_ids: torch.Tensor, cache, logits_index: torch.Tensor, kv_len: int
@@ -392,18 +373,18 @@ class CausalLM(nn.Module):
         if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, "causal_lm_draft_pass")):
             kw = {"logits_index": logits_index, "kv_len": kv_len, "validate": False}
             return self(input_ids, cache, **kw).float()
-        c = self.config
         with self._on_own_threads():
-            return torch.ops.specdec.causal_lm_draft_pass(
-                input_ids,
-                cache.kv,
-                cache.lengths,
-                kv_len,
-                logits_index,
-                self._pass_weights(),
-                c.n_head,
-                c.layer_norm_epsilon,
-            )
+            return self._native("causal_lm_draft_pass", input_ids, cache, kv_len, logits_index)
+
+    def _native(self, name: str, input_ids: torch.Tensor, cache, *args) -> torch.Tensor:
+        """``specdec::<name>`` on this model: ``(input_ids, cache.kv, cache.lengths, *args,
+        weights, n_head, eps)``, the order every native pass and chain takes."""
+        c = self.config
+        op = getattr(torch.ops.specdec, name)
+        weights = self._pass_weights()
+        return op(
+            input_ids, cache.kv, cache.lengths, *args, weights, c.n_head, c.layer_norm_epsilon
+        )
 
     def _one_op_pass(self, cache) -> bool:
         """Whether this cached pass runs as one native op (``specdec::causal_lm_pass``,
