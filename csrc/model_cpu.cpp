@@ -6,8 +6,9 @@
 // rows, so the same token's logits can differ by an ulp between the two passes, and greedy
 // output can diverge. Here every output element is reduced in one fixed order that depends only
 // on the reduction length: 16 partial sums over the input in order, then a fixed pairwise tree.
-// (A bfloat16 layer on a CPU with AMX reduces in the tile unit's own fixed order instead: one
-// order per process, whatever the row count; see linear_amx.)
+// (A bfloat16 layer on a CPU with AMX reduces in the tile unit's own fixed order instead, and
+// the AVX2 tile in one fused multiply-add chain over the input, on a packed copy of the weights:
+// one order per process, whatever the row count; see linear_amx and linear_outer_avx2.)
 // Threads split the output columns (linear) or the (row, head, query) triples (attention), never
 // a reduction, so the thread count does not change a bit either.
 //
@@ -38,6 +39,8 @@
 #include <cstring>
 #include <string>
 #include <limits>
+#include <mutex>
+#include <unordered_map>
 #include <type_traits>
 #include <vector>
 
@@ -132,11 +135,12 @@ SPECDEC_CLONES void linear_tile_bf16(const float* x, int64_t M, int64_t Cp, cons
 #if defined(__GNUC__) && defined(__x86_64__)
 // AVX2 with FMA but no AVX-512 (AMD Zen 2/3, Intel before Skylake-SP): the generic clones above
 // hold a tile's 16 sixteen-lane accumulators in 32 ymm registers of the 16 there are, and
-// target_clones' "avx2" has no FMA; this tile keeps each element's arithmetic the generic one's
-// (lanes 0-7 and 8-15 of its sixteen partial sums in two ymm accumulators, in input order, then
-// tree_sum's pairwise order) with fused multiply-adds, two weight rows by up to three input rows
-// at a time: 12 accumulators and 4 weight registers of the 16. The same function for every M,
-// like the others.
+// target_clones' "avx2" has no FMA; this dot-product tile keeps each element's arithmetic the
+// generic one's (lanes 0-7 and 8-15 of its sixteen partial sums in two ymm accumulators, in
+// input order, then tree_sum's pairwise order) with fused multiply-adds, two weight rows by up
+// to three input rows at a time: 12 accumulators and 4 weight registers of the 16. The drafter's
+// float32 passes (linear_rows_f32) run it on the weights as they are; rowinv_linear's AVX2 tile
+// is linear_outer_avx2 below, on packed weights.
 #define SPECDEC_AVX2 __attribute__((target("avx2,fma")))
 #define SPECDEC_HAVE_AVX2 1
 
@@ -231,8 +235,7 @@ SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const 
   for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
     __builtin_prefetch(pf + c);
   // 2-5 rows: one half at a time (0.8-0.9x rows_avx2's time for 384-long reductions, about the
-  // same for 1536-long ones; bfloat16, Zen 3). One row streams its weights once either way, and
-  // from kWideRows rows the caller runs linear_tile_avx2_wide instead
+  // same for 1536-long ones; bfloat16, Zen 3). One row streams its weights once either way
   switch (M) {
     case 2: return few_rows_avx2<2, 4>(x, Cp, w, out, ld);
     case 3: return few_rows_avx2<3, 2>(x, Cp, w, out, ld);
@@ -252,97 +255,191 @@ SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const 
   }
 }
 
-// Wide inputs (M >= kWideRows: a prefill, a batch's verify pass) on AVX2: the same per-element
-// arithmetic as rows_avx2 (lanes 0-7 of the sixteen partial sums in input order, lanes 8-15
-// likewise, then finish16), one eight-lane half at a time. A half needs one accumulator per
-// element where rows_avx2 needs two, so three input rows by all four weight rows fit the
-// registers (12 accumulators, 4 weights) and each weight register serves three rows; the
-// weights are converted to float32 once per tile, not once per three input rows. Measured in
-// the op against rows_avx2 (bfloat16, 2 threads, Zen 3, interleaved): 0.73-0.75x its time at
-// 48-63 rows, 0.84-0.89x at 20; a reduction longer than kWideBlock (384 x 1536) gains nothing
-// below kWideLongRows rows, where rows_avx2 stays.
-constexpr int64_t kWideRows = 6;
-constexpr int64_t kWideLongRows = 48;
+// The AVX2 tile of rowinv_linear: outer products on a packed copy of the weights. Each output
+// element is one float32 fused multiply-add chain over the input in order, from zero:
+//   acc = fma(x[m, c], w[n, c], acc) for c = 0 .. C-1,
+// whatever M is and whichever rows share the registers. The weights are packed once per tensor
+// ([N / 16][C][16], see packed_weight): a vector holds one input position of 16 weight rows, so
+// an input element is broadcast and multiplied into 16 outputs at once. R input rows by TT
+// tiles of 16 weight rows: 2 * R * TT accumulators, each weight vector loaded (and, bfloat16,
+// widened) once per R rows and each broadcast serving 2 * TT outputs; three rows or more keep
+// both FMA units busy, where the dot-product tiles above waited on loads and on the reduction
+// across lanes. The 24 projections of the bundled target (bfloat16, one thread, Zen 3, weights
+// from L3 as in a model's pass): 1 row 1.07 -> 0.90 ms, 3 rows 1.55 -> 1.23, 9 rows 3.8 -> 2.55,
+// 16 rows 6.1 -> 4.1 (75-83 GFLOP/s of the core's ~100).
+constexpr int64_t kPack = 16;  // weight rows per packed tile
 
-// x [M, Cp] float32 -> xh [2][M][Cp / 2]: half h of row m holds elements 16j + 8h .. + 7, j in
-// order.
-SPECDEC_AVX2 void pack_halves(const float* x, int64_t M, int64_t Cp, float* xh) {
-  const int64_t half = Cp / 2;
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t j = 0; j < Cp / kLanes; ++j)
-      for (int h = 0; h < 2; ++h)
-        _mm256_storeu_ps(xh + (h * M + m) * half + j * 8,
-                         _mm256_loadu_ps(x + m * Cp + j * 16 + h * 8));
-}
+SPECDEC_AVX2 inline __m256 load8w(const float* p) { return _mm256_loadu_ps(p); }
+SPECDEC_AVX2 inline __m256 load8w(const uint16_t* p) { return load8(p); }
 
-// R packed input rows (one half, stride half) against the four packed weight rows of that half
-// (stride wstride) over n positions of the half: the eight-lane partial sums continue from
-// part[(i * 4 + r) * 8 ...] (zeros where first) and go back there.
-template <int R>
-SPECDEC_AVX2 inline void half_rows_avx2(const float* xh, int64_t half, const float* wh,
-                                        int64_t wstride, int64_t n, bool first, float* part) {
-  __m256 a[R][kRows];
-  for (int i = 0; i < R; ++i)
-    for (int r = 0; r < kRows; ++r)
-      a[i][r] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(part + (i * kRows + r) * 8);
-  for (int64_t c = 0; c < n; c += 8) {
-    const __m256 w0 = _mm256_loadu_ps(wh + c), w1 = _mm256_loadu_ps(wh + wstride + c);
-    const __m256 w2 = _mm256_loadu_ps(wh + 2 * wstride + c);
-    const __m256 w3 = _mm256_loadu_ps(wh + 3 * wstride + c);
-    for (int i = 0; i < R; ++i) {
-      const __m256 xv = _mm256_loadu_ps(xh + i * half + c);
-      a[i][0] = _mm256_fmadd_ps(xv, w0, a[i][0]);
-      a[i][1] = _mm256_fmadd_ps(xv, w1, a[i][1]);
-      a[i][2] = _mm256_fmadd_ps(xv, w2, a[i][2]);
-      a[i][3] = _mm256_fmadd_ps(xv, w3, a[i][3]);
+// out[i * ld + 16 * t + j] = the chain of x row i (stride ldx) against tile t's row j, i < R,
+// t < TT; wp: TT consecutive packed tiles of C * 16 elements. Named accumulators, not an array:
+// GCC kept an array's elements in memory, a store per multiply-add.
+template <int R, int TT, typename W>
+SPECDEC_AVX2 void outer_rows_avx2(const float* x, int64_t ldx, int64_t C, const W* wp, float* out,
+                                  int64_t ld) {
+  static_assert(1 <= R && R <= 6 && (TT == 1 || (TT == 2 && R <= 2)), "registers");
+  const __m256 z = _mm256_setzero_ps();
+  __m256 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+  const W* wq = wp + C * kPack;  // the second tile
+  for (int64_t c = 0; c < C; ++c) {
+    const __m256 w0 = load8w(wp + c * kPack), w1 = load8w(wp + c * kPack + 8);
+    __m256 w2 = z, w3 = z;
+    if constexpr (TT == 2) {
+      w2 = load8w(wq + c * kPack);
+      w3 = load8w(wq + c * kPack + 8);
     }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int r = 0; r < kRows; ++r) _mm256_storeu_ps(part + (i * kRows + r) * 8, a[i][r]);
-}
-
-// linear_tile_avx2's result for M >= kWideRows. xh: x packed by pack_halves; scratch: at least
-// kWideScratch(M) floats of the calling thread's own. Blocks of kWideBlock positions: a block's
-// weights, converted once, stay in L1 while every input row passes.
-constexpr int64_t kWideBlock = 768;
-constexpr int64_t kWideScratch(int64_t M) { return kRows * kWideBlock + 2 * M * kRows * 8; }
-
-template <typename W>
-SPECDEC_AVX2 void linear_tile_avx2_wide(const float* xh, int64_t M, int64_t Cp, const W* w,
-                                        float* out, int64_t ld, const W* pf, float* scratch) {
-  for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
-    __builtin_prefetch(pf + c);
-  const int64_t half = Cp / 2;
-  float* wp = scratch;                         // [2][kRows][kWideBlock / 2]: one block
-  float* part = scratch + kRows * kWideBlock;  // [2][M][kRows][8]
-  constexpr int64_t hb = kWideBlock / 2;
-  for (int64_t c0 = 0; c0 < Cp; c0 += kWideBlock) {
-    const int64_t len = std::min<int64_t>(kWideBlock, Cp - c0), n = len / 2;
-    for (int r = 0; r < kRows; ++r)
-      for (int64_t j = 0; j < len / kLanes; ++j)
-        for (int h = 0; h < 2; ++h)
-          _mm256_storeu_ps(wp + (h * kRows + r) * hb + j * 8,
-                           load8(w + r * Cp + c0 + j * 16 + h * 8));
-    for (int h = 0; h < 2; ++h) {
-      const float* x0 = xh + h * M * half + c0 / 2;
-      const float* w0 = wp + h * kRows * hb;
-      float* p0 = part + h * M * kRows * 8;
-      int64_t m = 0;
-      for (; m + 3 <= M; m += 3)
-        half_rows_avx2<3>(x0 + m * half, half, w0, hb, n, c0 == 0, p0 + m * kRows * 8);
-      if (m + 2 <= M) {
-        half_rows_avx2<2>(x0 + m * half, half, w0, hb, n, c0 == 0, p0 + m * kRows * 8);
-        m += 2;
+    if constexpr (R > 0) {
+      const __m256 xb = _mm256_broadcast_ss(x + 0 * ldx + c);
+      a00 = _mm256_fmadd_ps(xb, w0, a00);
+      a01 = _mm256_fmadd_ps(xb, w1, a01);
+      if constexpr (TT == 2) {
+        a02 = _mm256_fmadd_ps(xb, w2, a02);
+        a03 = _mm256_fmadd_ps(xb, w3, a03);
       }
-      if (m < M) half_rows_avx2<1>(x0 + m * half, half, w0, hb, n, c0 == 0, p0 + m * kRows * 8);
+    }
+    if constexpr (R > 1) {
+      const __m256 xb = _mm256_broadcast_ss(x + 1 * ldx + c);
+      a10 = _mm256_fmadd_ps(xb, w0, a10);
+      a11 = _mm256_fmadd_ps(xb, w1, a11);
+      if constexpr (TT == 2) {
+        a12 = _mm256_fmadd_ps(xb, w2, a12);
+        a13 = _mm256_fmadd_ps(xb, w3, a13);
+      }
+    }
+    if constexpr (R > 2) {
+      const __m256 xb = _mm256_broadcast_ss(x + 2 * ldx + c);
+      a20 = _mm256_fmadd_ps(xb, w0, a20);
+      a21 = _mm256_fmadd_ps(xb, w1, a21);
+      if constexpr (TT == 2) {
+        a22 = _mm256_fmadd_ps(xb, w2, a22);
+        a23 = _mm256_fmadd_ps(xb, w3, a23);
+      }
+    }
+    if constexpr (R > 3) {
+      const __m256 xb = _mm256_broadcast_ss(x + 3 * ldx + c);
+      a30 = _mm256_fmadd_ps(xb, w0, a30);
+      a31 = _mm256_fmadd_ps(xb, w1, a31);
+      if constexpr (TT == 2) {
+        a32 = _mm256_fmadd_ps(xb, w2, a32);
+        a33 = _mm256_fmadd_ps(xb, w3, a33);
+      }
+    }
+    if constexpr (R > 4) {
+      const __m256 xb = _mm256_broadcast_ss(x + 4 * ldx + c);
+      a40 = _mm256_fmadd_ps(xb, w0, a40);
+      a41 = _mm256_fmadd_ps(xb, w1, a41);
+      if constexpr (TT == 2) {
+        a42 = _mm256_fmadd_ps(xb, w2, a42);
+        a43 = _mm256_fmadd_ps(xb, w3, a43);
+      }
+    }
+    if constexpr (R > 5) {
+      const __m256 xb = _mm256_broadcast_ss(x + 5 * ldx + c);
+      a50 = _mm256_fmadd_ps(xb, w0, a50);
+      a51 = _mm256_fmadd_ps(xb, w1, a51);
+      if constexpr (TT == 2) {
+        a52 = _mm256_fmadd_ps(xb, w2, a52);
+        a53 = _mm256_fmadd_ps(xb, w3, a53);
+      }
     }
   }
-  const float* hi = part + M * kRows * 8;
-  for (int64_t m = 0; m < M; ++m)
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t e = (m * kRows + r) * 8;
-      out[m * ld + r] = finish16(_mm256_loadu_ps(part + e), _mm256_loadu_ps(hi + e));
+  if constexpr (R > 0) {
+    _mm256_storeu_ps(out + 0 * ld, a00);
+    _mm256_storeu_ps(out + 0 * ld + 8, a01);
+    if constexpr (TT == 2) {
+      _mm256_storeu_ps(out + 0 * ld + 16, a02);
+      _mm256_storeu_ps(out + 0 * ld + 24, a03);
     }
+  }
+  if constexpr (R > 1) {
+    _mm256_storeu_ps(out + 1 * ld, a10);
+    _mm256_storeu_ps(out + 1 * ld + 8, a11);
+    if constexpr (TT == 2) {
+      _mm256_storeu_ps(out + 1 * ld + 16, a12);
+      _mm256_storeu_ps(out + 1 * ld + 24, a13);
+    }
+  }
+  if constexpr (R > 2) {
+    _mm256_storeu_ps(out + 2 * ld, a20);
+    _mm256_storeu_ps(out + 2 * ld + 8, a21);
+    if constexpr (TT == 2) {
+      _mm256_storeu_ps(out + 2 * ld + 16, a22);
+      _mm256_storeu_ps(out + 2 * ld + 24, a23);
+    }
+  }
+  if constexpr (R > 3) {
+    _mm256_storeu_ps(out + 3 * ld, a30);
+    _mm256_storeu_ps(out + 3 * ld + 8, a31);
+    if constexpr (TT == 2) {
+      _mm256_storeu_ps(out + 3 * ld + 16, a32);
+      _mm256_storeu_ps(out + 3 * ld + 24, a33);
+    }
+  }
+  if constexpr (R > 4) {
+    _mm256_storeu_ps(out + 4 * ld, a40);
+    _mm256_storeu_ps(out + 4 * ld + 8, a41);
+    if constexpr (TT == 2) {
+      _mm256_storeu_ps(out + 4 * ld + 16, a42);
+      _mm256_storeu_ps(out + 4 * ld + 24, a43);
+    }
+  }
+  if constexpr (R > 5) {
+    _mm256_storeu_ps(out + 5 * ld, a50);
+    _mm256_storeu_ps(out + 5 * ld + 8, a51);
+    if constexpr (TT == 2) {
+      _mm256_storeu_ps(out + 5 * ld + 16, a52);
+      _mm256_storeu_ps(out + 5 * ld + 24, a53);
+    }
+  }
+}
+
+// M input rows against one packed tile: groups of six rows (12 accumulators, two weight vectors,
+// one broadcast: 15 of the 16 registers), then one group of the rest.
+template <typename W>
+SPECDEC_AVX2 void outer_tile_avx2(const float* x, int64_t M, int64_t C, const W* wp, float* out,
+                                  int64_t ld) {
+  int64_t m = 0;
+  for (; m + 6 <= M; m += 6) outer_rows_avx2<6, 1>(x + m * C, C, C, wp, out + m * ld, ld);
+  switch (M - m) {
+    case 1: return outer_rows_avx2<1, 1>(x + m * C, C, C, wp, out + m * ld, ld);
+    case 2: return outer_rows_avx2<2, 1>(x + m * C, C, C, wp, out + m * ld, ld);
+    case 3: return outer_rows_avx2<3, 1>(x + m * C, C, C, wp, out + m * ld, ld);
+    case 4: return outer_rows_avx2<4, 1>(x + m * C, C, C, wp, out + m * ld, ld);
+    case 5: return outer_rows_avx2<5, 1>(x + m * C, C, C, wp, out + m * ld, ld);
+    default: return;
+  }
+}
+
+// y [M, N] = x [M, C] (float32) times the packed weights (tiles of kPack rows, packed_weight),
+// plus the bias, rounded once to O. Threads split the tiles. One or two input rows run two tiles
+// a call (four or eight independent chains; one row's two would wait on the FMA's latency).
+template <typename W, typename O>
+SPECDEC_AVX2 void linear_outer_avx2(const float* x, int64_t M, int64_t C, const W* wp, int64_t N,
+                                    const O* bias, O* y) {
+  const int64_t tiles = (N + kPack - 1) / kPack;
+  const int64_t TT = M <= 2 ? 2 : 1;  // tiles a call
+  const int64_t calls = (tiles + TT - 1) / TT;
+  // a task gets at least ~256k multiply-adds: a small layer (a draft's) runs on one thread
+  const int64_t grain =
+      std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * C * kPack * TT));
+  at::parallel_for(0, calls, grain, [&](int64_t lo, int64_t hi) {
+    std::vector<float> buf(M * kPack * TT);
+    for (int64_t g = lo; g < hi; ++g) {
+      const int64_t t0 = g * TT, tt = std::min(TT, tiles - t0), ld = tt * kPack;
+      const W* w = wp + t0 * C * kPack;
+      if (tt == 2 && M == 1) outer_rows_avx2<1, 2>(x, C, C, w, buf.data(), ld);
+      else if (tt == 2) outer_rows_avx2<2, 2>(x, C, C, w, buf.data(), ld);
+      else outer_tile_avx2(x, M, C, w, buf.data(), ld);
+      const int64_t n0 = t0 * kPack, cols = std::min(ld, N - n0);
+      for (int64_t m = 0; m < M; ++m) {
+        const float* row = buf.data() + m * ld;
+        O* o = y + m * N + n0;
+        for (int64_t j = 0; j < cols; ++j)
+          o[j] = O(row[j] + (bias ? static_cast<float>(bias[n0 + j]) : 0.0f));
+      }
+    }
+  });
 }
 
 bool cpu_has_avx2_fma() {
@@ -701,6 +798,80 @@ bool linear_tile_is_avx2() {
   return t == Tile::kAvx2 || (t == Tile::kBest && cpu_has_avx2_fma() && !cpu_has_avx512f());
 }
 
+#ifdef SPECDEC_HAVE_AVX2
+// weight [N, C] -> [ceil(N / kPack), C, kPack] of its dtype: tile t holds rows t * kPack .. + 15
+// by input position (rows past N zero).
+template <typename W>
+void pack_rows(const W* w, int64_t N, int64_t C, W* p) {
+  const int64_t tiles = (N + kPack - 1) / kPack;
+  at::parallel_for(0, tiles, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t)
+      for (int64_t j = 0; j < kPack; ++j) {
+        const int64_t n = t * kPack + j;
+        W* dst = p + t * C * kPack + j;
+        for (int64_t c = 0; c < C; ++c) dst[c * kPack] = n < N ? w[n * C + c] : W(0);
+      }
+  });
+}
+
+at::Tensor pack_weight(const at::Tensor& weight) {
+  const at::Tensor w = weight.contiguous();
+  const int64_t N = w.size(0), C = w.size(1);
+  at::Tensor p = at::empty({(N + kPack - 1) / kPack, C, kPack}, w.options());
+  if (w.scalar_type() == at::kBFloat16)
+    pack_rows(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N, C,
+              reinterpret_cast<uint16_t*>(p.data_ptr<at::BFloat16>()));
+  else
+    pack_rows(w.data_ptr<float>(), N, C, p.data_ptr<float>());
+  return p;
+}
+
+// The packed copy of a weight, made on its first use and kept while the tensor lives and is
+// unchanged: an entry is keyed by the tensor and checked against its data pointer, shape,
+// strides, dtype and version counter (an in-place update, optimizer.step() or copy_(), bumps
+// it), so a changed weight is packed again, never read stale. Entries of freed tensors go at the
+// next packing. Inference tensors count no versions: theirs are packed on every call (a model
+// loaded under torch.inference_mode; a warning says so once).
+at::Tensor packed_weight(const at::Tensor& weight) {
+  if (weight.is_inference()) {
+    TORCH_WARN_ONCE("rowinv_linear: the weight is an inference tensor (made under "
+                    "torch.inference_mode), whose changes cannot be tracked, so its packed copy "
+                    "is made again on every call; create the model outside inference mode");
+    return pack_weight(weight);
+  }
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> owner;
+    const void* data;
+    uint32_t version;
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype;
+    at::Tensor packed;
+  };
+  static std::mutex mutex;
+  static std::unordered_map<const c10::TensorImpl*, Entry> cache;
+  const uint32_t version = weight._version();
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(weight.unsafeGetTensorImpl());
+  if (it != cache.end() && !it->second.owner.expired() && it->second.data == weight.data_ptr() &&
+      it->second.version == version && weight.sizes().equals(it->second.sizes) &&
+      weight.strides().equals(it->second.strides) && it->second.dtype == weight.scalar_type())
+    return it->second.packed;
+  for (auto e = cache.begin(); e != cache.end();)
+    e = e->second.owner.expired() ? cache.erase(e) : std::next(e);
+  Entry entry{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                  weight.getIntrusivePtr()),
+              weight.data_ptr(),
+              version,
+              weight.sizes().vec(),
+              weight.strides().vec(),
+              weight.scalar_type(),
+              pack_weight(weight)};
+  at::Tensor packed = entry.packed;
+  cache.insert_or_assign(weight.unsafeGetTensorImpl(), std::move(entry));
+  return packed;
+}
+#endif
+
 void check_float(const at::Tensor& t, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
               " must be float32 or bfloat16, got ", t.scalar_type());
@@ -735,7 +906,7 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
                       (tile == Tile::kDpbf16 || (tile == Tile::kBest && cpu_has_dpbf16()));
   // otherwise the generic clones (AVX-512F's among them)
   const bool avx2 = !dpbf16 && linear_tile_is_avx2();
-  const int64_t align = amx || dpbf16 ? 32 : kLanes;
+  const int64_t align = amx || dpbf16 ? 32 : avx2 ? 1 : kLanes;
   const int64_t Cp = (C + align - 1) / align * align;
   // x as float32 (bfloat16 for amx and dpbf16) [M, Cp] and weight [N, Cp], zero-padded (no copy when
   // already aligned); a last tile of fewer than kRows weight rows is padded on its own below
@@ -759,6 +930,20 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
     return out.view(out_sizes);
   }
 #endif
+#ifdef SPECDEC_HAVE_AVX2
+  if (avx2) {
+    const at::Tensor packed = packed_weight(weight);
+    const float* xp = xf.data_ptr<float>();
+    if (bf16)
+      linear_outer_avx2(xp, M, C, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
+                        N, b.defined() ? b.data_ptr<at::BFloat16>() : nullptr,
+                        out.data_ptr<at::BFloat16>());
+    else
+      linear_outer_avx2(xp, M, C, packed.data_ptr<float>(), N,
+                        b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>());
+    return out.view(out_sizes);
+  }
+#endif
   const float* xp = dpbf16 ? nullptr : xf.data_ptr<float>();
   const float* bp = b.defined() && !bf16 ? b.data_ptr<float>() : nullptr;
   const at::BFloat16* bp_bf16 = b.defined() && bf16 ? b.data_ptr<at::BFloat16>() : nullptr;
@@ -775,15 +960,6 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   // a task gets at least ~256k multiply-adds: a small layer (a draft's) runs on one thread,
   // where waking the others would cost more than it saves
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * Cp * kRows));
-#ifdef SPECDEC_HAVE_AVX2
-  const bool wide = avx2 && M >= kWideRows && (Cp <= kWideBlock || M >= kWideLongRows);
-  at::Tensor xh;  // x by eight-lane halves, for linear_tile_avx2_wide
-  if (wide) {
-    xh = at::empty({2, M, Cp / 2}, xf.options());
-    pack_halves(xp, M, Cp, xh.data_ptr<float>());
-  }
-  const float* xhp = wide ? xh.data_ptr<float>() : nullptr;
-#endif
   at::parallel_for(0, tiles, grain, [&](int64_t lo, int64_t hi) {
     // kGroup tiles at a time into one buffer [M, kGroup * kRows]: each output row's columns of
     // the group are then rounded and stored contiguously
@@ -791,9 +967,6 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
     const int64_t ld = kGroup * kRows;
     std::vector<uint16_t> last_bf16;  // the last, partial tile: its rows, zero-padded to kRows
     std::vector<float> last_f32;
-#ifdef SPECDEC_HAVE_AVX2
-    std::vector<float> scratch(wide ? kWideScratch(M) : 0);
-#endif
     for (int64_t g = lo; g < hi; g += kGroup) {
       const int64_t g_end = std::min(g + kGroup, hi);
       for (int64_t t = g; t < g_end; ++t) {
@@ -813,11 +986,6 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
 #ifdef SPECDEC_HAVE_DPBF16
             linear_tile_dpbf16(x_bf16, M, Cp, wt, tile, ld, pf);
 #endif
-          } else if (avx2) {
-#ifdef SPECDEC_HAVE_AVX2
-            if (wide) linear_tile_avx2_wide(xhp, M, Cp, wt, tile, ld, pf, scratch.data());
-            else linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
-#endif
           } else {
             linear_tile_bf16(xp, M, Cp, wt, tile, ld, pf);
           }
@@ -829,14 +997,7 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
             wt = last_f32.data();
           }
           const float* pf = ahead < 0 ? nullptr : w_f32 + ahead;
-          if (avx2) {
-#ifdef SPECDEC_HAVE_AVX2
-            if (wide) linear_tile_avx2_wide(xhp, M, Cp, wt, tile, ld, pf, scratch.data());
-            else linear_tile_avx2(xp, M, Cp, wt, tile, ld, pf);
-#endif
-          } else {
-            linear_tile_f32(xp, M, Cp, wt, tile, ld, pf);
-          }
+          linear_tile_f32(xp, M, Cp, wt, tile, ld, pf);
         }
       }
       const int64_t n0 = g * kRows, cols = std::min<int64_t>(g_end * kRows, N) - n0;

@@ -3,6 +3,7 @@ the models on them: a token's logits must be bitwise the same whatever else shar
 that speculative greedy output is exactly the target's own greedy decoding."""
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -25,8 +26,8 @@ DTYPES = [(torch.float32, 2e-5, 1e-5), (torch.bfloat16, 0.0, 1.6e-2)]
 @pytest.mark.parametrize("n, c", [(1152, 384), (7, 37), (1000, 32), (257, 128), (40, 1540)])
 @pytest.mark.parametrize("bias", [True, False])
 def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias):
-    """Every row count a tile treats its own way (the AVX2 tile: one row, 2-5, 6 and up in
-    groups of three with a remainder of 0-2, and from 48 rows for reductions over 768 long)
+    """Every row count a tile treats its own way (the AVX2 tile: one or two rows two weight tiles
+    at a time, then groups of six with a remainder of 1-5; partial tiles of 16 weight rows)
     gives each row bitwise its one-row result."""
     w = torch.randn(n, c).to(dtype)
     b = torch.randn(n).to(dtype) if bias else None
@@ -47,6 +48,47 @@ def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias
         assert torch.equal(op.rowinv_linear(x, w, b), rows)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_follows_weights_changed_in_place(dtype):
+    """The AVX2 tile keeps a packed copy of each weight it has seen; an in-place update (through
+    the tensor or a view of it, in or out of inference mode), a swapped ``.data``, a transposed
+    view or an inference tensor must each give the result of a fresh copy of the weight, never
+    the stale packing (on other tiles this holds trivially)."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 48, generator=g).to(dtype)
+
+    def fresh(w):
+        return op.rowinv_linear(x, w.detach().clone(), None)
+
+    w = torch.randn(40, 48, generator=g).to(dtype)
+    first = op.rowinv_linear(x, w, None)
+    assert torch.equal(op.rowinv_linear(x, w, None), first)  # the packed copy again
+    with torch.no_grad():
+        w.mul_(2)
+    assert torch.equal(op.rowinv_linear(x, w, None), fresh(w))
+    assert not torch.equal(op.rowinv_linear(x, w, None), first)
+    w[5].zero_()  # through a view: the version counter is shared
+    assert torch.equal(op.rowinv_linear(x, w, None), fresh(w))
+    with torch.inference_mode():
+        w.add_(1)
+        assert torch.equal(op.rowinv_linear(x, w, None), fresh(w))
+    p = torch.nn.Parameter(torch.randn(40, 48, generator=g).to(dtype))
+    with torch.no_grad():
+        op.rowinv_linear(x, p, None)
+        p.data = torch.randn(40, 48, generator=g).to(dtype)
+        assert torch.equal(op.rowinv_linear(x, p, None), fresh(p))
+        p.copy_(torch.randn(40, 48, generator=g).to(dtype))
+        assert torch.equal(op.rowinv_linear(x, p, None), fresh(p))
+    base = torch.randn(48, 40, generator=g).to(dtype)
+    assert torch.equal(op.rowinv_linear(x, base.t(), None), fresh(base.t()))
+    with torch.inference_mode(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the once-a-process warning for inference tensors
+        wi = torch.randn(40, 48, generator=g).to(dtype)
+        op.rowinv_linear(x, wi, None)
+        wi.sub_(3)
+        assert torch.equal(op.rowinv_linear(x, wi, None), fresh(wi))
 
 
 @pytest.mark.parametrize("n", [1, 17, 48, 257])
