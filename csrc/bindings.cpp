@@ -52,7 +52,7 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_emitted_logprobs(Tensor target_logits, Tensor rows, Tensor tokens, "
         "Tensor? token_bitmask, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "bool processed, int num_logprobs) -> (Tensor, Tensor, Tensor)");
-  m.def("rowinv_linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor");
+  m.def("rowinv_linear(Tensor x, Tensor weight, Tensor? bias, str? activation=None) -> Tensor");
   m.def("rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor");
   m.def("causal_lm_pass(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, int kv_len, "
         "Tensor? logits_index, Tensor[] weights, int num_heads, float eps) -> Tensor");

@@ -4,9 +4,10 @@
 // The Python pass runs some 15 tensor ops per layer, each a few microseconds of interpreter and
 // dispatch; for the bundled draft (one layer, C = 128) that was half its pass
 // (bench/one_op_pass.py). Here the same ops run from C++, in the same order on the same
-// dtypes (embedding, add, layer_norm, gelu from ATen; projections and attention from
-// model_cpu.cpp; the cache write from kv_cache_cpu.cpp), so the logits and the cache are bitwise
-// those of the Python pass (tests/test_model_kernels.py compares them).
+// dtypes (embedding, layer_norm from ATen; projections, their GELU and attention from
+// model_cpu.cpp, each residual add in its projection's epilogue, rounded as the add rounds;
+// the cache write from kv_cache_cpu.cpp), so the logits and the cache are bitwise those of the
+// Python pass (tests/test_model_kernels.py compares them).
 //
 //   causal_lm_pass(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, int kv_len,
 //                  Tensor? logits_index, Tensor[] weights, int num_heads, float eps) -> Tensor
@@ -160,17 +161,17 @@ at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_
   for (int64_t l = 0; l < layers; ++l) {
     const at::Tensor* w = weights.data() + 2 + l * kPerLayer;
     at::Tensor h = at::layer_norm(x, {C}, w[0], w[1], eps);
-    auto qkv = rowinv_linear_cpu(h, w[2], w[3]).split(C, 2);
+    auto qkv = rowinv_linear_fused(h, w[2], w[3], false, std::nullopt).split(C, 2);
     auto heads = [&](const at::Tensor& t) { return t.view({B, T, H, D}).transpose(1, 2); };
     at::Tensor q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);  // [B, H, T, D]
     kv_write_cpu(kv_cache, l, k, v, len);
     at::Tensor keys = kv_cache.select(0, l).select(0, 0).narrow(2, 0, kv_len);
     at::Tensor values = kv_cache.select(0, l).select(0, 1).narrow(2, 0, kv_len);
     at::Tensor y = rowinv_attention_cpu(q, keys, values, mask).transpose(1, 2).reshape({B, T, C});
-    x = x + rowinv_linear_cpu(y, w[4], w[5]);
+    x = rowinv_linear_fused(y, w[4], w[5], false, x);  // x + c_proj(y)
     h = at::layer_norm(x, {C}, w[6], w[7], eps);
-    h = at::gelu(rowinv_linear_cpu(h, w[8], w[9]), "tanh");
-    x = x + rowinv_linear_cpu(h, w[10], w[11]);
+    h = rowinv_linear_fused(h, w[8], w[9], true, std::nullopt);  // gelu(c_fc(h))
+    x = rowinv_linear_fused(h, w[10], w[11], false, x);
   }
   const at::Tensor* w = weights.data() + 2 + layers * kPerLayer;
   at::Tensor h = at::layer_norm(x, {C}, w[0], w[1], eps);
@@ -179,7 +180,7 @@ at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_
     sizes.push_back(C);
     h = h.reshape({B * T, C}).index_select(0, *rows).view(sizes);
   }
-  return rowinv_linear_cpu(h, w[2], std::nullopt);
+  return rowinv_linear_fused(h, w[2], std::nullopt, false, std::nullopt);
 }
 
 // The greedy draft chain of one speculative step in one op call: a pass over input_ids [B, W]

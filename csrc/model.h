@@ -13,7 +13,13 @@
 namespace specdec {
 
 at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias);
+                             const std::optional<at::Tensor>& bias,
+                             std::optional<c10::string_view> activation);
+// rowinv_linear with its epilogue for causal_lm_pass: GELU (tanh form) of the rounded output,
+// then residual + that, rounded as a separate add rounds (residual: [..., N] of x's dtype)
+at::Tensor rowinv_linear_fused(const at::Tensor& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, bool gelu,
+                               const std::optional<at::Tensor>& residual);
 at::Tensor rowinv_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& mask);
 // csrc/causal_lm_cpu.cpp: a whole cached CausalLM pass on the two kernels above

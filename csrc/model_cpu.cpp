@@ -51,6 +51,22 @@ constexpr int kLanes = 16;  // partial sums per dot product: the reduction order
 constexpr int kRows = 4;    // weight rows per register tile
 constexpr int kCols = 4;    // input rows per register tile
 
+void gelu_tanh(float* v, int64_t n);  // below, with the drafter's kernels
+
+// The epilogue of columns n0 .. n0 + cols - 1 of one output row (n0 a multiple of 8; the
+// segment ends at a multiple of 8 or at the row's end) from their sums s (bias added):
+// o = O(s); with gelu, o = O(gelu(float(o))) (gelu_tanh, eight columns at a time, a row's last
+// partial eight one by one: a column's arithmetic depends on its index only); with a residual r,
+// o = O(float(r) + float(o)), the bits a separate add of the two tensors gives.
+template <typename O>
+void finish_cols(float* s, int64_t cols, bool gelu, const O* r, O* o) {
+  for (int64_t j = 0; j < cols; ++j) s[j] = static_cast<float>(O(s[j]));
+  if (gelu)
+    for (int64_t j = 0; j < cols; j += 8) gelu_tanh(s + j, std::min<int64_t>(8, cols - j));
+  for (int64_t j = 0; j < cols; ++j)
+    o[j] = r == nullptr ? O(s[j]) : O(static_cast<float>(r[j]) + static_cast<float>(O(s[j])));
+}
+
 // Sixteen float lanes as a GCC vector: lowered to one AVX-512 register, two AVX2 or four SSE
 // ones; lane-wise arithmetic, so every build computes the same bits.
 typedef float v16f __attribute__((vector_size(64)));
@@ -412,11 +428,11 @@ SPECDEC_AVX2 void outer_tile_avx2(const float* x, int64_t M, int64_t C, const W*
 }
 
 // y [M, N] = x [M, C] (float32) times the packed weights (tiles of kPack rows, packed_weight),
-// plus the bias, rounded once to O. Threads split the tiles. One or two input rows run two tiles
+// plus the bias, rounded once to O, then finish_cols' GELU and residual add. Threads split the tiles. One or two input rows run two tiles
 // a call (four or eight independent chains; one row's two would wait on the FMA's latency).
 template <typename W, typename O>
 SPECDEC_AVX2 void linear_outer_avx2(const float* x, int64_t M, int64_t C, const W* wp, int64_t N,
-                                    const O* bias, O* y) {
+                                    const O* bias, bool gelu, const O* residual, O* y) {
   const int64_t tiles = (N + kPack - 1) / kPack;
   const int64_t TT = M <= 2 ? 2 : 1;  // tiles a call
   const int64_t calls = (tiles + TT - 1) / TT;
@@ -433,10 +449,10 @@ SPECDEC_AVX2 void linear_outer_avx2(const float* x, int64_t M, int64_t C, const 
       else outer_tile_avx2(x, M, C, w, buf.data(), ld);
       const int64_t n0 = t0 * kPack, cols = std::min(ld, N - n0);
       for (int64_t m = 0; m < M; ++m) {
-        const float* row = buf.data() + m * ld;
-        O* o = y + m * N + n0;
+        float* row = buf.data() + m * ld;
         for (int64_t j = 0; j < cols; ++j)
-          o[j] = O(row[j] + (bias ? static_cast<float>(bias[n0 + j]) : 0.0f));
+          row[j] += bias ? static_cast<float>(bias[n0 + j]) : 0.0f;
+        finish_cols(row, cols, gelu, residual ? residual + m * N + n0 : nullptr, y + m * N + n0);
       }
     }
   });
@@ -798,6 +814,27 @@ bool linear_tile_is_avx2() {
   return t == Tile::kAvx2 || (t == Tile::kBest && cpu_has_avx2_fma() && !cpu_has_avx512f());
 }
 
+// finish_cols over whole rows of out [M, N] whose elements are already rounded sums (the tiles
+// that round in their own loops); a no-op without GELU and residual.
+at::Tensor& finish_rows(at::Tensor& out, bool gelu, const at::Tensor& res) {
+  if (!gelu && !res.defined()) return out;
+  const int64_t M = out.size(0), N = out.size(1);
+  auto rows = [&](auto* o, const auto* r) {
+    at::parallel_for(0, M, 1, [&](int64_t lo, int64_t hi) {
+      std::vector<float> s(N);
+      for (int64_t m = lo; m < hi; ++m) {
+        for (int64_t j = 0; j < N; ++j) s[j] = static_cast<float>(o[m * N + j]);
+        finish_cols(s.data(), N, gelu, r ? r + m * N : nullptr, o + m * N);
+      }
+    });
+  };
+  if (out.scalar_type() == at::kBFloat16)
+    rows(out.data_ptr<at::BFloat16>(), res.defined() ? res.data_ptr<at::BFloat16>() : nullptr);
+  else
+    rows(out.data_ptr<float>(), res.defined() ? res.data_ptr<float>() : nullptr);
+  return out;
+}
+
 #ifdef SPECDEC_HAVE_AVX2
 // weight [N, C] -> [ceil(N / kPack), C, kPack] of its dtype: tile t holds rows t * kPack .. + 15
 // by input position (rows past N zero).
@@ -881,7 +918,17 @@ void check_float(const at::Tensor& t, const char* name) {
 }  // namespace
 
 at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
-                             const std::optional<at::Tensor>& bias) {
+                             const std::optional<at::Tensor>& bias,
+                             std::optional<c10::string_view> activation) {
+  TORCH_CHECK_VALUE(!activation.has_value() || *activation == "gelu_tanh",
+                    "rowinv_linear: activation must be None or 'gelu_tanh', got '",
+                    activation.value_or(""), "'");
+  return rowinv_linear_fused(x, weight, bias, activation.has_value(), std::nullopt);
+}
+
+at::Tensor rowinv_linear_fused(const at::Tensor& x, const at::Tensor& weight,
+                               const std::optional<at::Tensor>& bias, bool gelu,
+                               const std::optional<at::Tensor>& residual) {
   check_float(x, "x");
   check_float(weight, "weight");
   TORCH_CHECK_VALUE(weight.dim() == 2, "weight must be [N, C], got shape ", weight.sizes());
@@ -898,6 +945,14 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
   }
   auto out_sizes = x.sizes().vec();
   out_sizes.back() = N;
+  at::Tensor res;  // [M, N] contiguous, x's dtype
+  if (residual.has_value()) {
+    TORCH_CHECK_VALUE(residual->sizes() == at::IntArrayRef(out_sizes) &&
+                          residual->scalar_type() == x.scalar_type(),
+                      "residual must be ", at::IntArrayRef(out_sizes), " of x's dtype, got ",
+                      residual->sizes(), " ", residual->scalar_type());
+    res = residual->reshape({-1, N}).contiguous();
+  }
   // for bfloat16 models AMX's tiles, else the dot-product instruction, where the CPU has them
   const Tile tile = forced_tile();
   const bool bf16 = x.scalar_type() == at::kBFloat16;  // weight's too (checked above)
@@ -927,7 +982,7 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
                reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), N,
                b.defined() ? b.data_ptr<at::BFloat16>() : nullptr,
                out.data_ptr<at::BFloat16>());
-    return out.view(out_sizes);
+    return finish_rows(out, gelu, res).view(out_sizes);
   }
 #endif
 #ifdef SPECDEC_HAVE_AVX2
@@ -936,11 +991,13 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
     const float* xp = xf.data_ptr<float>();
     if (bf16)
       linear_outer_avx2(xp, M, C, reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()),
-                        N, b.defined() ? b.data_ptr<at::BFloat16>() : nullptr,
+                        N, b.defined() ? b.data_ptr<at::BFloat16>() : nullptr, gelu,
+                        res.defined() ? res.data_ptr<at::BFloat16>() : nullptr,
                         out.data_ptr<at::BFloat16>());
     else
       linear_outer_avx2(xp, M, C, packed.data_ptr<float>(), N,
-                        b.defined() ? b.data_ptr<float>() : nullptr, out.data_ptr<float>());
+                        b.defined() ? b.data_ptr<float>() : nullptr, gelu,
+                        res.defined() ? res.data_ptr<float>() : nullptr, out.data_ptr<float>());
     return out.view(out_sizes);
   }
 #endif
@@ -1014,7 +1071,7 @@ at::Tensor rowinv_linear_cpu(const at::Tensor& x, const at::Tensor& weight,
       }
     }
   });
-  return out.view(out_sizes);
+  return finish_rows(out, gelu, res).view(out_sizes);
 }
 
 namespace {
@@ -1349,9 +1406,11 @@ void attend_prefix(const float* q, int64_t D, const T* k, int64_t ks, const T* v
     attend_row_bf16(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
 }
 
-// GELU, tanh approximation, in place: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). std::tanh
-// was a fifth of the chain's time; on AVX2 tanh(u) = (e^2u - 1) / (e^2u + 1) with a degree-6
-// exp (relative error ~2e-7), u clamped to +-10 where tanh is +-1 in float32.
+// GELU, tanh approximation, in place: 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3),
+// computed as x / (1 + e^-2u), the same function without 1 + tanh(u)'s cancellation where u is
+// very negative (there torch's form loses most of its digits). std::tanh was a fifth of the
+// drafter's chain; on AVX2 a degree-6 exp (relative error ~2e-7; its argument clamped to
+// [-87, 88], where the quotient is x or, below, far under any activation's scale).
 #ifdef SPECDEC_HAVE_AVX2
 SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
   x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
@@ -1368,29 +1427,27 @@ SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
 
 SPECDEC_AVX2 void gelu_tanh_avx2(float* v, int64_t n) {
   int64_t i = 0;
+  const __m256 one = _mm256_set1_ps(1.0f);
   for (; i + 8 <= n; i += 8) {
     const __m256 x = _mm256_loadu_ps(v + i);
     const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-    __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608f),
-                             _mm256_fmadd_ps(x3, _mm256_set1_ps(0.044715f), x));
-    u = _mm256_max_ps(_mm256_min_ps(u, _mm256_set1_ps(10.0f)), _mm256_set1_ps(-10.0f));
-    const __m256 e = exp8(_mm256_add_ps(u, u)), one = _mm256_set1_ps(1.0f);
-    const __m256 t = _mm256_div_ps(_mm256_sub_ps(e, one), _mm256_add_ps(e, one));
-    _mm256_storeu_ps(v + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), _mm256_add_ps(one, t)));
+    const __m256 u = _mm256_mul_ps(_mm256_set1_ps(-1.5957691216f),  // -2 sqrt(2 / pi)
+                                   _mm256_fmadd_ps(x3, _mm256_set1_ps(0.044715f), x));
+    _mm256_storeu_ps(v + i, _mm256_div_ps(x, _mm256_add_ps(one, exp8(u))));
   }
   for (; i < n; ++i)
-    v[i] = 0.5f * v[i] * (1.0f + std::tanh(0.7978845608f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
+    v[i] = v[i] / (1.0f + std::exp(-1.5957691216f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
 }
 #endif
 
 void gelu_tanh(float* v, int64_t n) {
 #ifdef SPECDEC_HAVE_AVX2
-  // wherever the CPU has AVX2 (AVX-512 CPUs too: scalar tanh is the slow part), unless the
+  // wherever the CPU has AVX2 (AVX-512 CPUs too: scalar exp is the slow part), unless the
   // generic kernels are forced (SPECDEC_LINEAR_TILE=generic, how the tests run them here)
   if (cpu_has_avx2_fma() && forced_tile() != Tile::kGeneric) return gelu_tanh_avx2(v, n);
 #endif
   for (int64_t i = 0; i < n; ++i)
-    v[i] = 0.5f * v[i] * (1.0f + std::tanh(0.7978845608f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
+    v[i] = v[i] / (1.0f + std::exp(-1.5957691216f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
 }
 
 // One pass of R = B * T tokens (row b's tokens ids[b * T .. + T - 1] at slots len[b] ..): the

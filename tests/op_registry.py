@@ -229,6 +229,10 @@ def _rowinv_linear(device):
     return _on(device, torch.randn(3, 32), torch.randn(5, 32), torch.randn(5))
 
 
+def _rowinv_linear_gelu(device):
+    return _rowinv_linear(device) + ("gelu_tanh",)
+
+
 def _rowinv_attention(device):
     q = torch.randn(1, 2, 3, 16)
     return _on(device, q, q, q, torch.ones(1, 1, 3, 3, dtype=torch.bool).tril())
@@ -295,6 +299,7 @@ def _cases() -> list[Case]:
         cases.append(Case(name, "fallback", _kv(name), None, devices, force_fallback))
         cases.append(_native("native_" + name, "", _kv(name)))
     cases.append(Case("rowinv_linear", "bias", _rowinv_linear, "extension"))
+    cases.append(Case("rowinv_linear", "gelu", _rowinv_linear_gelu, "extension"))
     cases.append(Case("rowinv_attention", "causal", _rowinv_attention, "extension"))
     cases.append(Case("causal_lm_pass", "one_layer", _causal_lm_pass, "extension"))
     cases.append(Case("causal_lm_greedy_chain", "one_layer", _causal_lm_greedy_chain, "extension"))

@@ -51,6 +51,39 @@ def test_linear_matches_torch_and_is_row_invariant(dtype, atol, rtol, n, c, bias
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n", [7, 40, 1000])
+def test_linear_gelu_epilogue_is_gelu_of_the_rounded_output(dtype, n):
+    """activation="gelu_tanh" applies GELU's tanh form to the layer's rounded output (the MLP's
+    c_fc) and rounds again: within float32 precision of the exact (float64) GELU of that output,
+    so in bfloat16 nearly always its correctly rounded value and never a bfloat16 ulp off,
+    including the very negative inputs where torch's 1 + tanh form cancels; row-invariant like
+    the layer; any other activation name is refused by name."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(64, 96, generator=g).to(dtype) * 2
+    w = torch.randn(n, 96, generator=g).to(dtype) * 0.3
+    b = torch.randn(n, generator=g).to(dtype)
+    got = op.rowinv_linear(x, w, b, "gelu_tanh")
+    pre = op.rowinv_linear(x, w, b).double()
+    assert (pre < -4).any() and (pre > 4).any()
+    u = (2 / torch.pi) ** 0.5 * (pre + 0.044715 * pre**3)
+    exact = pre * torch.sigmoid(2 * u)  # = 0.5 pre (1 + tanh u), without its cancellation
+    assert torch.allclose(exact, 0.5 * pre * (1 + torch.tanh(u)), rtol=0, atol=1e-12)
+    # float32: the exponent's argument is rounded to float32 (its relative error times up to
+    # ~88 in the result); values under 1e-20 (inputs below ~ -10) count as zero
+    if dtype == torch.float32:
+        torch.testing.assert_close(got.double(), exact, atol=1e-20, rtol=1e-5)
+    else:
+        torch.testing.assert_close(got.double(), exact, atol=1e-20, rtol=2.0**-8)
+        seen = exact.abs() > 1e-20
+        assert (got == exact.to(dtype))[seen].double().mean() > 0.999
+    rows = torch.cat([op.rowinv_linear(x[i : i + 1], w, b, "gelu_tanh") for i in range(64)])
+    for m in (1, 2, 3, 7, 13, 64):
+        assert torch.equal(op.rowinv_linear(x[:m], w, b, "gelu_tanh"), rows[:m]), m
+    with pytest.raises(ValueError, match="activation must be None or 'gelu_tanh', got 'relu'"):
+        op.rowinv_linear(x, w, b, "relu")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_follows_weights_changed_in_place(dtype):
     """The AVX2 tile keeps a packed copy of each weight it has seen; an in-place update (through
     the tensor or a view of it, in or out of inference mode), a swapped ``.data``, a transposed
@@ -139,6 +172,7 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     names = (
         "test_linear_matches_torch_and_is_row_invariant",
         "test_bfloat16_linear_rounds_exact_sums_to_nearest_even",
+        "test_linear_gelu_epilogue_is_gelu_of_the_rounded_output",
         "test_attention_matches_sdpa_and_ignores_other_queries",
         "test_one_op_pass_is_the_python_pass_bitwise",
         "test_greedy_chain_is_the_loop_of_passes_bitwise",

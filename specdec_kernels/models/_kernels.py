@@ -15,7 +15,7 @@ def register_fakes() -> None:
         return
 
     @torch.library.register_fake("specdec::rowinv_linear")
-    def _linear(x, weight, bias):
+    def _linear(x, weight, bias, activation=None):
         return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
     @torch.library.register_fake("specdec::rowinv_attention")

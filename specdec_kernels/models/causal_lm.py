@@ -17,10 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from specdec_kernels.models.transformer import Block, activation, init_weights, linear
+from specdec_kernels.models.transformer import TANH_GELU, Block, activation, init_weights, linear
 
-# the activations specdec::causal_lm_pass computes (GELU, tanh approximation)
-_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 # GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 
@@ -397,7 +395,7 @@ class CausalLM(nn.Module):
             return False
         if torch.is_grad_enabled() and any(w.requires_grad for w in self._pass_weights()):
             return False  # the op has no backward: autograd records the Python ops
-        return self.config.activation_function in _TANH_GELU and hasattr(
+        return self.config.activation_function in TANH_GELU and hasattr(
             torch.ops.specdec, "causal_lm_pass"
         )
 

@@ -13,6 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# GELU's tanh form under its GPT-2 names: the row-invariant linear layer computes it itself
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+
 ACTIVATIONS = {
     "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
     "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
@@ -96,11 +99,16 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(n_embd, n_inner)
         self.c_proj = nn.Linear(n_inner, n_embd)
         self.act = activation(act)
+        self.act_name = act
         self.row_invariant = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inv = self.row_invariant
-        return linear(self.act(linear(x, self.c_fc, inv)), self.c_proj, inv)
+        if inv and self.act_name in TANH_GELU:  # the kernel's own GELU, in its epilogue
+            h = torch.ops.specdec.rowinv_linear(x, self.c_fc.weight, self.c_fc.bias, "gelu_tanh")
+        else:
+            h = self.act(linear(x, self.c_fc, inv))
+        return linear(h, self.c_proj, inv)
 
 
 class Block(nn.Module):
