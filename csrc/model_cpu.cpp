@@ -167,6 +167,79 @@ SPECDEC_AVX2 inline __m256 load8(const uint16_t* p) {  // bfloat16 bits -> float
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
+// GELU, tanh approximation, in place: 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3),
+// computed as x / (1 + e^-2u), the same function without 1 + tanh(u)'s cancellation where u is
+// very negative (there torch's form loses most of its digits). std::tanh was a fifth of the
+// drafter's chain; on AVX2 a degree-6 exp (relative error ~2e-7; its argument clamped to
+// [-87, 88], where the quotient is x or, below, far under any activation's scale).
+SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.0f / 720);
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+SPECDEC_AVX2 inline __m256 gelu8(__m256 x) {
+  const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+  const __m256 u = _mm256_mul_ps(_mm256_set1_ps(-1.5957691216f),  // -2 sqrt(2 / pi)
+                                 _mm256_fmadd_ps(x3, _mm256_set1_ps(0.044715f), x));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(u)));
+}
+
+SPECDEC_AVX2 void gelu_tanh_avx2(float* v, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(v + i, gelu8(_mm256_loadu_ps(v + i)));
+  for (; i < n; ++i)
+    v[i] = v[i] / (1.0f + std::exp(-1.5957691216f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
+}
+
+// float32 -> bfloat16 (nearest even) -> float32, eight at a time: c10::BFloat16's rounding bit
+// for bit, NaN included (its 0x7FC0).
+SPECDEC_AVX2 inline __m256 round_bf16(__m256 f) {
+  const __m256i u = _mm256_castps_si256(f);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i r = _mm256_and_si256(
+      _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb),
+      _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(r),
+                          _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+                          _mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+}
+
+SPECDEC_AVX2 inline __m256 round_to(__m256 f, const float*) { return f; }
+SPECDEC_AVX2 inline __m256 round_to(__m256 f, const at::BFloat16*) { return round_bf16(f); }
+SPECDEC_AVX2 inline __m256 load_as_float(const float* p) { return _mm256_loadu_ps(p); }
+SPECDEC_AVX2 inline __m256 load_as_float(const at::BFloat16* p) {
+  return load8(reinterpret_cast<const uint16_t*>(p));
+}
+SPECDEC_AVX2 inline void store_rounded(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+SPECDEC_AVX2 inline void store_rounded(at::BFloat16* p, __m256 v) {  // v: bfloat16 values
+  const __m256i b = _mm256_srli_epi32(_mm256_castps_si256(v), 16);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p),
+                   _mm_packus_epi32(_mm256_castsi256_si128(b), _mm256_extracti128_si256(b, 1)));
+}
+
+// finish_cols' result, eight columns at a time (the bits of finish_cols: the same roundings and
+// gelu_tanh's own eight-lane GELU), a partial eight at the end by finish_cols itself.
+template <typename O>
+SPECDEC_AVX2 void finish_cols_avx2(float* s, int64_t cols, bool gelu, const O* r, O* o) {
+  int64_t j = 0;
+  for (; j + 8 <= cols; j += 8) {
+    __m256 v = round_to(_mm256_loadu_ps(s + j), o);
+    if (gelu) v = round_to(gelu8(v), o);
+    if (r != nullptr) v = round_to(_mm256_add_ps(load_as_float(r + j), v), o);
+    store_rounded(o + j, v);
+  }
+  if (j < cols) finish_cols(s + j, cols - j, gelu, r ? r + j : nullptr, o + j);
+}
+
 // tree_sum of the sixteen lanes (lo = 0-7, hi = 8-15): a[l] += a[l+8], a[l] += a[l+4],
 // a[l] += a[l+2], a[0] += a[1].
 SPECDEC_AVX2 inline float finish16(__m256 lo, __m256 hi) {
@@ -296,7 +369,12 @@ SPECDEC_AVX2 void outer_rows_avx2(const float* x, int64_t ldx, int64_t C, const 
                                   int64_t ld) {
   static_assert(1 <= R && R <= 6 && (TT == 1 || (TT == 2 && R <= 2)), "registers");
   const __m256 z = _mm256_setzero_ps();
-  __m256 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z, a23 = z, a30 = z, a31 = z, a32 = z, a33 = z, a40 = z, a41 = z, a42 = z, a43 = z, a50 = z, a51 = z, a52 = z, a53 = z;
+  __m256 a00 = z, a01 = z, a02 = z, a03 = z;
+  __m256 a10 = z, a11 = z, a12 = z, a13 = z;
+  __m256 a20 = z, a21 = z, a22 = z, a23 = z;
+  __m256 a30 = z, a31 = z, a32 = z, a33 = z;
+  __m256 a40 = z, a41 = z, a42 = z, a43 = z;
+  __m256 a50 = z, a51 = z, a52 = z, a53 = z;
   const W* wq = wp + C * kPack;  // the second tile
   for (int64_t c = 0; c < C; ++c) {
     const __m256 w0 = load8w(wp + c * kPack), w1 = load8w(wp + c * kPack + 8);
@@ -434,8 +512,9 @@ SPECDEC_AVX2 void outer_tile_avx2(const float* x, int64_t M, int64_t C, const W*
 }
 
 // y [M, N] = x [M, C] (float32) times the packed weights (tiles of kPack rows, packed_weight),
-// plus the bias, rounded once to O, then finish_cols' GELU and residual add. Threads split the tiles. One or two input rows run two tiles
-// a call (four or eight independent chains; one row's two would wait on the FMA's latency).
+// plus the bias, rounded once to O, then finish_cols' GELU and residual add. Threads split the
+// tiles. One or two input rows run two tiles a call (four or eight independent chains; one
+// row's two would wait on the FMA's latency).
 template <typename W, typename O>
 SPECDEC_AVX2 void linear_outer_avx2(const float* x, int64_t M, int64_t C, const W* wp, int64_t N,
                                     const O* bias, bool gelu, const O* residual, O* y) {
@@ -458,7 +537,8 @@ SPECDEC_AVX2 void linear_outer_avx2(const float* x, int64_t M, int64_t C, const 
         float* row = buf.data() + m * ld;
         for (int64_t j = 0; j < cols; ++j)
           row[j] += bias ? static_cast<float>(bias[n0 + j]) : 0.0f;
-        finish_cols(row, cols, gelu, residual ? residual + m * N + n0 : nullptr, y + m * N + n0);
+        finish_cols_avx2(row, cols, gelu, residual ? residual + m * N + n0 : nullptr,
+                         y + m * N + n0);
       }
     }
   });
@@ -1412,39 +1492,6 @@ void attend_prefix(const float* q, int64_t D, const T* k, int64_t ks, const T* v
     attend_row_bf16(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
 }
 
-// GELU, tanh approximation, in place: 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3),
-// computed as x / (1 + e^-2u), the same function without 1 + tanh(u)'s cancellation where u is
-// very negative (there torch's form loses most of its digits). std::tanh was a fifth of the
-// drafter's chain; on AVX2 a degree-6 exp (relative error ~2e-7; its argument clamped to
-// [-87, 88], where the quotient is x or, below, far under any activation's scale).
-#ifdef SPECDEC_HAVE_AVX2
-SPECDEC_AVX2 inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.0f / 720);
-  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-SPECDEC_AVX2 void gelu_tanh_avx2(float* v, int64_t n) {
-  int64_t i = 0;
-  const __m256 one = _mm256_set1_ps(1.0f);
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(v + i);
-    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
-    const __m256 u = _mm256_mul_ps(_mm256_set1_ps(-1.5957691216f),  // -2 sqrt(2 / pi)
-                                   _mm256_fmadd_ps(x3, _mm256_set1_ps(0.044715f), x));
-    _mm256_storeu_ps(v + i, _mm256_div_ps(x, _mm256_add_ps(one, exp8(u))));
-  }
-  for (; i < n; ++i)
-    v[i] = v[i] / (1.0f + std::exp(-1.5957691216f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
-}
-#endif
 
 void gelu_tanh(float* v, int64_t n) {
 #ifdef SPECDEC_HAVE_AVX2
