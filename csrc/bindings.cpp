@@ -64,6 +64,9 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("causal_lm_draft_chain(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, "
         "Tensor num_valid, int kv_len, int num_tokens, Tensor[] weights, int num_heads, "
         "float eps) -> Tensor");
+  m.def("causal_lm_draft_sample_chain(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, "
+        "Tensor num_valid, int kv_len, int num_tokens, Tensor[] weights, int num_heads, "
+        "float eps, Tensor seeds, float temperature, int top_k, float top_p) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(specdec, CPU, m) {
@@ -81,6 +84,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("causal_lm_greedy_chain", &specdec::causal_lm_greedy_chain_cpu);
   m.impl("causal_lm_draft_chain", &specdec::causal_lm_draft_chain_cpu);
   m.impl("causal_lm_draft_pass", &specdec::causal_lm_draft_pass_cpu);
+  m.impl("causal_lm_draft_sample_chain", &specdec::causal_lm_draft_sample_chain_cpu);
 }
 
 #ifdef SPECDEC_WITH_CUDA

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 
 namespace specdec {
 
@@ -41,6 +42,13 @@ at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tens
                                      int64_t num_heads, double eps);
 // One cached pass of causal_lm_pass with logits_index [B], on the same float32 kernels: the
 // logits [B, V] in float32 (a drafter's sampled drafts).
+// the sampled draft chain: drafts [B, num_tokens] and the float32 distributions they were
+// drawn from [B, num_tokens, V] (filtered as the reference filters; the drafter's race of seeds)
+std::tuple<at::Tensor, at::Tensor> causal_lm_draft_sample_chain_cpu(
+    const at::Tensor& input_ids, const at::Tensor& kv_cache, const at::Tensor& lengths,
+    const at::Tensor& num_valid, int64_t kv_len, int64_t num_tokens, at::TensorList weights,
+    int64_t num_heads, double eps, const at::Tensor& seeds, double temperature, int64_t top_k,
+    double top_p);
 at::Tensor causal_lm_draft_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
                                     const at::Tensor& lengths, int64_t kv_len,
                                     const at::Tensor& logits_index, at::TensorList weights,

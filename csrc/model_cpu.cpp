@@ -21,6 +21,7 @@
 //     dtype. Keys are visited in slot order and masked ones skipped, so a query's result does not
 //     depend on L or T. A query with no key attended returns zeros.
 #include "model.h"
+#include "kernels/counter_rng.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -40,6 +41,7 @@
 #include <string>
 #include <limits>
 #include <mutex>
+#include <tuple>
 #include <unordered_map>
 #include <type_traits>
 #include <vector>
@@ -1578,39 +1580,101 @@ void draft_logits(const std::vector<float>& x, int64_t r, at::TensorList weights
   linear_rows_f32<DT>(h.data(), 1, C, w[2].data_ptr<DT>(), nullptr, V, logits);
 }
 
-// argmax over row r's logits (ties: the first index; a NaN wins, as in torch.argmax).
-template <typename DT>
-int64_t draft_argmax(const std::vector<float>& x, int64_t r, at::TensorList weights, float eps,
-                     std::vector<float>& logits) {
-  logits.resize(weights[weights.size() - 1].size(0));
-  draft_logits<DT>(x, r, weights, eps, logits.data());
+// argmax over logits [V] (ties: the first index; a NaN wins, as in torch.argmax).
+int64_t argmax_row(const float* logits, int64_t V) {
   int64_t best = 0;
-  for (int64_t v = 1; v < static_cast<int64_t>(logits.size()); ++v)
+  for (int64_t v = 1; v < V; ++v)
     if (logits[v] > logits[best] || (std::isnan(logits[v]) && !std::isnan(logits[best]))) best = v;
   return best;
 }
 
-template <typename DT>
+// The sampled draw of a drafter from one row of logits [V]: q = the reference's filtered
+// probabilities (reference/verify_sampling.filtered_probs: x = logits / T; top-k keeps every x
+// at least the k-th largest; top-p then the tokens whose strictly-larger kept mass is below
+// top_p of the kept total; exp(x - max x) over the kept tokens, normalised), written to q [V],
+// and the token argmax(q / E) over q > 0 (the first if none), E = max(-log u, 2**-25) the
+// drafter's exponentials of (seed, position) (rng.draft_exponentials). The Python drafter's
+// draw up to float rounding (another summation order, std::exp and std::log): a draft needs no
+// bitwise contract, only to come from the q it reports.
+struct DraftSampler {
+  float temperature;
+  int64_t top_k;  // 0 or >= V: off
+  float top_p;    // 1: off
+  std::vector<float> x, xs;
+
+  int64_t draw(const float* logits, int64_t V, int64_t seed, int64_t position, float* q) {
+    x.resize(V);
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t v = 0; v < V; ++v) {
+      x[v] = logits[v] / temperature;
+      if (x[v] > m) m = x[v];
+    }
+    float lo = -std::numeric_limits<float>::infinity();  // keep x >= lo
+    const bool k_on = top_k > 0 && top_k < V, p_on = top_p < 1.0f;
+    if (k_on || p_on) {
+      xs = x;  // descending, NaN first (as torch.sort puts it)
+      std::sort(xs.begin(), xs.end(),
+                [](float a, float b) { return a > b || (std::isnan(a) && !std::isnan(b)); });
+      if (k_on) lo = xs[top_k - 1];
+      if (p_on) {
+        float total = 0.0f;
+        for (int64_t j = 0; j < V; ++j) total += xs[j] >= lo ? std::exp(xs[j] - m) : 0.0f;
+        float above = 0.0f;  // the kept mass of strictly earlier tokens
+        int64_t inside = 0;
+        for (int64_t j = 0; j < V && xs[j] >= lo; ++j) {
+          if (above < top_p * total) ++inside;
+          above += std::exp(xs[j] - m);
+        }
+        lo = std::max(lo, xs[std::max<int64_t>(inside - 1, 0)]);
+      }
+    }
+    float sum = 0.0f;
+    for (int64_t v = 0; v < V; ++v) {
+      q[v] = x[v] >= lo ? std::exp(x[v] - m) : 0.0f;
+      sum += q[v];
+    }
+    for (int64_t v = 0; v < V; ++v) q[v] /= sum;
+    using namespace counter_rng;
+    const uint32_t stream = stream_key(row_key(seed), position, PURPOSE_DRAFT);
+    int64_t best = 0;
+    float top = -2.0f;
+    for (int64_t v = 0; v < V; ++v) {
+      const float e = std::max(-std::log(uniform(stream, static_cast<uint32_t>(v))), EXP_FLOOR);
+      const float r = q[v] > 0.0f ? q[v] / e : -1.0f;
+      if (r > top) top = r, best = v;
+    }
+    return best;
+  }
+};
+
+// A drafter's chain on the float32 kernels: a pass over input_ids [B, W] (row b's first
+// num_valid[b] tokens count), pick(b, 0, logits of token num_valid[b] - 1), then num_tokens - 1
+// one-token passes, each fed the pick before it: pick(b, i, logits) for draft i. Returns
+// [B, num_tokens]; the caller commits num_valid + num_tokens - 1 tokens.
+template <typename DT, typename Pick>
 at::Tensor draft_chain(const at::Tensor& input_ids, const at::Tensor& kv_cache,
                        const at::Tensor& lengths, const at::Tensor& num_valid, int64_t num_tokens,
-                       at::TensorList weights, int64_t H, float eps) {
+                       at::TensorList weights, int64_t H, float eps, Pick&& pick) {
   const int64_t B = input_ids.size(0), W = input_ids.size(1);
+  const int64_t V = weights[weights.size() - 1].size(0);
   const at::Tensor ids = input_ids.contiguous();
   std::vector<int64_t> len(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + B);
   const int64_t* nv = num_valid.data_ptr<int64_t>();
   at::Tensor out = at::empty({B, num_tokens}, input_ids.options());
   int64_t* op = out.data_ptr<int64_t>();
-  std::vector<float> x, logits;
+  std::vector<float> x, logits(V);
   draft_pass<DT>(ids.data_ptr<int64_t>(), B, W, len.data(), kv_cache, weights, H, eps, x);
   std::vector<int64_t> next(B);
   for (int64_t b = 0; b < B; ++b) {
-    next[b] = op[b * num_tokens] = draft_argmax<DT>(x, b * W + nv[b] - 1, weights, eps, logits);
+    draft_logits<DT>(x, b * W + nv[b] - 1, weights, eps, logits.data());
+    next[b] = op[b * num_tokens] = pick(b, 0, logits.data());
     len[b] += nv[b];
   }
   for (int64_t i = 1; i < num_tokens; ++i) {
     draft_pass<DT>(next.data(), B, 1, len.data(), kv_cache, weights, H, eps, x);
     for (int64_t b = 0; b < B; ++b) {
-      next[b] = op[b * num_tokens + i] = draft_argmax<DT>(x, b, weights, eps, logits);
+      draft_logits<DT>(x, b, weights, eps, logits.data());
+      next[b] = op[b * num_tokens + i] = pick(b, i, logits.data());
       len[b] += 1;
     }
   }
@@ -1688,11 +1752,68 @@ at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tens
     return causal_lm_greedy_chain_cpu(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens,
                                       weights, num_heads, eps);
   const at::Tensor ids = checked_ids(op, input_ids, weights[0].size(0));
+  const int64_t V = weights[weights.size() - 1].size(0);
+  auto argmax = [V](int64_t, int64_t, const float* logits) { return argmax_row(logits, V); };
   if (kv_cache.scalar_type() == at::kBFloat16)
     return draft_chain<at::BFloat16>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
-                                     num_tokens, weights, num_heads, static_cast<float>(eps));
+                                     num_tokens, weights, num_heads, static_cast<float>(eps),
+                                     argmax);
   return draft_chain<float>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
-                            num_tokens, weights, num_heads, static_cast<float>(eps));
+                            num_tokens, weights, num_heads, static_cast<float>(eps), argmax);
+}
+
+std::tuple<at::Tensor, at::Tensor> causal_lm_draft_sample_chain_cpu(
+    const at::Tensor& input_ids, const at::Tensor& kv_cache, const at::Tensor& lengths,
+    const at::Tensor& num_valid, int64_t kv_len, int64_t num_tokens, at::TensorList weights,
+    int64_t num_heads, double eps, const at::Tensor& seeds, double temperature, int64_t top_k,
+    double top_p) {
+  const char* op = "causal_lm_draft_sample_chain";
+  check_chain(op, input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens);
+  check_pass(op, input_ids, kv_cache, lengths, kv_len, weights, num_heads);
+  const int64_t B = input_ids.size(0), V = weights[weights.size() - 1].size(0);
+  TORCH_CHECK_VALUE(seeds.scalar_type() == at::kLong && seeds.dim() == 1 && seeds.size(0) == B &&
+                        seeds.device().is_cpu(),
+                    op, ": seeds must be int64 [B] on the CPU with B = ", B, ", got ",
+                    seeds.scalar_type(), " ", seeds.sizes());
+  TORCH_CHECK_VALUE(std::isfinite(temperature) && temperature > 0, op,
+                    ": temperature must be a finite float > 0, got ", temperature);
+  TORCH_CHECK_VALUE(top_k >= 0, op, ": top_k must be >= 0 (0: off), got ", top_k);
+  TORCH_CHECK_VALUE(top_p > 0 && top_p <= 1, op, ": top_p must be in (0, 1], got ", top_p);
+  const at::Tensor seed = seeds.contiguous();
+  const int64_t* sp = seed.data_ptr<int64_t>();
+  at::Tensor probs = at::empty({B, num_tokens, V}, input_ids.options().dtype(at::kFloat));
+  float* qp = probs.data_ptr<float>();
+  DraftSampler sampler{static_cast<float>(temperature), top_k, static_cast<float>(top_p), {}, {}};
+  auto sample = [&](int64_t b, int64_t i, const float* logits) {
+    return sampler.draw(logits, V, sp[b], i, qp + (b * num_tokens + i) * V);
+  };
+  if (!fits_draft_kernels(kv_cache, weights)) {  // the bitwise passes, their logits as float32
+    at::Tensor drafts = at::empty({B, num_tokens}, input_ids.options());
+    int64_t* dp = drafts.data_ptr<int64_t>();
+    const at::Tensor nv = num_valid.contiguous();
+    at::Tensor len = lengths.contiguous(), ids = input_ids, index = nv - 1;
+    for (int64_t i = 0; i < num_tokens; ++i) {
+      const at::Tensor logits = causal_lm_pass_cpu(ids, kv_cache, len, kv_len + i, index, weights,
+                                                   num_heads, eps)
+                                    .to(at::kFloat)
+                                    .contiguous();
+      for (int64_t b = 0; b < B; ++b)
+        dp[b * num_tokens + i] = sample(b, i, logits.data_ptr<float>() + b * V);
+      len = len + (i == 0 ? nv : at::ones_like(nv));
+      ids = drafts.narrow(1, i, 1).contiguous();
+      index = at::zeros_like(nv);
+    }
+    return {drafts, probs};
+  }
+  const at::Tensor ids = checked_ids(op, input_ids, weights[0].size(0));
+  const float e = static_cast<float>(eps);
+  at::Tensor drafts =
+      kv_cache.scalar_type() == at::kBFloat16
+          ? draft_chain<at::BFloat16>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
+                                      num_tokens, weights, num_heads, e, sample)
+          : draft_chain<float>(ids, kv_cache, lengths.contiguous(), num_valid.contiguous(),
+                               num_tokens, weights, num_heads, e, sample);
+  return {drafts, probs};
 }
 
 at::Tensor causal_lm_draft_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,

@@ -256,6 +256,11 @@ def _causal_lm_greedy_chain(device):
     return (ids, kv, lengths, num_valid, kv_len, 3, weights, heads, eps)
 
 
+def _causal_lm_draft_sample_chain(device):
+    args = _causal_lm_greedy_chain(device)
+    return args + (torch.tensor([7, 8], device=args[0].device), 0.8, 5, 0.9)
+
+
 # ---------------------------------------------------------------- the registry
 def _backends(make, *extra, triton="triton"):
     """One case per backend: the native one needs the extension; ``triton="triton_slow"``
@@ -303,6 +308,11 @@ def _cases() -> list[Case]:
     cases.append(Case("rowinv_attention", "causal", _rowinv_attention, "extension"))
     cases.append(Case("causal_lm_pass", "one_layer", _causal_lm_pass, "extension"))
     cases.append(Case("causal_lm_greedy_chain", "one_layer", _causal_lm_greedy_chain, "extension"))
+    cases.append(
+        Case(
+            "causal_lm_draft_sample_chain", "one_layer", _causal_lm_draft_sample_chain, "extension"
+        )
+    )
     cases.append(Case("causal_lm_draft_chain", "one_layer", _causal_lm_greedy_chain, "extension"))
     cases.append(Case("causal_lm_draft_pass", "one_layer", _causal_lm_pass, "extension"))
     return cases

@@ -40,6 +40,7 @@
 #include <limits>
 #include <vector>
 
+#include "counter_rng.h"
 #include "verify_cpu.h"
 
 // verify_cpu_launchers.h has already included the vectorised ATen headers for the unit's
@@ -54,37 +55,8 @@ constexpr int64_t W = Vec::size();
 constexpr int64_t CHUNK = 4096;  // tokens per chunk: 16 KiB of float32 x, resident in L1
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// --- counter RNG: keep in sync with specdec_kernels/reference/rng.py -------------------------
-constexpr uint32_t GOLDEN = 0x9E3779B9u;
-constexpr uint32_t POS_MULT = 0x85EBCA77u;
-constexpr uint32_t PURPOSE_MULT = 0xC2B2AE3Du;
-constexpr uint32_t INDEX_MULT = 0x27D4EB2Fu;
-constexpr uint32_t PURPOSE_ACCEPT = 0, PURPOSE_SAMPLE = 1;
-constexpr float UNIFORM_SCALE = 1.0f / 8388608.0f;  // 2**-23
-constexpr float EXP_FLOOR = 1.0f / 33554432.0f;     // 2**-25
-
-inline uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  return h ^ (h >> 16);
-}
-
-inline uint32_t row_key(int64_t seed) {
-  const uint64_t s = static_cast<uint64_t>(seed);
-  return fmix32(static_cast<uint32_t>(s) ^ fmix32(static_cast<uint32_t>(s >> 32) + GOLDEN));
-}
-
-inline uint32_t stream_key(uint32_t key, int64_t position, uint32_t purpose) {
-  return fmix32(key + static_cast<uint32_t>(position) * POS_MULT + purpose * PURPOSE_MULT);
-}
-
-// ((r >> 9) + 0.5) * 2**-23: exact in float32, in [2**-24, 1 - 2**-24].
-inline float uniform(uint32_t stream, uint32_t index) {
-  const uint32_t r = fmix32(fmix32(stream ^ (index * INDEX_MULT)) + stream);
-  return (static_cast<float>(r >> 9) + 0.5f) * UNIFORM_SCALE;
-}
+// --- counter RNG: counter_rng.h (specdec_kernels/reference/rng.py's, bit for bit) -----------
+using namespace ::specdec::counter_rng;
 
 // --- loading ----------------------------------------------------------------------------------
 inline int64_t padded(int64_t n) { return (n + W - 1) / W * W; }

@@ -157,6 +157,25 @@ class CausalLMAdapter:
             self._max_len += tokens.shape[1] + num_tokens - 1
         return drafts
 
+    def sample_chain(self, tokens, num_valid, num_tokens, seeds, sampling):
+        """The sampled drafts ``[B, num_tokens]`` and their distributions
+        ``[B, num_tokens, V]`` of :meth:`CausalLM.sample_chain
+        <specdec_kernels.models.CausalLM.sample_chain>` under ``sampling`` (a
+        :class:`~specdec_kernels.decoding.core.Sampling`), committing as :meth:`greedy_chain`;
+        ``None`` (nothing done) where the model has no native chain."""
+        chain = getattr(self.model, "sample_chain", None)
+        span = self._max_len + tokens.shape[1]
+        out = None
+        if chain is not None:
+            kw = {"top_k": sampling.top_k, "top_p": sampling.top_p}
+            out = chain(
+                tokens, self.cache, num_valid, num_tokens, span, seeds, sampling.temperature, **kw
+            )
+        if out is not None:
+            self.cache.advance(num_valid + (num_tokens - 1), validate=False)
+            self._max_len += tokens.shape[1] + num_tokens - 1
+        return out
+
     def rollback(self, n):
         self.cache.rollback(n, validate=False)
 

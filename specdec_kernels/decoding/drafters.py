@@ -106,6 +106,14 @@ class ModelDrafter:
             drafts = chain(*self.behind(tokens, seq_len), k_loop, exact=False)
             if drafts is not None:
                 return ChainProposal(drafts, num_draft)
+        sample_chain = _own_method(self.model, "sample_chain")
+        if not sampling.greedy and grammar is None and isinstance(seeds, torch.Tensor):
+            # sampled drafts and their q in one native call (no bitwise contract either)
+            out = None if sample_chain is None else sample_chain(
+                *self.behind(tokens, seq_len), k_loop, seeds, sampling
+            )  # fmt: skip
+            if out is not None:
+                return ChainProposal(out[0], num_draft, out[1])
         logits = self.catch_up(tokens, seq_len)
         drafts, probs, masks = [], [], []
         races = [None] * k_loop  # every position's exponentials in one go (sampling)

@@ -48,3 +48,13 @@ def register_fakes() -> None:
     def _draft_pass(input_ids, kv_cache, lengths, kv_len, logits_index, weights, n, eps):
         v = weights[-1].shape[0]
         return input_ids.new_empty((input_ids.shape[0], v), dtype=torch.float32)
+
+    if not hasattr(torch.ops.specdec, "causal_lm_draft_sample_chain"):
+        return
+
+    @torch.library.register_fake("specdec::causal_lm_draft_sample_chain")
+    def _sample_chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps,
+                      seeds, temperature, top_k, top_p):  # fmt: skip
+        b, v = input_ids.shape[0], weights[-1].shape[0]
+        drafts = input_ids.new_empty((b, num_tokens))
+        return drafts, input_ids.new_empty((b, num_tokens, v), dtype=torch.float32)

@@ -360,6 +360,37 @@ class CausalLM(nn.Module):
         with self._on_own_threads():
             return self._native(name, input_ids, cache, num_valid, kv_len, num_tokens)
 
+    def sample_chain(
+        self,
+        input_ids: torch.Tensor,
+        cache,
+        num_valid: torch.Tensor,
+        num_tokens: int,
+        kv_len: int,
+        seeds: torch.Tensor,
+        temperature: float,
+        top_k: int | None = None,
+        top_p: float | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """:meth:`greedy_chain` (``exact=False``) for sampled drafts, in one native call
+        (``specdec::causal_lm_draft_sample_chain``), or ``None`` where the one-op pass does not
+        run. Draft ``i`` of row ``b`` is drawn from ``q = filtered_probs(logits / temperature,
+        top_k, top_p)`` (the reference's filter) by the race ``argmax(q / E)`` with the
+        drafter's exponentials of ``(seeds[b], i)`` (:func:`~specdec_kernels.reference.rng.
+        draft_exponentials`), as :meth:`Sampling.draw <specdec_kernels.decoding.core.Sampling.
+        draw>` draws it, up to float rounding; returns the drafts ``[B, num_tokens]`` and the
+        ``q`` they came from ``[B, num_tokens, V]`` (float32). Writes and commits as
+        :meth:`greedy_chain` does."""
+        name = "causal_lm_draft_sample_chain"
+        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, name)):
+            return None
+        with self._on_own_threads():
+            return self._native(
+                name, input_ids, cache, num_valid, kv_len, num_tokens,
+                seeds=seeds, temperature=float(temperature), top_k=int(top_k or 0),
+                top_p=1.0 if top_p is None else float(top_p),
+            )  # fmt: skip
+
     def draft_logits(
         self, input_ids: torch.Tensor, cache, logits_index: torch.Tensor, kv_len: int
     ) -> torch.Tensor:
@@ -374,14 +405,21 @@ class CausalLM(nn.Module):
         with self._on_own_threads():
             return self._native("causal_lm_draft_pass", input_ids, cache, kv_len, logits_index)
 
-    def _native(self, name: str, input_ids: torch.Tensor, cache, *args) -> torch.Tensor:
+    def _native(self, name: str, input_ids: torch.Tensor, cache, *args, **kwargs):
         """``specdec::<name>`` on this model: ``(input_ids, cache.kv, cache.lengths, *args,
-        weights, n_head, eps)``, the order every native pass and chain takes."""
+        weights, n_head, eps, **kwargs)``, the order every native pass and chain takes."""
         c = self.config
         op = getattr(torch.ops.specdec, name)
         weights = self._pass_weights()
         return op(
-            input_ids, cache.kv, cache.lengths, *args, weights, c.n_head, c.layer_norm_epsilon
+            input_ids,
+            cache.kv,
+            cache.lengths,
+            *args,
+            weights,
+            c.n_head,
+            c.layer_norm_epsilon,
+            **kwargs,
         )
 
     def _one_op_pass(self, cache) -> bool:
