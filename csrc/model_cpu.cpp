@@ -322,9 +322,7 @@ SPECDEC_AVX2 void few_rows_avx2(const float* x, int64_t Cp, const W* w, float* o
 
 template <typename W>
 SPECDEC_AVX2 void linear_tile_avx2(const float* x, int64_t M, int64_t Cp, const W* w, float* out,
-                                   int64_t ld, const W* pf) {
-  for (int64_t c = 0; pf != nullptr && c < Cp * kRows; c += 64 / sizeof(W))
-    __builtin_prefetch(pf + c);
+                                   int64_t ld) {
   // 2-5 rows: one half at a time (0.8-0.9x rows_avx2's time for 384-long reductions, about the
   // same for 1536-long ones; bfloat16, Zen 3). One row streams its weights once either way
   switch (M) {
@@ -363,6 +361,30 @@ constexpr int64_t kPack = 16;  // weight rows per packed tile
 SPECDEC_AVX2 inline __m256 load8w(const float* p) { return _mm256_loadu_ps(p); }
 SPECDEC_AVX2 inline __m256 load8w(const uint16_t* p) { return load8(p); }
 
+// One input row's step of outer_rows_avx2: its element at c (xr) times the weight vectors into
+// its 2 * TT accumulators.
+template <int TT>
+SPECDEC_AVX2 inline void outer_step(const float* xr, __m256 w0, __m256 w1, __m256 w2, __m256 w3,
+                                    __m256& a0, __m256& a1, __m256& a2, __m256& a3) {
+  const __m256 xb = _mm256_broadcast_ss(xr);
+  a0 = _mm256_fmadd_ps(xb, w0, a0);
+  a1 = _mm256_fmadd_ps(xb, w1, a1);
+  if constexpr (TT == 2) {
+    a2 = _mm256_fmadd_ps(xb, w2, a2);
+    a3 = _mm256_fmadd_ps(xb, w3, a3);
+  }
+}
+
+template <int TT>
+SPECDEC_AVX2 inline void outer_store(float* o, __m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  _mm256_storeu_ps(o, a0);
+  _mm256_storeu_ps(o + 8, a1);
+  if constexpr (TT == 2) {
+    _mm256_storeu_ps(o + 16, a2);
+    _mm256_storeu_ps(o + 24, a3);
+  }
+}
+
 // out[i * ld + 16 * t + j] = the chain of x row i (stride ldx) against tile t's row j, i < R,
 // t < TT; wp: TT consecutive packed tiles of C * 16 elements. Named accumulators, not an array:
 // GCC kept an array's elements in memory, a store per multiply-add.
@@ -385,109 +407,20 @@ SPECDEC_AVX2 void outer_rows_avx2(const float* x, int64_t ldx, int64_t C, const 
       w2 = load8w(wq + c * kPack);
       w3 = load8w(wq + c * kPack + 8);
     }
-    if constexpr (R > 0) {
-      const __m256 xb = _mm256_broadcast_ss(x + 0 * ldx + c);
-      a00 = _mm256_fmadd_ps(xb, w0, a00);
-      a01 = _mm256_fmadd_ps(xb, w1, a01);
-      if constexpr (TT == 2) {
-        a02 = _mm256_fmadd_ps(xb, w2, a02);
-        a03 = _mm256_fmadd_ps(xb, w3, a03);
-      }
-    }
-    if constexpr (R > 1) {
-      const __m256 xb = _mm256_broadcast_ss(x + 1 * ldx + c);
-      a10 = _mm256_fmadd_ps(xb, w0, a10);
-      a11 = _mm256_fmadd_ps(xb, w1, a11);
-      if constexpr (TT == 2) {
-        a12 = _mm256_fmadd_ps(xb, w2, a12);
-        a13 = _mm256_fmadd_ps(xb, w3, a13);
-      }
-    }
-    if constexpr (R > 2) {
-      const __m256 xb = _mm256_broadcast_ss(x + 2 * ldx + c);
-      a20 = _mm256_fmadd_ps(xb, w0, a20);
-      a21 = _mm256_fmadd_ps(xb, w1, a21);
-      if constexpr (TT == 2) {
-        a22 = _mm256_fmadd_ps(xb, w2, a22);
-        a23 = _mm256_fmadd_ps(xb, w3, a23);
-      }
-    }
-    if constexpr (R > 3) {
-      const __m256 xb = _mm256_broadcast_ss(x + 3 * ldx + c);
-      a30 = _mm256_fmadd_ps(xb, w0, a30);
-      a31 = _mm256_fmadd_ps(xb, w1, a31);
-      if constexpr (TT == 2) {
-        a32 = _mm256_fmadd_ps(xb, w2, a32);
-        a33 = _mm256_fmadd_ps(xb, w3, a33);
-      }
-    }
-    if constexpr (R > 4) {
-      const __m256 xb = _mm256_broadcast_ss(x + 4 * ldx + c);
-      a40 = _mm256_fmadd_ps(xb, w0, a40);
-      a41 = _mm256_fmadd_ps(xb, w1, a41);
-      if constexpr (TT == 2) {
-        a42 = _mm256_fmadd_ps(xb, w2, a42);
-        a43 = _mm256_fmadd_ps(xb, w3, a43);
-      }
-    }
-    if constexpr (R > 5) {
-      const __m256 xb = _mm256_broadcast_ss(x + 5 * ldx + c);
-      a50 = _mm256_fmadd_ps(xb, w0, a50);
-      a51 = _mm256_fmadd_ps(xb, w1, a51);
-      if constexpr (TT == 2) {
-        a52 = _mm256_fmadd_ps(xb, w2, a52);
-        a53 = _mm256_fmadd_ps(xb, w3, a53);
-      }
-    }
+    const float* xc = x + c;
+    outer_step<TT>(xc, w0, w1, w2, w3, a00, a01, a02, a03);
+    if constexpr (R > 1) outer_step<TT>(xc + ldx, w0, w1, w2, w3, a10, a11, a12, a13);
+    if constexpr (R > 2) outer_step<TT>(xc + 2 * ldx, w0, w1, w2, w3, a20, a21, a22, a23);
+    if constexpr (R > 3) outer_step<TT>(xc + 3 * ldx, w0, w1, w2, w3, a30, a31, a32, a33);
+    if constexpr (R > 4) outer_step<TT>(xc + 4 * ldx, w0, w1, w2, w3, a40, a41, a42, a43);
+    if constexpr (R > 5) outer_step<TT>(xc + 5 * ldx, w0, w1, w2, w3, a50, a51, a52, a53);
   }
-  if constexpr (R > 0) {
-    _mm256_storeu_ps(out + 0 * ld, a00);
-    _mm256_storeu_ps(out + 0 * ld + 8, a01);
-    if constexpr (TT == 2) {
-      _mm256_storeu_ps(out + 0 * ld + 16, a02);
-      _mm256_storeu_ps(out + 0 * ld + 24, a03);
-    }
-  }
-  if constexpr (R > 1) {
-    _mm256_storeu_ps(out + 1 * ld, a10);
-    _mm256_storeu_ps(out + 1 * ld + 8, a11);
-    if constexpr (TT == 2) {
-      _mm256_storeu_ps(out + 1 * ld + 16, a12);
-      _mm256_storeu_ps(out + 1 * ld + 24, a13);
-    }
-  }
-  if constexpr (R > 2) {
-    _mm256_storeu_ps(out + 2 * ld, a20);
-    _mm256_storeu_ps(out + 2 * ld + 8, a21);
-    if constexpr (TT == 2) {
-      _mm256_storeu_ps(out + 2 * ld + 16, a22);
-      _mm256_storeu_ps(out + 2 * ld + 24, a23);
-    }
-  }
-  if constexpr (R > 3) {
-    _mm256_storeu_ps(out + 3 * ld, a30);
-    _mm256_storeu_ps(out + 3 * ld + 8, a31);
-    if constexpr (TT == 2) {
-      _mm256_storeu_ps(out + 3 * ld + 16, a32);
-      _mm256_storeu_ps(out + 3 * ld + 24, a33);
-    }
-  }
-  if constexpr (R > 4) {
-    _mm256_storeu_ps(out + 4 * ld, a40);
-    _mm256_storeu_ps(out + 4 * ld + 8, a41);
-    if constexpr (TT == 2) {
-      _mm256_storeu_ps(out + 4 * ld + 16, a42);
-      _mm256_storeu_ps(out + 4 * ld + 24, a43);
-    }
-  }
-  if constexpr (R > 5) {
-    _mm256_storeu_ps(out + 5 * ld, a50);
-    _mm256_storeu_ps(out + 5 * ld + 8, a51);
-    if constexpr (TT == 2) {
-      _mm256_storeu_ps(out + 5 * ld + 16, a52);
-      _mm256_storeu_ps(out + 5 * ld + 24, a53);
-    }
-  }
+  outer_store<TT>(out, a00, a01, a02, a03);
+  if constexpr (R > 1) outer_store<TT>(out + ld, a10, a11, a12, a13);
+  if constexpr (R > 2) outer_store<TT>(out + 2 * ld, a20, a21, a22, a23);
+  if constexpr (R > 3) outer_store<TT>(out + 3 * ld, a30, a31, a32, a33);
+  if constexpr (R > 4) outer_store<TT>(out + 4 * ld, a40, a41, a42, a43);
+  if constexpr (R > 5) outer_store<TT>(out + 5 * ld, a50, a51, a52, a53);
 }
 
 // M input rows against one packed tile, in groups of at most six rows (12 accumulators, two
@@ -1056,9 +989,8 @@ at::Tensor rowinv_linear_fused(const at::Tensor& x, const at::Tensor& weight,
   at::Tensor xf = x.reshape({-1, C}).to(amx || dpbf16 ? at::kBFloat16 : at::kFloat);
   if (Cp != C) xf = at::constant_pad_nd(xf, {0, Cp - C});
   xf = xf.contiguous();
-  at::Tensor w = weight;
-  if (Cp != C) w = at::constant_pad_nd(w, {0, Cp - C});
-  w = w.contiguous();
+  at::Tensor w = weight;  // the AVX2 tile reads its packed copy instead
+  if (!avx2) w = (Cp != C ? at::constant_pad_nd(w, {0, Cp - C}) : w).contiguous();
   const int64_t M = xf.size(0);
   // the bias is read in its own dtype (x's): converting it first cost an allocation per call
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
@@ -1458,7 +1390,7 @@ void linear_rows_f32(const float* x, int64_t M, int64_t C, const T* w, const T* 
         wt = last.data();
       }
 #ifdef SPECDEC_HAVE_AVX2
-      if (avx2) linear_tile_avx2(x, M, C, wt, buf.data(), kRows, static_cast<const W*>(nullptr));
+      if (avx2) linear_tile_avx2(x, M, C, wt, buf.data(), kRows);
       else
 #endif
       if constexpr (std::is_same_v<W, float>)

@@ -145,17 +145,7 @@ class CausalLMAdapter:
         as there), committing what it fed (``num_valid + num_tokens - 1`` per row); ``None``
         (nothing done) where the model has no native chain, and the caller loops over
         :meth:`extend`."""
-        chain = getattr(self.model, "greedy_chain", None)
-        span = self._max_len + tokens.shape[1]  # the first pass's, as extend's
-        drafts = (
-            None
-            if chain is None
-            else chain(tokens, self.cache, num_valid, num_tokens, span, exact=exact)
-        )
-        if drafts is not None:
-            self.cache.advance(num_valid + (num_tokens - 1), validate=False)
-            self._max_len += tokens.shape[1] + num_tokens - 1
-        return drafts
+        return self._chain("greedy_chain", tokens, num_valid, num_tokens, exact=exact)
 
     def sample_chain(self, tokens, num_valid, num_tokens, seeds, sampling):
         """The sampled drafts ``[B, num_tokens]`` and their distributions
@@ -163,14 +153,17 @@ class CausalLMAdapter:
         <specdec_kernels.models.CausalLM.sample_chain>` under ``sampling`` (a
         :class:`~specdec_kernels.decoding.core.Sampling`), committing as :meth:`greedy_chain`;
         ``None`` (nothing done) where the model has no native chain."""
-        chain = getattr(self.model, "sample_chain", None)
-        span = self._max_len + tokens.shape[1]
+        args = (seeds, sampling.temperature, sampling.top_k, sampling.top_p)
+        return self._chain("sample_chain", tokens, num_valid, num_tokens, *args)
+
+    def _chain(self, name, tokens, num_valid, num_tokens, *args, **kwargs):
+        """The model's chain ``name`` after ``tokens`` at this cache, and the commit of what it
+        fed; ``None`` where the model has no such chain or it does not run."""
+        chain = getattr(self.model, name, None)
+        span = self._max_len + tokens.shape[1]  # the first pass's, as extend's
         out = None
         if chain is not None:
-            kw = {"top_k": sampling.top_k, "top_p": sampling.top_p}
-            out = chain(
-                tokens, self.cache, num_valid, num_tokens, span, seeds, sampling.temperature, **kw
-            )
+            out = chain(tokens, self.cache, num_valid, num_tokens, span, *args, **kwargs)
         if out is not None:
             self.cache.advance(num_valid + (num_tokens - 1), validate=False)
             self._max_len += tokens.shape[1] + num_tokens - 1

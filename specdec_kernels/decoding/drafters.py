@@ -107,11 +107,14 @@ class ModelDrafter:
             if drafts is not None:
                 return ChainProposal(drafts, num_draft)
         sample_chain = _own_method(self.model, "sample_chain")
-        if not sampling.greedy and grammar is None and isinstance(seeds, torch.Tensor):
+        if (
+            not sampling.greedy
+            and grammar is None
+            and isinstance(seeds, torch.Tensor)
+            and sample_chain is not None
+        ):
             # sampled drafts and their q in one native call (no bitwise contract either)
-            out = None if sample_chain is None else sample_chain(
-                *self.behind(tokens, seq_len), k_loop, seeds, sampling
-            )  # fmt: skip
+            out = sample_chain(*self.behind(tokens, seq_len), k_loop, seeds, sampling)
             if out is not None:
                 return ChainProposal(out[0], num_draft, out[1])
         logits = self.catch_up(tokens, seq_len)

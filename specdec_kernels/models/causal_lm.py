@@ -355,10 +355,7 @@ class CausalLM(nn.Module):
         writes it.
         """
         name = "causal_lm_greedy_chain" if exact else "causal_lm_draft_chain"
-        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, name)):
-            return None
-        with self._on_own_threads():
-            return self._native(name, input_ids, cache, num_valid, kv_len, num_tokens)
+        return self._one_op(name, input_ids, cache, num_valid, kv_len, num_tokens)
 
     def sample_chain(
         self,
@@ -381,15 +378,11 @@ class CausalLM(nn.Module):
         draw>` draws it, up to float rounding; returns the drafts ``[B, num_tokens]`` and the
         ``q`` they came from ``[B, num_tokens, V]`` (float32). Writes and commits as
         :meth:`greedy_chain` does."""
-        name = "causal_lm_draft_sample_chain"
-        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, name)):
-            return None
-        with self._on_own_threads():
-            return self._native(
-                name, input_ids, cache, num_valid, kv_len, num_tokens,
-                seeds=seeds, temperature=float(temperature), top_k=int(top_k or 0),
-                top_p=1.0 if top_p is None else float(top_p),
-            )  # fmt: skip
+        return self._one_op(
+            "causal_lm_draft_sample_chain", input_ids, cache, num_valid, kv_len, num_tokens,
+            seeds=seeds, temperature=float(temperature), top_k=int(top_k or 0),
+            top_p=1.0 if top_p is None else float(top_p),
+        )  # fmt: skip
 
     def draft_logits(
         self, input_ids: torch.Tensor, cache, logits_index: torch.Tensor, kv_len: int
@@ -399,11 +392,19 @@ class CausalLM(nn.Module):
         kernels of :meth:`greedy_chain`'s ``exact=False``: a draft's logits need no bitwise
         contract) where the one-op pass runs, else :meth:`forward`'s, as float32. Writes the
         cache at ``cache.lengths`` onwards as :meth:`forward` does (not advanced)."""
-        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, "causal_lm_draft_pass")):
+        logits = self._one_op("causal_lm_draft_pass", input_ids, cache, kv_len, logits_index)
+        if logits is None:
             kw = {"logits_index": logits_index, "kv_len": kv_len, "validate": False}
             return self(input_ids, cache, **kw).float()
+        return logits
+
+    def _one_op(self, name: str, input_ids: torch.Tensor, cache, *args, **kwargs):
+        """:meth:`_native` on this model's threads where the one-op pass runs and the extension
+        has ``specdec::<name>``; ``None`` (nothing done) elsewhere."""
+        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, name)):
+            return None
         with self._on_own_threads():
-            return self._native("causal_lm_draft_pass", input_ids, cache, kv_len, logits_index)
+            return self._native(name, input_ids, cache, *args, **kwargs)
 
     def _native(self, name: str, input_ids: torch.Tensor, cache, *args, **kwargs):
         """``specdec::<name>`` on this model: ``(input_ids, cache.kv, cache.lengths, *args,
