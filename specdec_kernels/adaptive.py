@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -375,6 +376,54 @@ class PassCosts:
         ms = (stretch * _stretch_costs(self, b, q, max_k, alpha.device, alpha.dtype)).sum(1)
         return left.sum() / ms.clamp_min(1e-12)
 
+    def finish_k(
+        self, alpha: list[float], left: list[float], max_k: int, margin: float = DRAFT_MARGIN
+    ) -> int:
+        """:func:`pick_k` of :meth:`finish_rates` from host floats (``alpha`` and ``left``, one
+        per row): the ``K`` in ``0 .. max_k`` that finishes the batch soonest, ``K = 0`` unless
+        another beats it by ``margin``. The same choice as the tensor path (up to its float32
+        rounding) without its ~40 small tensor ops, which a decoding loop on the CPU pays every
+        step (0.19 ms of a ~3.7 ms step at batch 3 for the default pair); one row is
+        :meth:`one_row_k`.
+
+        >>> c = PassCosts(batch=(1, 4), tokens=(1, 3), target_ms=((1.0, 1.2), (1.6, 2.6)),
+        ...               draft_ms=(0.05, 0.1))
+        >>> c.finish_k([0.8] * 4, [32.0] * 4, 2, 0.0), c.finish_k([0.8, 0.8, 0.8, 0.1],
+        ...                                                      [32.0] * 4, 2, 0.0)
+        (2, 0)
+        """
+        if len(alpha) == 1:
+            return self.one_row_k(alpha[0], max_k, margin)
+        a = [min(max(float(x), 0.0), 1.0) for x in alpha]
+        n = [max(float(x), 1.0) for x in left]
+        table = _stretch_table(self, len(a), len(FINISH_QUANTILES), max_k)
+        total = sum(n)
+        power = [1.0] * len(a)  # a**k
+        mean = [0.0] * len(a)  # E[A] at this k (A: the accepted drafts)
+        square = [0.0] * len(a)  # E[A^2]
+        best_k, best = 0, 0.0
+        for k in range(max_k + 1):
+            if k:
+                power = [p * x for p, x in zip(power, a)]
+                mean = [m + p for m, p in zip(mean, power)]
+                square = [q + (2 * k - 1) * p for q, p in zip(square, power)]
+            ends = []
+            for left_i, m, q in zip(n, mean, square):
+                mu = 1.0 + m
+                steps = left_i / mu
+                sd = math.sqrt(left_i * max(q - m * m, 0.0) / (mu * mu * mu))
+                ends += [steps + sd * z for z in FINISH_QUANTILES]
+            ends.sort()
+            ms, before = 0.0, 0.0
+            for end, cost in zip(ends, table[k]):
+                end = max(end, 1.0)
+                ms += (end - before) * cost
+                before = end
+            value = total / max(ms, 1e-12) * (1.0 + margin if k == 0 else 1.0)
+            if k == 0 or value > best:
+                best_k, best = k, value
+        return best_k
+
     def ideal_speedup(self, alpha: float, batch: int, k: int) -> float:
         """The speedup over the target alone this model predicts for ``batch`` rows with
         acceptance ``alpha`` and ``k`` drafts per step."""
@@ -418,18 +467,23 @@ def _quantiles(device, dtype) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=256)
-def _stretch_costs(costs: PassCosts, batch: int, q: int, max_k: int, device, dtype) -> torch.Tensor:
-    """``[K+1, batch * q]``: the step cost while ``(batch * q - j) / q`` rows run, for the
-    ``j``-th stretch of :meth:`PassCosts.finish_rates` (between batch sizes as
-    :meth:`PassCosts.step_cost` interpolates; under one row its share of a one-row step). Built
-    once per batch size (a loop asks every step; nothing writes to it)."""
+def _stretch_table(costs: PassCosts, batch: int, q: int, max_k: int) -> tuple:
+    """``[K+1][batch * q]`` host floats: the step cost while ``(batch * q - j) / q`` rows run,
+    for the ``j``-th stretch of :meth:`PassCosts.finish_rates` (between batch sizes as
+    :meth:`PassCosts.step_cost` interpolates; under one row its share of a one-row step).
+    Built once per batch size (a loop asks every step; nothing writes to it)."""
 
     def at(rows: float, k: int) -> float:  # step_cost interpolates between batch sizes itself
         return rows * costs.step_cost(1, k) if rows < 1 else costs.step_cost(rows, k)
 
     n = batch * q
-    table = [[at((n - j) / q, k) for j in range(n)] for k in range(max_k + 1)]
-    return torch.tensor(table, device=device, dtype=dtype)
+    return tuple(tuple(at((n - j) / q, k) for j in range(n)) for k in range(max_k + 1))
+
+
+@functools.lru_cache(maxsize=256)
+def _stretch_costs(costs: PassCosts, batch: int, q: int, max_k: int, device, dtype) -> torch.Tensor:
+    """:func:`_stretch_table` as a ``[K+1, batch * q]`` tensor on ``device``."""
+    return torch.tensor(_stretch_table(costs, batch, q, max_k), device=device, dtype=dtype)
 
 
 def _step_ms(batch: int, k: int, vocab: int, device, dtype, repeats: int) -> float:
@@ -497,7 +551,7 @@ def measure_pass_costs(
     cache: bool = True,
 ) -> PassCosts:
     """Time ``target`` and ``draft`` once on this machine, before any generation, for
-    :class:`PassCosts`: target passes of ``1, 2, 3, 5`` and ``max_k + 1`` tokens and draft
+    :class:`PassCosts`: target passes of every token count ``1 .. max_k + 1`` and draft
     passes of one token (the pass a drafter runs: ``CausalLM.draft_logits``, float32 kernels,
     where the draft has it) at batch sizes ``1, 2, 3, 4, 8, ... <= max_batch`` after a
     ``context``-token prefix (the lower quartile of ``repeats``, made non-decreasing in tokens
@@ -512,7 +566,7 @@ def measure_pass_costs(
     -------
     PassCosts
     """
-    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:per-batch"
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:every-k"
 
     def measure() -> PassCosts:
         # powers of two, and 3 (the demo's batch): a row more changes the pass there by more
@@ -524,7 +578,11 @@ def measure_pass_costs(
             batch.append(batch[-1] * 2)
         if max_batch >= 3:
             batch.insert(2, 3)
-        tokens = sorted({1, 2, 3, 5, max_k + 1} & set(range(1, max_k + 2)))
+        # every K's pass: a straight line between grid points misprices the passes the tile
+        # takes in fewer register groups (3 rows' 4-token pass cost 2.43 ms where the line
+        # from 3 to 5 tokens put 2.57: "auto" then drafted 2 where 3 measured 4% faster,
+        # Zen 3, bfloat16, 2 threads)
+        tokens = list(range(1, max_k + 2))
         # the target's token counts round-robin, one batch size at a time: "auto" compares the
         # passes of one batch size, and a slow spell of the machine spreads over all of them
         # instead of inflating a few. One batch size at a time, each timed pass right after

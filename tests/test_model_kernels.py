@@ -887,6 +887,23 @@ def test_auto_drafts_only_for_a_gain_beyond_the_margin():
     assert int(pick_k(torch.tensor([1.0, 1 + DRAFT_MARGIN / 2]), margin=0.0)) == 1
 
 
+def random_costs(g: torch.Generator, grid: dict) -> PassCosts:
+    """A ``PassCosts`` with a random one-row pass (base and slope per token) scaled per batch
+    size: ``grid`` maps each batch size to (its pass's factor, its draft pass's ms)."""
+    tokens = (1, 2, 3, 5, 9)
+    base = 0.5 + 2 * torch.rand(1, generator=g).item()
+    slope = 0.02 + 0.6 * torch.rand(1, generator=g).item()
+    row = tuple(base * (1 + slope * (t - 1)) for t in tokens)
+    return PassCosts(
+        tuple(grid),
+        tokens,
+        tuple(tuple(f * v for v in row) for f, _ in grid.values()),
+        tuple(d for _, d in grid.values()),
+        step_ms=0.1 * torch.rand(1, generator=g).item(),
+        draft_fixed_ms=0.3 * torch.rand(1, generator=g).item(),
+    )
+
+
 def test_one_row_choice_from_host_floats_is_the_tensor_paths():
     """``PassCosts.one_row_k`` (a one-row loop on the CPU) picks what ``pick_k`` of
     ``token_rates`` picks, over random cost grids, acceptances from 0 to 0.999 and both margins,
@@ -896,18 +913,8 @@ def test_one_row_choice_from_host_floats_is_the_tensor_paths():
     g = torch.Generator().manual_seed(7)
     checked = 0
     for _ in range(25):
-        tokens = (1, 2, 3, 5, 9)
-        base = 0.5 + 2 * torch.rand(1, generator=g).item()
-        slope = 0.02 + 0.6 * torch.rand(1, generator=g).item()
-        row = tuple(base * (1 + slope * (t - 1)) for t in tokens)
-        costs = PassCosts(
-            (1, 4),
-            tokens,
-            (row, tuple(2 * v for v in row)),
-            (0.02 + 0.2 * torch.rand(1, generator=g).item(), 0.3),
-            step_ms=0.1 * torch.rand(1, generator=g).item(),
-            draft_fixed_ms=0.3 * torch.rand(1, generator=g).item(),
-        )
+        draft = 0.02 + 0.2 * torch.rand(1, generator=g).item()
+        costs = random_costs(g, {1: (1.0, draft), 4: (2.0, 0.3)})
         for a in torch.linspace(0.0, 0.999, 41).tolist():
             for margin in (0.0, 0.1):
                 rates = costs.token_rates(torch.tensor([a]), 8)
@@ -1000,12 +1007,10 @@ def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair
     assert [len(s) for s in sampled.sequences] == [ctx, ctx, 80]
 
 
-def test_auto_renews_a_batchs_choice_every_few_steps_and_one_rows_every_step(
-    pair_tiny, monkeypatch
-):
-    """A batch's choice (the finish-time model, dozens of small ops) is renewed every
-    ``AUTO_EVERY`` steps and whenever rows retire; one row's (a few ops) every step. The output
-    is the target's own either way."""
+def test_auto_renews_its_choice_every_step_on_the_cpu(pair_tiny, monkeypatch):
+    """On the CPU the choice is host arithmetic (``PassCosts.finish_k``), renewed after every
+    step for one row and for a batch alike (on a device a batch's is renewed every
+    ``AUTO_EVERY`` steps). The output is the target's own either way."""
     from specdec_kernels.decoding import core
 
     target, draft = pair_tiny
@@ -1025,19 +1030,42 @@ def test_auto_renews_a_batchs_choice_every_few_steps_and_one_rows_every_step(
         calls.clear()
         out = gen.generate(prompts, 40)
         assert out.sequences == sk.autoregressive_generate(target, prompts, 40).sequences
-        steps = out.stats.target_forwards
-        if len(prompts) == 1:
-            assert len(calls) == steps + 1  # the start's choice and one after every step
-        else:
-            batch = [n for n in calls if n > 1]
-            assert 1 <= len(batch) <= steps // core.AUTO_EVERY + len(prompts) + 1 < steps
+        assert len(calls) == out.stats.target_forwards + 1  # the start's and one a step
+        assert max(calls) == len(prompts)
+
+
+def test_batch_choice_from_host_floats_is_the_tensor_paths():
+    """``PassCosts.finish_k`` (the CPU loop's choice) picks what ``pick_k`` of
+    ``finish_rates`` (a device loop's) picks, over random cost grids, batches of 2-6 rows with
+    random acceptances and tokens to go, and both margins, wherever the tensor path's values do
+    not tie within rounding (1e-9 relative, float64)."""
+    g = torch.Generator().manual_seed(11)
+    checked, drafted = 0, 0
+    for _ in range(40):
+        grid = {1: (1.0, 0.02), 2: (1.3, 0.03), 4: (1.9, 0.05), 8: (3.5, 0.09)}
+        costs = random_costs(g, grid)
+        for _ in range(25):
+            b = int(torch.randint(2, 7, (1,), generator=g))
+            alpha = torch.rand(b, generator=g, dtype=torch.float64) * 0.999
+            left = torch.randint(0, 90, (b,), generator=g).double()
+            for margin in (0.0, 0.1):
+                rates = costs.finish_rates(alpha, left, 8)
+                boosted = rates * torch.tensor([1 + margin] + [1.0] * 8, dtype=torch.float64)
+                top = boosted.topk(2).values
+                if top[0] - top[1] <= 1e-9 * top[0]:
+                    continue
+                k = costs.finish_k(alpha.tolist(), left.tolist(), 8, margin)
+                assert k == int(pick_k(rates, margin)), (alpha, left, margin)
+                checked += 1
+                drafted += k > 0
+    assert checked > 1900 and 100 < drafted < checked  # both kinds of choice exercised
 
 
 def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     target, draft = pair_tiny
     costs = measure_pass_costs(target, draft, max_k=4, max_batch=2, repeats=2)
-    assert costs.batch == (1, 2) and costs.tokens == (1, 2, 3, 5)
+    assert costs.batch == (1, 2) and costs.tokens == (1, 2, 3, 4, 5)  # every K's pass
     for row in costs.target_ms:  # non-decreasing in tokens
         assert list(row) == sorted(row)
     assert (tmp_path / "pass_costs.json").exists()

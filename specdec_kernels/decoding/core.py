@@ -41,8 +41,8 @@ from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
 from specdec_kernels.verification import METHODS
 
-#: steps between two choices of ``K`` by ``"auto"`` for a batch of more than one row (the
-#: choice is also renewed whenever rows retire)
+#: steps between two choices of ``K`` by ``"auto"`` for a batch on a device (the choice is also
+#: renewed whenever rows retire; on the CPU it is renewed every step)
 AUTO_EVERY = 4
 
 
@@ -603,10 +603,12 @@ class Decoder:
         if k_loop > 0 or rows != self._auto_rows:  # a step without drafts teaches nothing:
             tracker.update(n, k)  # the choice stands until the batch changes
             self._auto_age += 1
-            # the one-row choice is a few ops; a batch's (finish_rates, ~50 small ops, ~0.4 ms
-            # a step at batch 4 right after a target pass) is renewed every AUTO_EVERY steps
-            # and whenever the batch changes
-            due = rows == 1 or rows != self._auto_rows or self._auto_age >= AUTO_EVERY
+            # on the CPU the choice is host arithmetic (PassCosts.finish_k, ~0.07 ms at batch
+            # 3), made every step; on a device finish_rates's ~50 small ops (~0.4 ms a step
+            # at batch 4 right after a target pass) are renewed every AUTO_EVERY steps and
+            # whenever the batch changes
+            every = 1 if st.ids.device.type == "cpu" else AUTO_EVERY
+            due = rows != self._auto_rows or self._auto_age >= every
             if self.auto and due:
                 st.num_draft, self._auto_rows = self._auto_k(tracker, st.limit - st.seq_len), rows
                 self._auto_age = 0
@@ -615,15 +617,15 @@ class Decoder:
     def _auto_k(self, tracker, left: torch.Tensor) -> torch.Tensor:
         """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
         to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
-        sync reads it with the rest (one row on the CPU: the same choice from host floats,
-        :meth:`PassCosts.one_row_k`). The margin to start drafting applies while the draft is
+        sync reads it with the rest (on the CPU: the same choice from host floats,
+        :meth:`PassCosts.finish_k`). The margin to start drafting applies while the draft is
         not running; a running draft stops only where the target alone is faster."""
         alpha = tracker.alpha()  # [B]
         running = self.drafter is not None and not self._draft_cold
         margin = 0.0 if running else DRAFT_MARGIN
-        if alpha.numel() == 1 and alpha.device.type == "cpu":  # reading it syncs nothing
-            k = self.costs.one_row_k(float(alpha), self.max_k, margin)
-            return torch.full((1,), k, dtype=torch.int64)
+        if alpha.device.type == "cpu":  # reading it syncs nothing: the choice from host floats
+            k = self.costs.finish_k(alpha.tolist(), left.tolist(), self.max_k, margin)
+            return torch.full((alpha.numel(),), k, dtype=torch.int64)
         rates = self.costs.finish_rates(alpha.float(), left, self.max_k)  # [K+1]
         return pick_k(rates, margin).expand(alpha.numel()).clone()
 
