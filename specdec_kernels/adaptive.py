@@ -382,9 +382,8 @@ class PassCosts:
         """:func:`pick_k` of :meth:`finish_rates` from host floats (``alpha`` and ``left``, one
         per row): the ``K`` in ``0 .. max_k`` that finishes the batch soonest, ``K = 0`` unless
         another beats it by ``margin``. The same choice as the tensor path (up to its float32
-        rounding) without its ~40 small tensor ops, which a decoding loop on the CPU pays every
-        step (0.19 ms of a ~3.7 ms step at batch 3 for the default pair); one row is
-        :meth:`one_row_k`.
+        rounding) without its ~40 small tensor ops (0.07 instead of 0.19 ms at batch 3 for the
+        default pair, hot); one row is :meth:`one_row_k`.
 
         >>> c = PassCosts(batch=(1, 4), tokens=(1, 3), target_ms=((1.0, 1.2), (1.6, 2.6)),
         ...               draft_ms=(0.05, 0.1))
@@ -554,8 +553,9 @@ def measure_pass_costs(
     :class:`PassCosts`: target passes of every token count ``1 .. max_k + 1`` and draft
     passes of one token (the pass a drafter runs: ``CausalLM.draft_logits``, float32 kernels,
     where the draft has it) at batch sizes ``1, 2, 3, 4, 8, ... <= max_batch`` after a
-    ``context``-token prefix (the lower quartile of ``repeats``, made non-decreasing in tokens
-    and rows), and the verification op's time.
+    ``context``-token prefix (two sweeps of the grid, each the lower quartile of half the
+    ``repeats``; the smaller of the two, made non-decreasing in tokens and rows), and the
+    verification op's time.
 
     The result is cached per (models, their dtype and device, thread count, torch version,
     CPU): in this process, and in :func:`cache_path` unless ``cache=False``. The generator
@@ -566,7 +566,7 @@ def measure_pass_costs(
     -------
     PassCosts
     """
-    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:every-k"
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:two-sweeps"
 
     def measure() -> PassCosts:
         # powers of two, and 3 (the demo's batch): a row more changes the pass there by more
@@ -592,18 +592,27 @@ def measure_pass_costs(
         # cheaper than it is). Then the draft's, back to back as a step runs them. A pass
         # never costs less with more tokens or more rows: the running maximum irons out a busy
         # machine's dips.
+        #
+        # The grid is swept twice, half the repeats each, and each entry is the smaller of the
+        # two sweeps' figures: a slow spell of a shared machine lasting about one batch size's
+        # turn (~0.5 s) inflates that batch size's row only once (one sweep had timed batch
+        # 3's passes 45-55% above the loop's, the 3-token pass more than the 1-token one, and
+        # "auto" drafted 4 where 3 measured 12% faster, AMD EPYC VM, 2 threads)
+        half = max(1, repeats // 2)
+        sweeps = []
+        for _ in range(2):
+            grid = [passes_ms([(target, b, t) for t in tokens], context, half, calls=2)
+                    for b in batch]  # fmt: skip
+            grid.append([pass_ms(draft, b, 1, context, half, drafting=True) for b in batch])
+            sweeps.append(grid)
+        low = [[min(x, y) for x, y in zip(*rows)] for rows in zip(*sweeps)]
         rows, prev = [], [0.0] * len(tokens)
-        for b in batch:
-            ms = passes_ms([(target, b, t) for t in tokens], context, repeats, calls=2)
+        for ms in low[:-1]:
             row = list(itertools.accumulate(ms, max))
             prev = [max(x, y) for x, y in zip(row, prev)]
             rows.append(tuple(prev))
         target_ms = tuple(rows)
-        draft_ms = tuple(
-            itertools.accumulate(
-                (pass_ms(draft, b, 1, context, repeats, drafting=True) for b in batch), max
-            )
-        )
+        draft_ms = tuple(itertools.accumulate(low[-1], max))
         p = next(target.parameters())
         step = _step_ms(1, min(max_k, 4), target.vocab_size, p.device, p.dtype, repeats)
         return PassCosts(tuple(batch), tuple(tokens), target_ms, draft_ms, step)

@@ -1007,10 +1007,10 @@ def test_auto_switches_between_target_alone_and_drafting_and_stays_lossless(pair
     assert [len(s) for s in sampled.sequences] == [ctx, ctx, 80]
 
 
-def test_auto_renews_its_choice_every_step_on_the_cpu(pair_tiny, monkeypatch):
-    """On the CPU the choice is host arithmetic (``PassCosts.finish_k``), renewed after every
-    step for one row and for a batch alike (on a device a batch's is renewed every
-    ``AUTO_EVERY`` steps). The output is the target's own either way."""
+def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkeypatch):
+    """A batch's choice is renewed after each of the first ``AUTO_EVERY`` steps (while the
+    estimate leaves the prior), then every ``AUTO_EVERY`` steps and whenever rows retire; one
+    row's after every step. The output is the target's own either way."""
     from specdec_kernels.decoding import core
 
     target, draft = pair_tiny
@@ -1030,8 +1030,14 @@ def test_auto_renews_its_choice_every_step_on_the_cpu(pair_tiny, monkeypatch):
         calls.clear()
         out = gen.generate(prompts, 40)
         assert out.sequences == sk.autoregressive_generate(target, prompts, 40).sequences
-        assert len(calls) == out.stats.target_forwards + 1  # the start's and one a step
-        assert max(calls) == len(prompts)
+        steps = out.stats.target_forwards
+        if len(prompts) == 1:
+            assert len(calls) == steps + 1  # the start's choice and one after every step
+        else:
+            batch = [n for n in calls if n > 1]
+            assert calls[: core.AUTO_EVERY + 1] == [3] * (core.AUTO_EVERY + 1)  # the first
+            bound = 1 + core.AUTO_EVERY + steps // core.AUTO_EVERY + len(prompts)
+            assert core.AUTO_EVERY < len(batch) <= bound < steps
 
 
 def test_batch_choice_from_host_floats_is_the_tensor_paths():

@@ -41,8 +41,9 @@ from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_sampling import filtered_probs
 from specdec_kernels.verification import METHODS
 
-#: steps between two choices of ``K`` by ``"auto"`` for a batch on a device (the choice is also
-#: renewed whenever rows retire; on the CPU it is renewed every step)
+#: steps between two choices of ``K`` by ``"auto"`` for a batch, once the first ``AUTO_EVERY``
+#: steps have each renewed it (the choice is also renewed whenever rows retire; one row's after
+#: every step)
 AUTO_EVERY = 4
 
 
@@ -534,6 +535,7 @@ class Decoder:
         tracker = AcceptanceTracker.new(b, dev)
         self._auto_rows = b  # the batch size "auto" last chose K for
         self._auto_age = 0  # steps since that choice
+        self._auto_taught = 0  # steps that updated the acceptance estimate
         self._draft_cold = True  # not drafting yet: the margin to start drafting applies
         if self.auto:  # the prior's choice until acceptance is measured
             st.num_draft = self._auto_k(tracker, st.limit - st.seq_len)
@@ -603,12 +605,14 @@ class Decoder:
         if k_loop > 0 or rows != self._auto_rows:  # a step without drafts teaches nothing:
             tracker.update(n, k)  # the choice stands until the batch changes
             self._auto_age += 1
-            # on the CPU the choice is host arithmetic (PassCosts.finish_k, ~0.07 ms at batch
-            # 3), made every step; on a device finish_rates's ~50 small ops (~0.4 ms a step
-            # at batch 4 right after a target pass) are renewed every AUTO_EVERY steps and
-            # whenever the batch changes
-            every = 1 if st.ids.device.type == "cpu" else AUTO_EVERY
-            due = rows != self._auto_rows or self._auto_age >= every
+            self._auto_taught += 1
+            # a batch's choice (on the CPU PassCosts.finish_k: ~0.07 ms hot, ~0.3 ms right
+            # after a target pass at batch 3; on a device finish_rates's ~50 small ops, ~0.4 ms
+            # at batch 4) is renewed after each of the first AUTO_EVERY steps, while the
+            # estimate leaves the prior, then every AUTO_EVERY steps and whenever the batch
+            # changes; one row's (a few host ops) after every step
+            early = rows == 1 or self._auto_taught <= AUTO_EVERY
+            due = rows != self._auto_rows or self._auto_age >= (1 if early else AUTO_EVERY)
             if self.auto and due:
                 st.num_draft, self._auto_rows = self._auto_k(tracker, st.limit - st.seq_len), rows
                 self._auto_age = 0
