@@ -143,14 +143,25 @@ def passes_ms(
     torch thread count fourth, ``(model, batch, tokens, threads)``: its passes run on that many
     threads (the process's count is restored after). ``drafting`` as in :func:`pass_ms`."""
     runs = []
+    # one prefilled cache per (model, batch), shared by its entries: a pass writes its tokens'
+    # keys and values after the prefix without advancing the cache, and attends only to the
+    # prefix and to what it wrote itself
+    widest: dict[tuple[int, int], int] = {}
+    for model, batch, tokens, *_ in entries:
+        key = (id(model), batch)
+        widest[key] = max(widest.get(key, 0), tokens)
+    caches: dict[tuple[int, int], object] = {}
     with torch.inference_mode():
         for model, batch, tokens, *threads in entries:
             device = next(model.parameters()).device
-            cache = model.new_cache(batch, context + tokens + 1)
-            model.hidden_states(
-                torch.zeros(batch, context, dtype=torch.int64, device=device), cache, context
-            )
-            cache.advance(context)
+            cache = caches.get((id(model), batch))
+            if cache is None:
+                cache = model.new_cache(batch, context + widest[id(model), batch] + 1)
+                model.hidden_states(
+                    torch.zeros(batch, context, dtype=torch.int64, device=device), cache, context
+                )
+                cache.advance(context)
+                caches[id(model), batch] = cache
             x = torch.zeros(batch, tokens, dtype=torch.int64, device=device)
             threads = threads[0] if threads else None
             run = one_pass(model, x, cache, context + tokens, drafting)

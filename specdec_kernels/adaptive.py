@@ -46,6 +46,11 @@ from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented
 DRAFT_MARGIN = 0.10
 
 
+#: sweeps of the pass-cost grid in :func:`measure_pass_costs`, each with a share of the repeats;
+#: each entry is the smallest of the sweeps' figures
+SWEEPS = 4
+
+
 def pick_k(value: torch.Tensor, margin: float = DRAFT_MARGIN) -> torch.Tensor:
     """The ``K`` of the largest of ``value`` ``[K_max + 1]`` (expected tokens per millisecond
     at ``K = 0 .. K_max``; the first of equals), ``K = 0`` (the target alone) unless another
@@ -553,9 +558,9 @@ def measure_pass_costs(
     :class:`PassCosts`: target passes of every token count ``1 .. max_k + 1`` and draft
     passes of one token (the pass a drafter runs: ``CausalLM.draft_logits``, float32 kernels,
     where the draft has it) at batch sizes ``1, 2, 3, 4, 8, ... <= max_batch`` after a
-    ``context``-token prefix (two sweeps of the grid, each the lower quartile of half the
-    ``repeats``; the smaller of the two, made non-decreasing in tokens and rows), and the
-    verification op's time.
+    ``context``-token prefix (:data:`SWEEPS` sweeps of the grid, each the lower quartile of its
+    share of ``repeats``; the smallest of them, made non-decreasing in tokens and rows), and
+    the verification op's time.
 
     The result is cached per (models, their dtype and device, thread count, torch version,
     CPU): in this process, and in :func:`cache_path` unless ``cache=False``. The generator
@@ -566,7 +571,7 @@ def measure_pass_costs(
     -------
     PassCosts
     """
-    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:two-sweeps"
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:sweeps"
 
     def measure() -> PassCosts:
         # powers of two, and 3 (the demo's batch): a row more changes the pass there by more
@@ -593,19 +598,20 @@ def measure_pass_costs(
         # never costs less with more tokens or more rows: the running maximum irons out a busy
         # machine's dips.
         #
-        # The grid is swept twice, half the repeats each, and each entry is the smaller of the
-        # two sweeps' figures: a slow spell of a shared machine lasting about one batch size's
-        # turn (~0.5 s) inflates that batch size's row only once (one sweep had timed batch
-        # 3's passes 45-55% above the loop's, the 3-token pass more than the 1-token one, and
-        # "auto" drafted 4 where 3 measured 12% faster, AMD EPYC VM, 2 threads)
-        half = max(1, repeats // 2)
+        # The grid is swept SWEEPS times, a share of the repeats each, and each entry is the
+        # smallest of the sweeps' figures: a slow spell of a shared machine lasting about one
+        # batch size's turn (~0.5 s) inflates that batch size's row in one sweep, not in the
+        # figure (one sweep had timed batch 3's passes 45-55% above the loop's, the 3-token
+        # pass more than the 1-token one, and "auto" drafted 4 where 3 measured 12% faster,
+        # AMD EPYC VM, 2 threads)
+        share = max(1, repeats // SWEEPS)
         sweeps = []
-        for _ in range(2):
-            grid = [passes_ms([(target, b, t) for t in tokens], context, half, calls=2)
+        for _ in range(SWEEPS):
+            grid = [passes_ms([(target, b, t) for t in tokens], context, share, calls=2)
                     for b in batch]  # fmt: skip
-            grid.append([pass_ms(draft, b, 1, context, half, drafting=True) for b in batch])
+            grid.append([pass_ms(draft, b, 1, context, share, drafting=True) for b in batch])
             sweeps.append(grid)
-        low = [[min(x, y) for x, y in zip(*rows)] for rows in zip(*sweeps)]
+        low = [[min(xs) for xs in zip(*rows)] for rows in zip(*sweeps)]
         rows, prev = [], [0.0] * len(tokens)
         for ms in low[:-1]:
             row = list(itertools.accumulate(ms, max))
