@@ -8,16 +8,33 @@ import torch
 
 import specdec_kernels as sk
 from specdec_kernels.benchmarks.launches import BUDGET, count_launches, launch_table
+from specdec_kernels.ops import verify_sampling as triton_chain
 
 from helpers import make_draft_probs, make_inputs
 
 
-@pytest.mark.parametrize("batch", [1, 64])  # the split strategy below 64 rows on CPU, row from 64
-def test_launches_per_call_within_budget(batch):
-    rows = launch_table(batch_sizes=(batch,), k=3, v=37, device="cpu")
+@pytest.mark.parametrize("strategy", ["split", "row"])
+def test_launches_per_call_within_budget(strategy, monkeypatch):
+    """Each strategy's launches at batch 3. On a CPU the row strategy runs from 64 rows
+    (``_row_strategy_min_batch``), which the interpreter takes ~70 s to run; the threshold is
+    lowered to 3 here so that batch 3 takes the row strategy's path (the kernels and launches of
+    a strategy do not depend on the batch size; the threshold itself is checked below)."""
+    if strategy == "row":
+        monkeypatch.setattr(triton_chain, "_row_strategy_min_batch", lambda device: 3)
+    rows = launch_table(batch_sizes=(3,), k=3, v=37, device="cpu")
     assert {r["op"] for r in rows} == set(BUDGET)
+    chains = [
+        r for r in rows if r["op"] != "accept_reject" and not r["op"].startswith("verify_tree")
+    ]
+    assert chains and {r["strategy"] for r in chains} == {strategy}
     for r in rows:
         assert 1 <= r["launches"] <= r["budget"], r
+
+
+def test_row_strategy_from_64_rows_on_cpu():
+    cpu = torch.device("cpu")
+    assert triton_chain.pick_strategy(63, cpu) == "split"
+    assert triton_chain.pick_strategy(64, cpu) == "row"
 
 
 def test_counter_counts_every_launch():

@@ -224,7 +224,9 @@ def test_greedy_rows_of_mixed_batch_equal_verify_greedy(backend):
 
 @pytest.mark.parametrize("backend", ALL_BACKENDS)
 def test_invariants(backend):
-    logits, drafts, kwargs = _sampling_case(37, 7, 100, torch.float32, "cpu", True, 10, 0.9)
+    # 37 rows of ragged drafts; 13 under the Triton interpreter (37 took it ~50 s)
+    rows = 13 if backend == "triton" else 37
+    logits, drafts, kwargs = _sampling_case(rows, 7, 100, torch.float32, "cpu", True, 10, 0.9)
     out = sk.verify_sampling(logits, drafts, backend=backend, **kwargs)
     nd = kwargs["num_draft_tokens"]
     assert torch.equal(out.num_accepted, matching_prefix(out.tokens, drafts, nd))
