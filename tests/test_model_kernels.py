@@ -927,25 +927,43 @@ def test_one_row_choice_from_host_floats_is_the_tensor_paths():
     assert checked > 1900  # nearly every case decided
 
 
-def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny):
-    """Hysteresis: the margin guards the start of drafting only. A predicted gain of half the
-    margin does not start a cold draft, and does not stop a running one."""
-    from specdec_kernels.adaptive import DRAFT_MARGIN, AcceptanceTracker, expected_tokens
+@pytest.mark.parametrize("rows", [1, 3])
+def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny, rows):
+    """Hysteresis: a predicted gain between ``STOP_MARGIN`` and ``DRAFT_MARGIN`` does not start
+    a cold draft, and does not stop a running one; a gain under ``STOP_MARGIN`` stops it; one
+    over ``DRAFT_MARGIN`` starts it (one row's choice and a batch's)."""
+    from specdec_kernels.adaptive import (
+        DRAFT_MARGIN,
+        STOP_MARGIN,
+        AcceptanceTracker,
+        expected_tokens,
+    )
     from specdec_kernels.decoding import Decoder, ModelDrafter
     from specdec_kernels.decoding.adapters import CausalLMAdapter
 
+    assert 0 < STOP_MARGIN < DRAFT_MARGIN
     target, draft = pair_tiny
     a = torch.tensor([0.5])
-    gain = float(expected_tokens(a, torch.tensor(1.0)))
-    costs = PassCosts((1,), (1, 2), ((1.0, gain / (1 + DRAFT_MARGIN / 2)),), (0.0,))
-    dec = Decoder(
-        CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), "auto",
-        max_speculative_tokens=1, costs=costs,
-    )  # fmt: skip
-    tracker = AcceptanceTracker.new(1, "cpu", prior=0.5, prior_weight=1.0)
-    for cold, want in ((True, 0), (False, 1)):
-        dec._draft_cold = cold
-        assert int(dec._auto_k(tracker, torch.tensor([32]))[0]) == want, cold
+    gain = float(expected_tokens(a, torch.tensor(1.0)))  # tokens a K = 1 step yields
+    tracker = AcceptanceTracker.new(rows, "cpu", prior=0.5, prior_weight=1.0)
+    between = (STOP_MARGIN + DRAFT_MARGIN) / 2
+    cases = {  # predicted gain of K = 1 over the target alone -> (K cold, K running)
+        between: (0, 1),
+        STOP_MARGIN / 2: (0, 0),
+        2 * DRAFT_MARGIN: (1, 1),
+    }
+    for g, wants in cases.items():
+        # a step of K = 1 costs gain / (1 + g) one-token passes: (1 + g) more tokens per ms
+        costs = PassCosts((1, 4), (1, 2), ((1.0, gain / (1 + g)), (1.0, gain / (1 + g))),
+                          (0.0, 0.0))  # fmt: skip
+        dec = Decoder(
+            CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), "auto",
+            max_speculative_tokens=1, costs=costs,
+        )  # fmt: skip
+        for cold, want in zip((True, False), wants):
+            dec._draft_cold = cold
+            got = dec._auto_k(tracker, torch.full((rows,), 1000))
+            assert got.tolist() == [want] * rows, (g, cold)
 
 
 def test_pass_costs_charge_drafting_once_per_step():

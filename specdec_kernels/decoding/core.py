@@ -32,6 +32,7 @@ from specdec_kernels._dispatch import check_backend
 from specdec_kernels._validate import check_logprob_args, require_int64
 from specdec_kernels.adaptive import (
     DRAFT_MARGIN,
+    STOP_MARGIN,
     AcceptanceTracker,
     PassCosts,
     pick_k,
@@ -622,11 +623,12 @@ class Decoder:
         """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
         to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
         sync reads it with the rest (on the CPU: the same choice from host floats,
-        :meth:`PassCosts.finish_k`). The margin to start drafting applies while the draft is
-        not running; a running draft stops only where the target alone is faster."""
+        :meth:`PassCosts.finish_k`). The margin to start drafting (``DRAFT_MARGIN``) applies while
+        the draft is not running; a running draft stops where it is predicted to gain less
+        than ``STOP_MARGIN``."""
         alpha = tracker.alpha()  # [B]
         running = self.drafter is not None and not self._draft_cold
-        margin = 0.0 if running else DRAFT_MARGIN
+        margin = STOP_MARGIN if running else DRAFT_MARGIN
         if alpha.device.type == "cpu":  # reading it syncs nothing: the choice from host floats
             k = self.costs.finish_k(alpha.tolist(), left.tolist(), self.max_k, margin)
             return torch.full((alpha.numel(),), k, dtype=torch.int64)
