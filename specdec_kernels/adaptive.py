@@ -62,9 +62,9 @@ def pick_k(value: torch.Tensor, margin: float = DRAFT_MARGIN) -> torch.Tensor:
     """The ``K`` of the largest of ``value`` ``[K_max + 1]`` (expected tokens per millisecond
     at ``K = 0 .. K_max``; the first of equals), ``K = 0`` (the target alone) unless another
     beats it by ``margin`` (default :data:`DRAFT_MARGIN`: the margin to *start* drafting; the
-    decoding loop, once drafting, stops only where the target alone is faster, ``margin=0``,
-    so that an estimate near the threshold does not stop and restart the draft). A 0-dim
-    tensor on ``value``'s device.
+    decoding loop, once drafting, goes on down to the smaller :data:`STOP_MARGIN`, so that an
+    estimate near the threshold does not stop and restart the draft). A 0-dim tensor on
+    ``value``'s device.
 
     >>> int(pick_k(torch.tensor([1.0, 1.08, 1.02]))), int(pick_k(torch.tensor([1.0, 1.2, 1.3])))
     (0, 2)
