@@ -171,8 +171,8 @@ def passes_ms(
         try:
             for r in range(repeats + 1):  # the first round warms up
                 for t, (run, cuda, threads, device) in zip(times, runs):
-                    if threads is not None:
-                        torch.set_num_threads(threads)
+                    # an entry without a count runs on the process's, not the last entry's
+                    torch.set_num_threads(before if threads is None else threads)
                     for c in range(calls):
                         t0 = time.perf_counter()
                         run()

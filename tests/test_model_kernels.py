@@ -786,8 +786,9 @@ def test_fastest_dtype_and_threads_time_candidates_round_robin(monkeypatch):
 
 
 def test_passes_ms_runs_each_entry_on_its_threads():
-    """An entry's fourth field is its thread count: each timed pass runs on it, and the
-    process's count is restored afterwards (also when a pass raises)."""
+    """An entry's fourth field is its thread count: each timed pass runs on it, an entry without
+    one on the process's count (3 here, neither entry's), and the process's count is restored
+    afterwards (also when a pass raises)."""
     model = _model(torch.float32)
     model.row_invariant = row_invariant_available(model)
     counts = []
@@ -798,17 +799,21 @@ def test_passes_ms_runs_each_entry_on_its_threads():
         return real(*args, **kw)
 
     model.forward = forward
-    before = torch.get_num_threads()
+    outer = torch.get_num_threads()
     from specdec_kernels._cache import passes_ms
 
-    ms = passes_ms([(model, 1, 1, 1), (model, 1, 2, 2), (model, 1, 1)], 8, 2)
-    assert len(ms) == 3 and all(t > 0 for t in ms)
-    assert counts == [1, 2, before] * 3  # a warm-up round, then 2 timed rounds
-    assert torch.get_num_threads() == before
-    model.forward = lambda *a, **kw: 1 / 0
-    with pytest.raises(ZeroDivisionError):
-        passes_ms([(model, 1, 1, 2)], 8, 1)
-    assert torch.get_num_threads() == before
+    torch.set_num_threads(3)
+    try:
+        ms = passes_ms([(model, 1, 1, 1), (model, 1, 2, 2), (model, 1, 1)], 8, 2)
+        assert len(ms) == 3 and all(t > 0 for t in ms)
+        assert counts == [1, 2, 3] * 3  # a warm-up round, then 2 timed rounds
+        assert torch.get_num_threads() == 3
+        model.forward = lambda *a, **kw: 1 / 0
+        with pytest.raises(ZeroDivisionError):
+            passes_ms([(model, 1, 1, 2)], 8, 1)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(outer)
 
 
 # --------------------------------------------------------------------------------- pass costs
