@@ -9,6 +9,12 @@ only when named on CPU). No timing is asserted anywhere.
 import pytest
 
 
+def pytest_xdist_auto_num_workers(config):
+    """The project's ``-n auto`` (pyproject.toml) spreads the tests over the cores; benchmarks
+    time, and run in one process (pytest-benchmark turns itself off under workers)."""
+    return 0
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("specdec bench")
     group.addoption("--bench-full", action="store_true", help="the full grid")

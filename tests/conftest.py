@@ -9,6 +9,16 @@ import specdec_kernels  # noqa: F401  (sets TRITON_INTERPRET=1 on machines witho
 from helpers import DEVICES
 
 
+def pytest_configure(config):
+    """Under pytest-xdist each worker takes its share of the cores for torch's threads (two
+    workers on two cores, two threads each, would contend for both)."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)
