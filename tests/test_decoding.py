@@ -81,6 +81,24 @@ def test_retiring_rows_allocates_no_new_cache():
     assert out.sequences == want
 
 
+def test_fmix32_is_murmurhash3s_finaliser_and_leaves_its_argument():
+    """The reference mixer (in place on its own copy) against a scalar uint32 transcription."""
+
+    def scalar(h):
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+        return h ^ (h >> 16)
+
+    words = [0, 1, 2, 0x9E3779B9, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF] + random.Random(3).choices(
+        range(2**32), k=64
+    )
+    h = torch.tensor(words, dtype=torch.int64)
+    assert rng.fmix32(h).tolist() == [scalar(w) for w in words]
+    assert h.tolist() == words
+
+
 def test_step_seeds_depend_only_on_seed_row_and_position():
     rows, pos = torch.tensor([0, 1, 2, 1]), torch.tensor([5, 5, 5, 6])
     s = rng.step_seeds(3, rows, pos)

@@ -57,12 +57,13 @@ def mul32(h: torch.Tensor, c: int) -> torch.Tensor:
 
 
 def fmix32(h: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3 ``fmix32`` on int64 tensors holding uint32 values."""
-    h = h ^ (h >> 16)
-    h = mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)
+    """MurmurHash3 ``fmix32`` on int64 tensors holding uint32 values (``h`` is not modified)."""
+    h = h ^ (h >> 16)  # a new tensor; the steps below update it in place (2x fewer temporaries)
+    h.mul_(0x85EBCA6B).bitwise_and_(MASK32)  # mul32, see above
+    h ^= h >> 13
+    h.mul_(0xC2B2AE35).bitwise_and_(MASK32)
+    h ^= h >> 16
+    return h
 
 
 def row_key(seeds: torch.Tensor) -> torch.Tensor:
@@ -87,7 +88,8 @@ def uniform(stream: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
     """Float32 uniforms in ``[2**-24, 1 - 2**-24]`` for ``index`` (broadcast against ``stream``)."""
     index = torch.as_tensor(index, dtype=torch.int64, device=stream.device)
     r = fmix32(stream ^ mul32(index & MASK32, INDEX_MULT))
-    return unit_interval(fmix32((r + stream) & MASK32))
+    r += stream  # r is fmix32's own tensor
+    return unit_interval(fmix32(r.bitwise_and_(MASK32)))
 
 
 def unit_interval(r: torch.Tensor) -> torch.Tensor:
