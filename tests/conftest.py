@@ -17,6 +17,10 @@ def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+    # tests/ holds no benchmark (they are under bench/): pytest-benchmark, off, need not warn
+    # that xdist turns it off
+    if hasattr(config.option, "benchmark_disable"):
+        config.option.benchmark_disable = True
 
 
 @pytest.fixture(autouse=True)
