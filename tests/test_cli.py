@@ -150,6 +150,16 @@ def test_bench_e2e_threads(monkeypatch, capsys):
         assert seen["threads"] == 1 and seen["cfg"].draft_threads == "auto"
         assert bench_cli.main_bench([*argv, "--threads", "2"]) == 0
         assert seen["threads"] == 2 and seen["cfg"].draft_threads is None
+        # --quick's repeats (3 of them with transformers' systems), overridable, checked
+        assert bench_cli.main_bench([*argv, "--quick"]) == 0
+        assert (seen["cfg"].repeats, seen["cfg"].hf_repeats) == (15, 3)
+        assert bench_cli.main_bench([*argv, "--quick", "--hf-repeats", "1"]) == 0
+        assert seen["cfg"].hf_repeats == 1
+        seen.clear()
+        for bad in (["--hf-repeats", "-1"], ["--repeats", "0"]):
+            with pytest.raises(SystemExit, match="--repeats must be >= 1 and --hf-repeats >= 0"):
+                bench_cli.main_bench([*argv, *bad])
+        assert not seen  # refused before anything ran
     finally:
         torch.set_num_threads(before)
 

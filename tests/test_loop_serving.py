@@ -295,6 +295,32 @@ def test_e2e_runs_the_compared_pairs_next_to_each_other():
     assert len(configs) == len(set(configs))
 
 
+def test_e2e_schedule_runs_transformers_in_the_first_hf_repeats_only():
+    """Every configuration of this package once per repeat, every other repeat reversed;
+    transformers' systems (the reference) in the first ``hf_repeats`` repeats only, so the
+    pairs the targets compare get the run's time (``--quick``: 15 repeats, 3 with them)."""
+    import collections
+    import dataclasses
+
+    from specdec_kernels.benchmarks import e2e
+
+    configs = list(e2e._configs(e2e.QUICK, hf_ok=True))
+    order = e2e.schedule(e2e.QUICK, configs)
+    count = collections.Counter(c for _, c in order)
+    hf = {c for c in configs if c[0].startswith("hf_")}
+    assert hf and e2e.QUICK.repeats > e2e.QUICK.hf_repeats > 0
+    assert all(count[c] == e2e.QUICK.hf_repeats for c in hf)
+    assert all(count[c] == e2e.QUICK.repeats for c in configs if c not in hf)
+    assert {r for r, c in order if c in hf} == set(range(e2e.QUICK.hf_repeats))
+    first, second = ([c for r, c in order if r == rep] for rep in (0, 1))
+    assert second == first[::-1]  # the machine's drift over a round favours no configuration
+    # hf_repeats None: every system every repeat; 0: transformers' never
+    every = dataclasses.replace(e2e.QUICK, repeats=2, hf_repeats=None)
+    assert len(e2e.schedule(every, configs)) == 2 * len(configs)
+    none = dataclasses.replace(e2e.QUICK, repeats=2, hf_repeats=0)
+    assert not any(c in hf for _, c in e2e.schedule(none, configs))
+
+
 def test_e2e_batch_one_decodes_each_prompt_alone():
     """Batch 1 is ``interactive_prompts`` prompts, each decoded alone: one run of the row, its
     tokens and counts summed; the acceptance figures are those of the sums."""

@@ -121,15 +121,22 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e.add_argument(
         "--quick",
         action="store_true",
-        help="a small grid: B 1,4,16, K 2,4,auto, 32 new tokens, 7 repeats (1.5 minutes on 2 "
-        "AVX-512 cores; longer where the CPU lacks AVX-512, most of it transformers' bfloat16 "
-        "baselines: 3-9 minutes at 3 repeats there)",
+        help="a small grid: B 1,4,16, K 2,4,auto, 32 new tokens, 15 repeats, 3 of them with "
+        "transformers' baselines (their bfloat16 passes are slow where the CPU lacks bfloat16 "
+        "matrix units: ~6 minutes on 2 AVX2 cores)",
     )
     e.add_argument("--batch", type=_csv(int), default=None, help="batch sizes (1,4,16)")
     e.add_argument("--k", type=_csv(_k), default=None, help="K values (1,2,4,8,auto)")
     e.add_argument("--temperatures", type=_csv(float), default=None, help="(0,1)")
     e.add_argument("--max-new-tokens", type=int, default=None)
     e.add_argument("--repeats", type=int, default=None)
+    e.add_argument(
+        "--hf-repeats",
+        type=int,
+        default=None,
+        help="repeats that also run transformers' systems (the first ones; default: all, "
+        "--quick: 3)",
+    )
     e.add_argument(
         "--systems",
         type=_csv(str),
@@ -358,6 +365,7 @@ def _e2e(args) -> int:
             temperatures=args.temperatures,
             max_new_tokens=args.max_new_tokens,
             repeats=args.repeats,
+            hf_repeats=args.hf_repeats,
             systems=args.systems,
             pair=args.pair,
             dtype=args.dtype,
@@ -374,12 +382,19 @@ def _e2e(args) -> int:
         raise SystemExit(
             f"specdec bench e2e: unknown systems {sorted(unknown)}; choose from {e2e.SYSTEMS}"
         )
+    if cfg.repeats < 1 or (cfg.hf_repeats is not None and cfg.hf_repeats < 0):
+        raise SystemExit(
+            f"specdec bench e2e: --repeats must be >= 1 and --hf-repeats >= 0, got "
+            f"{cfg.repeats} and {cfg.hf_repeats}"
+        )
     device = torch.device("cpu")
     header = results.run_header(device, "e2e", quick=args.quick)
     print(
         f"specdec bench e2e: {header['machine']['cpu']}, {torch.get_num_threads()} threads, "
         f"commit {header['commit']}, B={cfg.batch_sizes}, K={cfg.ks}, "
-        f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s), "
+        f"T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, {cfg.repeats} repeat(s) "
+        f"({cfg.repeats if cfg.hf_repeats is None else min(cfg.hf_repeats, cfg.repeats)} with "
+        "transformers' systems), "
         f"dtype {cfg.dtype}" + (f", grammar {cfg.grammar}" if cfg.grammar else ""),
         flush=True,
     )

@@ -86,6 +86,9 @@ class E2EConfig:
     # the draft's CausalLM.num_threads: None (the process's) or "auto" (load_bundled's choice,
     # the demo's; bench e2e sets it with --threads auto)
     draft_threads: int | str | None = None
+    # transformers' systems (the reference, not a target) run in the first this many repeats
+    # (None: every repeat); see QUICK
+    hf_repeats: int | None = None
 
 
 # the schema of ``specdec demo --json`` and of ``--grammar json`` here: strings as patterns, not
@@ -107,7 +110,15 @@ DEMO_SCHEMA = {
 }
 
 
-QUICK = E2EConfig(batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=7)
+#: ``--quick``: the grid of issue 21's targets, 15 repeats of this package's systems and 3 of
+#: transformers'. On a CPU without bfloat16 matrix units transformers' bfloat16 passes took 767
+#: of an 824 s run at 7 repeats each (AMD EPYC, AVX2, 2 threads: ~25 tokens/s against this
+#: package's ~700-1000 at batch 4-16), while the medians the targets compare still spread by
+#: ~6% run to run (auto against the best fixed K at batch 4: 0.94, 0.97, 0.99 in three runs):
+#: the time goes to more repeats of the compared systems instead
+QUICK = E2EConfig(
+    batch_sizes=(1, 4, 16), ks=(2, 4, "auto"), max_new_tokens=32, repeats=15, hf_repeats=3
+)
 
 
 def load_pair(
@@ -353,6 +364,24 @@ def _configs(cfg: E2EConfig, hf_ok: bool):
                     yield "hf_assisted", b, k, t
 
 
+def schedule(cfg: E2EConfig, configs: list[tuple]) -> list[tuple[int, tuple]]:
+    """``(repeat, config)`` in run order: every configuration once per repeat, every other
+    repeat in reverse order (a drift of the machine's speed over a round favours no
+    configuration), transformers' systems only in the first ``cfg.hf_repeats`` repeats.
+
+    >>> cfg = E2EConfig(repeats=3, hf_repeats=1)
+    >>> [(r, c[0]) for r, c in schedule(cfg, [("target_only",), ("hf_target_only",)])]
+    [(0, 'target_only'), (0, 'hf_target_only'), (1, 'target_only'), (2, 'target_only')]
+    """
+    hf_reps = cfg.repeats if cfg.hf_repeats is None else cfg.hf_repeats
+    order = []
+    for rep in range(cfg.repeats):
+        for c in configs if rep % 2 == 0 else configs[::-1]:
+            if rep < hf_reps or not c[0].startswith("hf_"):
+                order.append((rep, c))
+    return order
+
+
 def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     """Run every configuration ``cfg.repeats`` times, interleaved; one row per
     ``(system, batch_size, K, temperature)`` with the median figures."""
@@ -408,33 +437,30 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
 
     configs = list(_configs(cfg, hf is not None))
     runs: dict[tuple, list[dict]] = {c: [] for c in configs}
-    for rep in range(cfg.repeats):
-        # every other repeat in reverse order: a drift of the machine's speed over a round
-        # favours no configuration
-        for sys_, b, k, t in configs if rep % 2 == 0 else configs[::-1]:
-            seed = cfg.seed + rep
-            if sys_ in VERIFY_METHOD:
-                run = functools.partial(
-                    _run_specdec, target, draft, cfg=cfg, k=k, temperature=t, seed=seed,
-                    verify_method=VERIFY_METHOD[sys_], grammar=grammar,
-                )  # fmt: skip
-            elif sys_ == "target_only":
-                run = functools.partial(
-                    _run_target_only, target, cfg=cfg, temperature=t, seed=seed, grammar=grammar
-                )
-            else:
-                run = functools.partial(
-                    _run_hf, hf, cfg=cfg, temperature=t, seed=seed,
-                    k=k if sys_ == "hf_assisted" else None,
-                )  # fmt: skip
-            r = _each_alone(run, groups_of[b])
-            r["tokens_per_second"] = r["generated_tokens"] / max(r["wall_seconds"], 1e-9)
-            runs[(sys_, b, k, t)].append(r)
-            log(
-                f"[e2e] rep {rep} {sys_:>14} B={b:<2} K={str(k):>4} T={t}: "
-                f"{r['tokens_per_second']:7.1f} tok/s"
-                + (f", alpha {r['alpha']:.2f}" if "alpha" in r else "")
+    for rep, (sys_, b, k, t) in schedule(cfg, configs):
+        seed = cfg.seed + rep
+        if sys_ in VERIFY_METHOD:
+            run = functools.partial(
+                _run_specdec, target, draft, cfg=cfg, k=k, temperature=t, seed=seed,
+                verify_method=VERIFY_METHOD[sys_], grammar=grammar,
+            )  # fmt: skip
+        elif sys_ == "target_only":
+            run = functools.partial(
+                _run_target_only, target, cfg=cfg, temperature=t, seed=seed, grammar=grammar
             )
+        else:
+            run = functools.partial(
+                _run_hf, hf, cfg=cfg, temperature=t, seed=seed,
+                k=k if sys_ == "hf_assisted" else None,
+            )  # fmt: skip
+        r = _each_alone(run, groups_of[b])
+        r["tokens_per_second"] = r["generated_tokens"] / max(r["wall_seconds"], 1e-9)
+        runs[(sys_, b, k, t)].append(r)
+        log(
+            f"[e2e] rep {rep} {sys_:>14} B={b:<2} K={str(k):>4} T={t}: "
+            f"{r['tokens_per_second']:7.1f} tok/s"
+            + (f", alpha {r['alpha']:.2f}" if "alpha" in r else "")
+        )
     rows = _rows(cfg, runs, costs, pass_costs, _dtypes(target, draft))
     if cfg.grammar is not None:
         for row in rows:
