@@ -39,10 +39,11 @@ from specdec_kernels._cache import (  # noqa: F401  (cache_path: also documented
 )
 
 #: how much more a step with drafts must yield (expected tokens per millisecond) than the target
-#: alone for "auto" to draft. The costs come from one measurement on a machine that may be busy:
-#: a predicted gain under this is within its error (the default pair at batch 16 on a 2-core
-#: EPYC VM, one thread, from two fresh measurements: drafting the model priced at 1.04x and
-#: 1.10x of the target alone measured 0.93x and 0.90x).
+#: alone for "auto" to draft again after it stopped (the draft then re-reads the rows; the start
+#: of a run has :data:`PRIOR_MARGIN`). The costs come from one measurement on a machine that
+#: may be busy: a predicted gain under this is within its error (the default pair at batch 16
+#: on a 2-core EPYC VM, one thread, from two fresh measurements: drafting the model priced at
+#: 1.04x and 1.10x of the target alone measured 0.93x and 0.90x).
 DRAFT_MARGIN = 0.10
 
 #: how much more a step with drafts must yield than the target alone for a *running* draft to
@@ -52,6 +53,16 @@ DRAFT_MARGIN = 0.10
 #: of the target alone measured 0.91x with a stop margin of 0)
 STOP_MARGIN = 0.04
 
+#: how much more than the target alone the *prior's* choice at the start of a run must yield
+#: for "auto" to draft from the first step: none. The prior is a guess, not a measurement, and
+#: a step without drafts measures nothing, so a choice of ``K = 0`` from it would stand for the
+#: whole batch; drafting from the start measures the acceptance within the first steps, after
+#: which the running draft goes on only where it is predicted to gain :data:`STOP_MARGIN`. (At
+#: batch 4 on a 2-core EPYC VM the prior's 0.7 priced drafting at 1.06x, under
+#: :data:`DRAFT_MARGIN`: "auto" ran the target alone, 0.88x of ``K = 4``, whose acceptance
+#: there was 0.85.) A choice of ``K = 0`` at the start therefore means the prior predicts a
+#: loss; :data:`DRAFT_MARGIN` applies to restarting a draft that stopped.
+PRIOR_MARGIN = 0.0
 
 #: sweeps of the pass-cost grid in :func:`measure_pass_costs`, each with a share of the repeats;
 #: each entry is the smallest of the sweeps' figures
@@ -61,9 +72,10 @@ SWEEPS = 4
 def pick_k(value: torch.Tensor, margin: float = DRAFT_MARGIN) -> torch.Tensor:
     """The ``K`` of the largest of ``value`` ``[K_max + 1]`` (expected tokens per millisecond
     at ``K = 0 .. K_max``; the first of equals), ``K = 0`` (the target alone) unless another
-    beats it by ``margin`` (default :data:`DRAFT_MARGIN`: the margin to *start* drafting; the
+    beats it by ``margin`` (default :data:`DRAFT_MARGIN`: the margin to *restart* drafting; the
     decoding loop, once drafting, goes on down to the smaller :data:`STOP_MARGIN`, so that an
-    estimate near the threshold does not stop and restart the draft). A 0-dim tensor on
+    estimate near the threshold does not stop and restart the draft, and starts a run on
+    :data:`PRIOR_MARGIN`). A 0-dim tensor on
     ``value``'s device.
 
     >>> int(pick_k(torch.tensor([1.0, 1.08, 1.02]))), int(pick_k(torch.tensor([1.0, 1.2, 1.3])))

@@ -971,6 +971,38 @@ def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny, rows):
             assert got.tolist() == [want] * rows, (g, cold)
 
 
+@pytest.mark.parametrize("gain", [-0.05, 0.05])
+def test_auto_drafts_from_the_start_wherever_the_prior_predicts_a_gain(pair_tiny, gain):
+    """The prior's choice at the start of a run needs no margin (``PRIOR_MARGIN``): a step
+    without drafts measures nothing, so a predicted gain under ``DRAFT_MARGIN`` drafts from the
+    first step (and the draft is prefilled), while a predicted loss runs the target alone and
+    never prefills the draft."""
+    import specdec_kernels as sk
+    from specdec_kernels.adaptive import (
+        DRAFT_MARGIN,
+        PRIOR_MARGIN,
+        AcceptanceTracker,
+        expected_tokens,
+    )
+
+    assert PRIOR_MARGIN == 0.0 < 0.05 < DRAFT_MARGIN
+    target, draft = pair_tiny
+    prior = AcceptanceTracker.new(1, "cpu").alpha()  # the tracker's prior estimate
+    tokens = float(expected_tokens(prior, torch.tensor(1.0)))  # a K = 1 step's, at the prior
+    # a K = 1 step costs tokens / (1 + gain) one-token passes: (1 + gain) x the tokens per ms
+    costs = PassCosts((1,), (1, 2), ((1.0, tokens / (1 + gain)),), (0.0,))
+    prefills = []
+    hook = draft.register_forward_pre_hook(lambda m, a: prefills.append(a[0].shape[-1]))
+    try:
+        gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=1)
+        out = gen.generate([sk.models.encode("def f(x):\n    return")], max_new_tokens=1)
+    finally:
+        hook.remove()
+    drafts = gain > 0.0
+    assert (out.stats.drafted_tokens > 0) == drafts, out.stats
+    assert bool(prefills) == drafts  # the draft's cache is filled only where it drafts
+
+
 def test_pass_costs_charge_drafting_once_per_step():
     """``draft_fixed_ms`` is paid by a step that drafts at all, once: it never prices ``K = 0``
     and, unlike a per-token cost, it favours longer drafts (fewer steps pay it)."""
@@ -1042,9 +1074,9 @@ def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkey
     calls = []
     real = core.Decoder._auto_k
 
-    def counted(self, tracker, left):
+    def counted(self, tracker, left, margin=None):
         calls.append(left.numel())
-        return real(self, tracker, left)
+        return real(self, tracker, left, margin)
 
     monkeypatch.setattr(core.Decoder, "_auto_k", counted)
     ids = sk.models.encode(heldout_text("tiny"))

@@ -32,6 +32,7 @@ from specdec_kernels._dispatch import check_backend
 from specdec_kernels._validate import check_logprob_args, require_int64
 from specdec_kernels.adaptive import (
     DRAFT_MARGIN,
+    PRIOR_MARGIN,
     STOP_MARGIN,
     AcceptanceTracker,
     PassCosts,
@@ -537,9 +538,10 @@ class Decoder:
         self._auto_rows = b  # the batch size "auto" last chose K for
         self._auto_age = 0  # steps since that choice
         self._auto_taught = 0  # steps that updated the acceptance estimate
-        self._draft_cold = True  # not drafting yet: the margin to start drafting applies
-        if self.auto:  # the prior's choice until acceptance is measured
-            st.num_draft = self._auto_k(tracker, st.limit - st.seq_len)
+        self._draft_cold = True  # not drafting yet
+        if self.auto:  # the prior's choice until acceptance is measured: drafts wherever the
+            # prior predicts any gain (PRIOR_MARGIN), so that the first steps measure it
+            st.num_draft = self._auto_k(tracker, st.limit - st.seq_len, PRIOR_MARGIN)
         self._capacity = capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
         # a draft that "auto" will not use at this batch size (no K pays even at the prior's
@@ -619,16 +621,17 @@ class Decoder:
                 self._auto_age = 0
         return n, k
 
-    def _auto_k(self, tracker, left: torch.Tensor) -> torch.Tensor:
+    def _auto_k(self, tracker, left: torch.Tensor, margin: float | None = None) -> torch.Tensor:
         """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
         to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
         sync reads it with the rest (on the CPU: the same choice from host floats,
-        :meth:`PassCosts.finish_k`). The margin to start drafting (``DRAFT_MARGIN``) applies while
-        the draft is not running; a running draft stops where it is predicted to gain less
-        than ``STOP_MARGIN``."""
+        :meth:`PassCosts.finish_k`). ``K = 0`` unless drafting is predicted to gain ``margin``;
+        by default the margin to restart drafting (``DRAFT_MARGIN``) while the draft is not
+        running, and ``STOP_MARGIN`` while it is (a running draft stops under it)."""
         alpha = tracker.alpha()  # [B]
         running = self.drafter is not None and not self._draft_cold
-        margin = STOP_MARGIN if running else DRAFT_MARGIN
+        if margin is None:
+            margin = STOP_MARGIN if running else DRAFT_MARGIN
         if alpha.device.type == "cpu":  # reading it syncs nothing: the choice from host floats
             k = self.costs.finish_k(alpha.tolist(), left.tolist(), self.max_k, margin)
             return torch.full((alpha.numel(),), k, dtype=torch.int64)
