@@ -56,8 +56,9 @@ STOP_MARGIN = 0.04
 #: how much more than the target alone the *prior's* choice at the start of a run must yield
 #: for "auto" to draft from the first step: none. The prior is a guess, not a measurement, and
 #: a step without drafts measures nothing, so a choice of ``K = 0`` from it would stand for the
-#: whole batch; drafting from the start measures the acceptance within the first steps, after
-#: which the running draft goes on only where it is predicted to gain :data:`STOP_MARGIN`. (At
+#: whole batch; drafting from the start measures the acceptance: the decoding loop drafts for the
+#: first ``AUTO_EVERY`` steps (4) whatever the early estimate, after which the running draft
+#: goes on only where it is predicted to gain :data:`STOP_MARGIN`. (At
 #: batch 4 on a 2-core EPYC VM the prior's 0.7 priced drafting at 1.06x, under
 #: :data:`DRAFT_MARGIN`: "auto" ran the target alone, 0.88x of ``K = 4``, whose acceptance
 #: there was 0.85.) A choice of ``K = 0`` at the start therefore means the prior predicts a

@@ -1001,6 +1001,25 @@ def test_auto_drafts_from_the_start_wherever_the_prior_predicts_a_gain(pair_tiny
     drafts = gain > 0.0
     assert (out.stats.drafted_tokens > 0) == drafts, out.stats
     assert bool(prefills) == drafts  # the draft's cache is filled only where it drafts
+    if not drafts:
+        return
+    # a draft the target always rejects (its logits negated: it proposes the target's least
+    # likely token): after one step its estimate predicts a loss, but a run the prior started
+    # drafting drafts for its first AUTO_EVERY steps, then stops for good
+    import copy
+
+    from specdec_kernels.decoding.core import AUTO_EVERY
+
+    wrong = copy.deepcopy(draft)
+    with torch.no_grad():
+        wrong.lm_head.weight.neg_()
+    prompt = [sk.models.encode("def f(x):\n    return")]
+    gen = sk.SpeculativeGenerator(target, wrong, "auto", costs=costs, max_speculative_tokens=1)
+    out = gen.generate(prompt, max_new_tokens=24)
+    assert out.stats.accepted_tokens == 0
+    assert out.stats.drafted_tokens == AUTO_EVERY, out.stats  # one draft token a step
+    alone = sk.autoregressive_generate(target, prompt, max_new_tokens=24)
+    assert out.sequences == alone.sequences
 
 
 def test_pass_costs_charge_drafting_once_per_step():

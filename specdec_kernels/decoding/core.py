@@ -542,6 +542,7 @@ class Decoder:
         if self.auto:  # the prior's choice until acceptance is measured: drafts wherever the
             # prior predicts any gain (PRIOR_MARGIN), so that the first steps measure it
             st.num_draft = self._auto_k(tracker, st.limit - st.seq_len, PRIOR_MARGIN)
+        self._probing = self.auto and bool(st.num_draft.any())  # see _step
         self._capacity = capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
         # a draft that "auto" will not use at this batch size (no K pays even at the prior's
@@ -617,8 +618,16 @@ class Decoder:
             early = rows == 1 or self._auto_taught <= AUTO_EVERY
             due = rows != self._auto_rows or self._auto_age >= (1 if early else AUTO_EVERY)
             if self.auto and due:
-                st.num_draft, self._auto_rows = self._auto_k(tracker, st.limit - st.seq_len), rows
-                self._auto_age = 0
+                # a run the prior started drafting goes on drafting for its first AUTO_EVERY
+                # taught steps (the best K >= 1: K = 0 weighs nothing at a margin of -1), so that
+                # a rejection or two in the first step, which pull a row's estimate far below
+                # its acceptance, do not stop the draft for good (a stopped draft measures
+                # nothing more: "auto" at batch 4 had stopped after one step, 0.95x of the
+                # target alone where K = 4 measured 1.13x)
+                probe = self._probing and self._auto_taught < AUTO_EVERY
+                left = st.limit - st.seq_len
+                st.num_draft = self._auto_k(tracker, left, -1.0 if probe else None)
+                self._auto_rows, self._auto_age = rows, 0
         return n, k
 
     def _auto_k(self, tracker, left: torch.Tensor, margin: float | None = None) -> torch.Tensor:
