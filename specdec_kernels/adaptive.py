@@ -257,7 +257,11 @@ class PassCosts:
     draft_fixed_ms + step_ms``, ``draft_step_ms`` being the loop's own work per draft token
     (drawing it, feeding it back) and ``draft_fixed_ms`` what drafting at all adds to a step
     (the draft's catch-up, its weights back into cache after the target's pass); ``K = 0`` is
-    the target alone (``target(B, 1) + step_ms``). On a GPU a
+    the target alone (``target(B, 1) + step_ms``). The three are one figure for every batch
+    size, or one per batch size of ``loop_batch`` (linear between them, the nearest beyond),
+    and are corrections to the passes' prices: measured from the loop itself
+    (:func:`specdec_kernels.generation.with_loop_costs`), they are negative where the loop's
+    steps cost less than the timed passes say. On a GPU a
     ``K+1``-token pass costs about one token's; on a CPU it does not, and the more so the larger
     the batch: the reason ``"auto"`` prices the live batch instead of assuming one slope for
     every batch size.
@@ -274,9 +278,30 @@ class PassCosts:
     tokens: tuple[int, ...]
     target_ms: tuple[tuple[float, ...], ...]  # [len(batch)][len(tokens)]
     draft_ms: tuple[float, ...]  # [len(batch)]
-    step_ms: float = 0.0
-    draft_step_ms: float = 0.0
-    draft_fixed_ms: float = 0.0
+    step_ms: float | tuple[float, ...] = 0.0
+    draft_step_ms: float | tuple[float, ...] = 0.0
+    draft_fixed_ms: float | tuple[float, ...] = 0.0
+    loop_batch: tuple[int, ...] = (1,)  # the batch sizes of the three above, when tuples
+
+    def __post_init__(self):
+        for name in ("step_ms", "draft_step_ms", "draft_fixed_ms"):
+            v = getattr(self, name)
+            v = (float(v),) * len(self.loop_batch) if isinstance(v, (int, float)) else tuple(v)
+            if len(v) != len(self.loop_batch):
+                raise ValueError(
+                    f"{name} has {len(v)} figures for {len(self.loop_batch)} loop_batch sizes "
+                    f"{self.loop_batch}"
+                )
+            object.__setattr__(self, name, v)
+
+    def loop_ms(self, batch: float) -> tuple[float, float, float]:
+        """``(step_ms, draft_step_ms, draft_fixed_ms)`` at ``batch`` rows: linear between the
+        sizes of ``loop_batch``, the nearest edge beyond them."""
+        xs = self.loop_batch
+        at = min(max(batch, xs[0]), xs[-1])
+        return tuple(
+            self._interp(xs, v, at) for v in (self.step_ms, self.draft_step_ms, self.draft_fixed_ms)
+        )
 
     @classmethod
     def linear(cls, cost_ratio: float, verify_cost: float, max_k: int) -> PassCosts:
@@ -306,12 +331,11 @@ class PassCosts:
 
     def step_cost(self, batch: int, k: int) -> float:
         """Milliseconds of one step with ``k`` drafts per row for ``batch`` rows."""
-        return (
-            self.target(batch, k + 1)
-            + k * (self.draft(batch) + self.draft_step_ms)
-            + (self.draft_fixed_ms if k > 0 else 0.0)
-            + self.step_ms
-        )
+        step, per_token, fixed = self.loop_ms(batch)
+        ms = self.target(batch, k + 1) + k * (self.draft(batch) + per_token) + step
+        # a correction never prices a step under a tenth of its passes (the figures come from
+        # two measurements, and interpolation between batch sizes could overshoot)
+        return max(ms + (fixed if k > 0 else 0.0), 0.1 * self.target(batch, k + 1))
 
     def best_k(self, alpha: torch.Tensor, max_k: int) -> int:
         """The ``K`` in ``0 .. max_k`` maximising the expected tokens of the batch per
@@ -461,9 +485,10 @@ class PassCosts:
             tokens=list(self.tokens),
             target_ms=[list(r) for r in self.target_ms],
             draft_ms=list(self.draft_ms),
-            step_ms=self.step_ms,
-            draft_step_ms=self.draft_step_ms,
-            draft_fixed_ms=self.draft_fixed_ms,
+            step_ms=list(self.step_ms),
+            draft_step_ms=list(self.draft_step_ms),
+            draft_fixed_ms=list(self.draft_fixed_ms),
+            loop_batch=list(self.loop_batch),
         )
 
     @classmethod
@@ -473,9 +498,10 @@ class PassCosts:
             tuple(d["tokens"]),
             tuple(tuple(r) for r in d["target_ms"]),
             tuple(d["draft_ms"]),
-            float(d["step_ms"]),
-            float(d.get("draft_step_ms", 0.0)),
-            float(d.get("draft_fixed_ms", 0.0)),
+            d["step_ms"],
+            d.get("draft_step_ms", 0.0),
+            d.get("draft_fixed_ms", 0.0),
+            tuple(d.get("loop_batch", (1,))),
         )
 
 

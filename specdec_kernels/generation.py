@@ -10,7 +10,6 @@ References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 
 import torch
@@ -291,15 +290,19 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     """``costs`` with the decoding loop's own work measured in: per step (verification,
     commit, the one host sync: ``step_ms``), per drafting step (``draft_fixed_ms``) and per
     draft token (drawing and feeding it: ``draft_step_ms``; the two apart from runs at K = 1
-    and K = 4), from short greedy runs of the loop at batch 1 (the difference of two
-    lengths, so the prefill cancels; the median of five tries, the three loops round-robin),
-    minus the model passes ``costs`` already prices. Measured once per pair like the pass
-    costs, before any generation."""
+    and K = 4), at batch sizes 1, 4 and the grid's largest (``loop_batch``), from short greedy
+    runs of the loop (the difference of two lengths, so the prefill cancels; each run the
+    fastest of five tries, every run of a try back to back), minus the model passes ``costs``
+    prices:
+    the loop's steps at each batch size are then priced as the loop ran them, in one spell of
+    the machine, whatever the passes' figures (taken apart, in a spell that may have been
+    slower or faster) say. Measured once per pair like the pass costs, before any generation.
+    """
     import json
 
     from specdec_kernels._cache import remembered
 
-    key = "loop3:" + json.dumps(costs.to_dict(), sort_keys=True)
+    key = "loop4:" + json.dumps(costs.to_dict(), sort_keys=True)
     return remembered(
         key,
         lambda: _measure_loop_costs(costs, target, draft),
@@ -316,33 +319,53 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
     if ctx < 24:  # too short a context to time anything: the pass costs alone
         return costs
     short, long_ = ctx // 24, ctx // 4  # new tokens of the two runs
-    prompt = [[(7 * i) % target.vocab_size for i in range(ctx // 8)]]
-
+    prompt = [(7 * i) % target.vocab_size for i in range(ctx // 8)]
     hi = max(2, min(4, costs.tokens[-1] - 1))
+    # batch 1, 4 and the grid's largest: the loop's work per step grows with the rows, and the
+    # passes' grid, timed pass after pass, can misprice a batch's steps by more than drafting
+    # gains there (at batch 4 on an AMD EPYC VM with AVX512_BF16 the grid put a K = 2 step at
+    # 1.39x the target alone's, the loop ran it at 1.87x to 2.12x: "auto" drafted and ran
+    # at 0.89x of the target alone)
+    sizes = sorted({b for b in (1, 4, costs.batch[-1]) if b <= costs.batch[-1]})
 
-    def per_step(k: int) -> float:  # one try: wall per step, from a short and a long run
-        walls, steps = [], []
-        for n in (short, long_):
-            drafter = ModelDrafter(CausalLMAdapter(draft)) if k else None
-            res = Decoder(adapter_for(target), drafter, max(k, 1) if k else 4).run(prompt, n)
-            walls.append(res.stats.wall_seconds * 1e3)
-            steps.append(res.stats.target_forwards)
-        return (walls[1] - walls[0]) / max(steps[1] - steps[0], 1)
+    def run(b: int, k: int, n: int) -> tuple[float, int]:  # (wall ms, steps) of one run
+        drafter = ModelDrafter(CausalLMAdapter(draft)) if k else None
+        res = Decoder(adapter_for(target), drafter, max(k, 1) if k else 4).run([prompt] * b, n)
+        return res.stats.wall_seconds * 1e3, res.stats.target_forwards  # equal rows: one end
 
-    # the three loops round-robin (a slow spell of the machine spreads over all of them), the
-    # median of five tries each
-    tries = {k: [] for k in (0, 1, hi)}
+    # every run of a try back to back, five tries; each run's figure the fastest of its tries,
+    # as each of the passes' figures is the fastest of its sweeps: the loop and the passes are
+    # then priced in the machine's quickest spell, not one in a slow spell and the other in a
+    # fast one (on a shared VM the one-token pass took 0.6 ms in one minute and 1.9 ms in
+    # another, the many-token passes less slower: a correction from two spells priced the
+    # loop's steps at batch 1 at 1.7 ms more than its passes)
+    runs = {(b, k, n): [] for b in sizes for k in (0, 1, hi) for n in (short, long_)}
     for _ in range(5):
-        for k, t in tries.items():
-            t.append(per_step(k))
-    per = {k: statistics.median(t) for k, t in tries.items()}
-    step = max(0.0, per[0] - costs.target(1, 1))
-    # what drafting adds beyond the priced passes, at K = 1 and at K = 4: a part per step (the
-    # catch-up pass, the draft's weights back into cache) and a part per draft token
-    extra = {k: per[k] - costs.target(1, k + 1) - k * costs.draft(1) - step for k in (1, hi)}
-    per_token = max(0.0, (extra[hi] - extra[1]) / (hi - 1))
-    fixed = max(0.0, extra[1] - per_token)
-    return dataclasses.replace(costs, step_ms=step, draft_step_ms=per_token, draft_fixed_ms=fixed)
+        for (b, k, n), t in runs.items():
+            t.append(run(b, k, n))
+    fastest = {key: min(t) for key, t in runs.items()}  # (wall, steps): the steps never vary
+    per = {
+        (b, k): (fastest[b, k, long_][0] - fastest[b, k, short][0])
+        / max(fastest[b, k, long_][1] - fastest[b, k, short][1], 1)
+        for b in sizes
+        for k in (0, 1, hi)
+    }
+    step, per_token, fixed = [], [], []
+    for b in sizes:
+        s = per[b, 0] - costs.target(b, 1)
+        # what drafting adds beyond the priced passes, at K = 1 and at K = hi: a part per step
+        # (the catch-up pass, the draft's weights back into cache) and a part per draft token
+        extra = {k: per[b, k] - costs.target(b, k + 1) - k * costs.draft(b) - s for k in (1, hi)}
+        per_token.append(max(0.0, (extra[hi] - extra[1]) / (hi - 1)))
+        fixed.append(extra[1] - per_token[-1])
+        step.append(s)
+    return dataclasses.replace(
+        costs,
+        step_ms=tuple(step),
+        draft_step_ms=tuple(per_token),
+        draft_fixed_ms=tuple(fixed),
+        loop_batch=tuple(sizes),
+    )
 
 
 def _measurable(target, draft) -> bool:

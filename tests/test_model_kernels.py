@@ -1236,3 +1236,77 @@ def test_passes_ms_times_each_entry_in_turns(pair_tiny, monkeypatch):
 @pytest.fixture(scope="module")
 def pair_tiny():
     return sk.models.load_bundled("tiny")
+
+
+def test_loop_costs_per_batch_size_interpolate_and_round_trip():
+    """The loop's corrections, one per size of ``loop_batch``: linear between them, the nearest
+    beyond; negative ones price a step under its passes but never under a tenth of them; a
+    float is the same figure at every size; the cached form round-trips, and the older one
+    (floats, no ``loop_batch``) still loads."""
+    grid = dict(
+        batch=(1, 16), tokens=(1, 9), target_ms=((1.0, 2.0), (4.0, 12.0)), draft_ms=(0.1, 0.4)
+    )
+    c = PassCosts(
+        **grid,
+        step_ms=(0.5, -0.5, 1.0),
+        draft_step_ms=(0.0, 0.2, 0.2),
+        draft_fixed_ms=(0.3, 0.3, -0.6),
+        loop_batch=(1, 4, 16),
+    )
+    assert c.step_cost(1, 0) == pytest.approx(1.0 + 0.5)
+    assert c.step_cost(4, 0) == pytest.approx(c.target(4, 1) - 0.5)
+    assert c.step_cost(16, 2) == pytest.approx(c.target(16, 3) + 2 * (0.4 + 0.2) + 1.0 - 0.6)
+    assert c.loop_ms(2.5) == pytest.approx((0.0, 0.1, 0.3))  # halfway from 1 to 4
+    assert c.loop_ms(64) == c.loop_ms(16) and c.loop_ms(0.5) == c.loop_ms(1)
+    deep = PassCosts(**grid, step_ms=-5.0)  # a correction beyond the passes themselves
+    assert deep.step_cost(1, 0) == pytest.approx(0.1 * deep.target(1, 1))
+    assert PassCosts(**grid, step_ms=0.25).loop_ms(7) == (0.25, 0.0, 0.0)
+    assert PassCosts.from_dict(c.to_dict()) == c
+    old = {**PassCosts(**grid, step_ms=0.25).to_dict(), "step_ms": 0.25}
+    del old["loop_batch"]
+    assert PassCosts.from_dict(old) == PassCosts(**grid, step_ms=0.25)
+    with pytest.raises(ValueError, match=r"step_ms has 2 figures for 3 loop_batch sizes"):
+        PassCosts(**grid, step_ms=(0.1, 0.2), loop_batch=(1, 4, 16))
+
+
+def test_loop_costs_price_each_batch_size_as_the_loop_ran(pair_tiny, monkeypatch):
+    """``with_loop_costs`` calibrates at batch sizes 1, 4 and the grid's largest: with the
+    corrections, the step costs at ``K = 0, 1, 4`` are the loop's own per-step walls there,
+    whatever the passes' grid says (here 40% off), taken from each run's fastest try (the
+    other tries are slowed by half)."""
+    from specdec_kernels import generation
+
+    target, draft = pair_tiny
+    grid = PassCosts(
+        batch=(1, 4, 16),
+        tokens=tuple(range(1, 10)),
+        target_ms=tuple(tuple(b * (0.5 + 0.1 * t) for t in range(1, 10)) for b in (1, 2, 5)),
+        draft_ms=(0.05, 0.1, 0.3),
+    )
+    truth = {  # the loop's ms per step: not the grid's passes
+        (b, k): 1.4 * grid.target(b, k + 1) + 0.2 * k + (0.3 if k else 0.0) + 0.05 * b
+        for b in (1, 4, 16)
+        for k in (0, 1, 4)
+    }
+    tries: dict = {}
+
+    class FakeDecoder:
+        def __init__(self, target, drafter, k):
+            self.k = k if drafter is not None else 0
+
+        def run(self, prompts, n):
+            key = (len(prompts), self.k, n)
+            tries[key] = tries.get(key, 0) + 1
+            steps = -(-n // (self.k + 1))  # every draft accepted
+            slow = 1.0 if tries[key] == 3 else 1.5  # the third try is the machine's fast spell
+            wall = slow * (20.0 + steps * truth[len(prompts), self.k])
+            stats = sk.GenerationStats(target_forwards=steps, wall_seconds=wall / 1e3)
+            return type("R", (), {"stats": stats})()
+
+    monkeypatch.setattr(generation, "Decoder", FakeDecoder)
+    c = generation.with_loop_costs(grid, target, draft, cache=False)
+    assert c.loop_batch == (1, 4, 16)
+    assert set(tries.values()) == {5}  # five tries of every run
+    for (b, k), ms in truth.items():
+        # the walls are whole-step multiples, so the difference of two lengths is exact
+        assert c.step_cost(b, k) == pytest.approx(ms, rel=1e-6), (b, k)

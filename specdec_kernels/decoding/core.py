@@ -542,13 +542,13 @@ class Decoder:
         if self.auto:  # the prior's choice until acceptance is measured: drafts wherever the
             # prior predicts any gain (PRIOR_MARGIN), so that the first steps measure it
             st.num_draft = self._auto_k(tracker, st.limit - st.seq_len, PRIOR_MARGIN)
-        self._probing = self.auto and bool(st.num_draft.any())  # see _step
+        self._probing = drafting = self.auto and bool(st.num_draft.any())  # see _step
         self._capacity = capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
-        # a draft that "auto" will not use at this batch size (no K pays even at the prior's
-        # acceptance) is neither prefilled nor fed: the first step that drafts prefills it with
-        # the committed rows then (after rows retire, say)
-        self._draft_cold = self.drafter is not None and self.auto and not bool(st.num_draft.any())
+        # a draft that "auto" will not use at this batch size (the prior predicts a loss) is
+        # neither prefilled nor fed: the first step that drafts prefills it with the committed
+        # rows then (after rows retire, say)
+        self._draft_cold = self.drafter is not None and self.auto and not drafting
         if self.drafter is not None and not self._draft_cold:
             self.drafter.prefill(rows_in, capacity)
         return st, tracker
