@@ -194,10 +194,44 @@ class AcceptanceTracker:
             0.0, 0.999
         )
 
+    def prior_spread(self) -> torch.Tensor:
+        """``[B]``: the rows' acceptance before any is measured, as the prior's own spread: the
+        quantiles ``(i + 0.5) / B`` of ``Beta(prior * prior_weight, (1 - prior) * prior_weight)``
+        (the prior is worth ``prior_weight`` tries), ascending. Rows differ (one pair's
+        acceptance ran from 0.36 to 1.0 over 8 prompts at ``K = 2``, greedy), and a batch
+        waits for its slowest row: the more rows, the lower the slowest one is likely to be.
+
+        >>> AcceptanceTracker.new(4, "cpu").prior_spread()
+        tensor([0.4348, 0.6575, 0.8045, 0.9298])
+        """
+        b = self.accepted.numel()
+        q = _beta_quantiles(b, self.prior, self.prior_weight)
+        return torch.tensor(q, dtype=self.accepted.dtype, device=self.accepted.device)
+
     def select(self, rows: torch.Tensor) -> AcceptanceTracker:
         return AcceptanceTracker(
             self.accepted[rows], self.tried[rows], self.prior, self.prior_weight
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _beta_quantiles(n: int, mean: float, weight: float) -> tuple[float, ...]:
+    """The quantiles ``(i + 0.5) / n``, ``i < n``, of ``Beta(mean * weight, (1 - mean) *
+    weight)``, from its density on a grid of 4096 cells (error < 1e-3; host floats)."""
+    a, b = mean * weight, (1.0 - mean) * weight
+    cells = 4096
+    xs = [(j + 0.5) / cells for j in range(cells)]
+    pdf = [x ** (a - 1.0) * (1.0 - x) ** (b - 1.0) for x in xs]
+    cdf = list(itertools.accumulate(pdf))
+    total = cdf[-1]
+    out, j = [], 0
+    for i in range(n):
+        target = (i + 0.5) / n * total
+        while cdf[j] < target:
+            j += 1
+        below = cdf[j - 1] if j else 0.0
+        out.append((j + (target - below) / pdf[j]) / cells)  # linear within the cell
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -987,7 +987,7 @@ def test_auto_drafts_from_the_start_wherever_the_prior_predicts_a_gain(pair_tiny
 
     assert PRIOR_MARGIN == 0.0 < 0.05 < DRAFT_MARGIN
     target, draft = pair_tiny
-    prior = AcceptanceTracker.new(1, "cpu").alpha()  # the tracker's prior estimate
+    prior = AcceptanceTracker.new(1, "cpu").prior_spread()  # one row's acceptance at the start
     tokens = float(expected_tokens(prior, torch.tensor(1.0)))  # a K = 1 step's, at the prior
     # a K = 1 step costs tokens / (1 + gain) one-token passes: (1 + gain) x the tokens per ms
     costs = PassCosts((1,), (1, 2), ((1.0, tokens / (1 + gain)),), (0.0,))
@@ -1093,9 +1093,9 @@ def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkey
     calls = []
     real = core.Decoder._auto_k
 
-    def counted(self, tracker, left, margin=None):
+    def counted(self, tracker, left, margin=None, alpha=None):
         calls.append(left.numel())
-        return real(self, tracker, left, margin)
+        return real(self, tracker, left, margin, alpha)
 
     monkeypatch.setattr(core.Decoder, "_auto_k", counted)
     ids = sk.models.encode(heldout_text("tiny"))
@@ -1310,3 +1310,35 @@ def test_loop_costs_price_each_batch_size_as_the_loop_ran(pair_tiny, monkeypatch
     for (b, k), ms in truth.items():
         # the walls are whole-step multiples, so the difference of two lengths is exact
         assert c.step_cost(b, k) == pytest.approx(ms, rel=1e-6), (b, k)
+
+
+def test_auto_prices_the_start_at_the_priors_spread(pair_tiny):
+    """At the start of a run the rows' acceptance is the prior's own spread
+    (``AcceptanceTracker.prior_spread``), not one figure: a batch waits for its slowest row,
+    and of 16 rows one is likely to accept far less than the prior's mean. Costs under which
+    16 rows all at the prior's 0.7 would draft (a ``K = 1`` step 30% more tokens per ms for a
+    row, at a step cost that does not grow with the rows) start 16 rows with the target alone
+    (the draft never prefilled), and one row drafting."""
+    import specdec_kernels as sk
+    from specdec_kernels.adaptive import AcceptanceTracker
+
+    target, draft = pair_tiny
+    step = 1.7 / 1.3  # a K = 1 step, in one-token steps: 1 + 0.7 tokens for 1.3 x the time
+    costs = PassCosts((1, 16), (1, 2), ((1.0, step), (1.0, step)), (0.0, 0.0))
+    spread = AcceptanceTracker.new(16, "cpu").prior_spread()
+    assert spread[0] < 0.3 < 0.9 < spread[-1] and list(spread) == sorted(spread)
+    assert costs.finish_k([0.7] * 16, [24.0] * 16, 1, 0.0) == 1  # one figure: drafts
+    assert costs.finish_k(spread.tolist(), [24.0] * 16, 1, 0.0) == 0  # the spread: alone
+    prefills = []
+    hook = draft.register_forward_pre_hook(lambda m, a: prefills.append(a[0].shape[-1]))
+    prompt = sk.models.encode("def f(x):\n    return")
+    try:
+        gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=1)
+        many = gen.generate([prompt] * 16, max_new_tokens=8)
+        assert many.stats.drafted_tokens == 0 and not prefills, many.stats
+        one = gen.generate([prompt], max_new_tokens=8)
+        assert one.stats.drafted_tokens > 0 and prefills, one.stats
+    finally:
+        hook.remove()
+    alone = sk.autoregressive_generate(target, [prompt] * 16, max_new_tokens=8)
+    assert many.sequences == alone.sequences

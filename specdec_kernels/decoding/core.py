@@ -540,8 +540,10 @@ class Decoder:
         self._auto_taught = 0  # steps that updated the acceptance estimate
         self._draft_cold = True  # not drafting yet
         if self.auto:  # the prior's choice until acceptance is measured: drafts wherever the
-            # prior predicts any gain (PRIOR_MARGIN), so that the first steps measure it
-            st.num_draft = self._auto_k(tracker, st.limit - st.seq_len, PRIOR_MARGIN)
+            # prior predicts any gain (PRIOR_MARGIN), so that the first steps measure it; the
+            # rows priced at the prior's spread, as the batch waits for its slowest row
+            left = st.limit - st.seq_len
+            st.num_draft = self._auto_k(tracker, left, PRIOR_MARGIN, tracker.prior_spread())
         self._probing = drafting = self.auto and bool(st.num_draft.any())  # see _step
         self._capacity = capacity = (ctx or max(limits)) + self.width + 2
         self.target.prefill([r[:-1] for r in rows_in], capacity)
@@ -630,14 +632,17 @@ class Decoder:
                 self._auto_rows, self._auto_age = rows, 0
         return n, k
 
-    def _auto_k(self, tracker, left: torch.Tensor, margin: float | None = None) -> torch.Tensor:
+    def _auto_k(
+        self, tracker, left: torch.Tensor, margin: float | None = None, alpha=None
+    ) -> torch.Tensor:
         """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
         to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
         sync reads it with the rest (on the CPU: the same choice from host floats,
         :meth:`PassCosts.finish_k`). ``K = 0`` unless drafting is predicted to gain ``margin``;
         by default the margin to restart drafting (``DRAFT_MARGIN``) while the draft is not
-        running, and ``STOP_MARGIN`` while it is (a running draft stops under it)."""
-        alpha = tracker.alpha()  # [B]
+        running, and ``STOP_MARGIN`` while it is (a running draft stops under it). ``alpha``
+        ``[B]``: the rows' acceptance, by default ``tracker``'s estimate."""
+        alpha = tracker.alpha() if alpha is None else alpha  # [B]
         running = self.drafter is not None and not self._draft_cold
         if margin is None:
             margin = STOP_MARGIN if running else DRAFT_MARGIN
