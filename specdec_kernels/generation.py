@@ -293,11 +293,10 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     and K = 4), at batch sizes 1, 4 and the grid's largest (``loop_batch``), from short greedy
     runs of the loop (the difference of two lengths, so the prefill cancels; each run the
     fastest of five tries, every run of a try back to back), minus the model passes ``costs``
-    prices:
-    the loop's steps at each batch size are then priced as the loop ran them, in one spell of
-    the machine, whatever the passes' figures (taken apart, in a spell that may have been
-    slower or faster) say. Measured once per pair like the pass costs, before any generation.
-    """
+    prices: the loop's steps at each batch size are then priced as the loop ran them, in one
+    spell of the machine, whatever the passes' figures (taken apart, in a spell that may have
+    been slower or faster) say. Measured once per pair like the pass costs, before any
+    generation."""
     import json
 
     from specdec_kernels._cache import remembered
