@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -65,9 +66,17 @@ STOP_MARGIN = 0.04
 #: loss; :data:`DRAFT_MARGIN` applies to restarting a draft that stopped.
 PRIOR_MARGIN = 0.0
 
-#: sweeps of the pass-cost grid in :func:`measure_pass_costs`, each with a share of the repeats;
-#: each entry is the smallest of the sweeps' figures
+#: sweeps of the pass-cost grid in :func:`measure_pass_costs`: each batch size's row of the
+#: grid has their median shape at the level of the fastest (:func:`_grid_row`)
 SWEEPS = 4
+
+#: seconds each batch size's row of the pass-cost grid is timed for in a sweep (rounds of its
+#: passes, at least a sweep's share of the repeats, at most 8 times that): the quick passes of
+#: small batches get the most rounds, as their token counts differ by the least (at batch 1 on
+#: an AMD EPYC VM the 9-token pass costs ~1.5x the 1-token one, and one round's figures there
+#: swing by 20%: with 2 rounds a sweep the grid priced passes of 1 to 6 tokens alike and the
+#: 9-token one at 1.42x, and "auto" drafted 8 where 4 ran 3-8% faster)
+GRID_ROW_SECONDS = 0.25
 
 
 def pick_k(value: torch.Tensor, margin: float = DRAFT_MARGIN) -> torch.Tensor:
@@ -590,6 +599,32 @@ def _step_ms(batch: int, k: int, vocab: int, device, dtype, repeats: int) -> flo
     return times[len(times) // 2] * 1e3
 
 
+def _grid_row(sweeps) -> list[float]:
+    """One batch size's row of the pass grid from its sweeps' rows (each ``[tokens]``, ms): the
+    shape, each entry's median over the sweeps of its ratio to its sweep's mean, at the level
+    of the fastest sweep (the least mean). A sweep times a row's token counts side by side,
+    so a spell of the machine scales its whole row and drops out of the ratios; the smallest
+    figure of each entry over the sweeps instead picks each entry's luckiest dip and bends the
+    row (at batch 1 on an AMD EPYC VM it priced passes of 1 to 6 tokens alike).
+
+    >>> _grid_row([[1.0, 3.0], [2.0, 2.0], [2.0, 6.0]])  # the second sweep's 2 tokens dipped
+    [1.0, 3.0]
+    """
+    means = [sum(r) / len(r) for r in sweeps]
+    shape = [
+        statistics.median(r[i] / m for r, m in zip(sweeps, means)) for i in range(len(sweeps[0]))
+    ]
+    return [x * min(means) for x in shape]
+
+
+def _grid_rounds(target, batch: int, tokens: list[int], context: int, least: int) -> int:
+    """Rounds of ``batch``'s row of the pass grid (two calls of each token count a round) that
+    take about :data:`GRID_ROW_SECONDS`: at least ``least``, at most ``8 * least``."""
+    one = pass_ms(target, batch, tokens[len(tokens) // 2], context, 1)  # a middle pass, ms
+    per_round = 2 * len(tokens) * one / 1e3
+    return max(least, min(8 * least, math.ceil(GRID_ROW_SECONDS / max(per_round, 1e-6))))
+
+
 def _fingerprint(target, draft) -> str:
     import hashlib
     import json
@@ -638,9 +673,10 @@ def measure_pass_costs(
     :class:`PassCosts`: target passes of every token count ``1 .. max_k + 1`` and draft
     passes of one token (the pass a drafter runs: ``CausalLM.draft_logits``, float32 kernels,
     where the draft has it) at batch sizes ``1, 2, 3, 4, 8, ... <= max_batch`` after a
-    ``context``-token prefix (:data:`SWEEPS` sweeps of the grid, each the lower quartile of its
-    share of ``repeats``; the smallest of them, made non-decreasing in tokens and rows), and
-    the verification op's time.
+    ``context``-token prefix (:data:`SWEEPS` sweeps of the grid, each entry the lower quartile
+    of its rounds, a batch size's rounds taking about :data:`GRID_ROW_SECONDS`, at least a
+    sweep's share of ``repeats``; each row the sweeps' median shape at the fastest sweep's
+    level, made non-decreasing in tokens and rows), and the verification op's time.
 
     The result is cached per (models, their dtype and device, thread count, torch version,
     CPU): in this process, and in :func:`cache_path` unless ``cache=False``. The generator
@@ -651,7 +687,7 @@ def measure_pass_costs(
     -------
     PassCosts
     """
-    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:sweeps"
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:shape"
 
     def measure() -> PassCosts:
         # powers of two, and 3 (the demo's batch): a row more changes the pass there by more
@@ -678,20 +714,22 @@ def measure_pass_costs(
         # never costs less with more tokens or more rows: the running maximum irons out a busy
         # machine's dips.
         #
-        # The grid is swept SWEEPS times, a share of the repeats each, and each entry is the
-        # smallest of the sweeps' figures: a slow spell of a shared machine lasting about one
-        # batch size's turn (~0.5 s) inflates that batch size's row in one sweep, not in the
-        # figure (one sweep had timed batch 3's passes 45-55% above the loop's, the 3-token
-        # pass more than the 1-token one, and "auto" drafted 4 where 3 measured 12% faster,
-        # AMD EPYC VM, 2 threads)
+        # The grid is swept SWEEPS times, each batch size's row for about GRID_ROW_SECONDS a
+        # sweep; each row has the sweeps' median shape at the fastest sweep's level
+        # (_grid_row): a slow spell of a shared machine lasting about one batch size's turn
+        # inflates that batch size's row in one sweep, not in the figure (one sweep had timed
+        # batch 3's passes 45-55% above the loop's, the 3-token pass more than the 1-token
+        # one, and "auto" drafted 4 where 3 measured 12% faster, AMD EPYC VM, 2 threads)
         share = max(1, repeats // SWEEPS)
+        rounds = [_grid_rounds(target, b, tokens, context, share) for b in batch]
         sweeps = []
         for _ in range(SWEEPS):
-            grid = [passes_ms([(target, b, t) for t in tokens], context, share, calls=2)
-                    for b in batch]  # fmt: skip
+            grid = [passes_ms([(target, b, t) for t in tokens], context, n, calls=2)
+                    for b, n in zip(batch, rounds)]  # fmt: skip
             grid.append([pass_ms(draft, b, 1, context, share, drafting=True) for b in batch])
             sweeps.append(grid)
-        low = [[min(xs) for xs in zip(*rows)] for rows in zip(*sweeps)]
+        low = [_grid_row(rows) for rows in list(zip(*sweeps))[:-1]]
+        low.append([min(xs) for xs in zip(*(s[-1] for s in sweeps))])
         rows, prev = [], [0.0] * len(tokens)
         for ms in low[:-1]:
             row = list(itertools.accumulate(ms, max))

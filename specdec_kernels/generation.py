@@ -10,6 +10,7 @@ References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import torch
@@ -291,8 +292,9 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     commit, the one host sync: ``step_ms``), per drafting step (``draft_fixed_ms``) and per
     draft token (drawing and feeding it: ``draft_step_ms``; the two apart from runs at K = 1
     and K = 4), at batch sizes 1, 4 and the grid's largest (``loop_batch``), from short greedy
-    runs of the loop (the difference of two lengths, so the prefill cancels; each run the
-    fastest of five tries, every run of a try back to back), minus the model passes ``costs``
+    runs of the loop (the difference of two lengths, so the prefill cancels; every run of a
+    try back to back, the drafting steps priced at the median of five tries' ratios to their
+    K = 0 step), minus the model passes ``costs``
     prices: the loop's steps at each batch size are then priced as the loop ran them, in one
     spell of the machine, whatever the passes' figures (taken apart, in a spell that may have
     been slower or faster) say. Measured once per pair like the pass costs, before any
@@ -301,7 +303,7 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
 
     from specdec_kernels._cache import remembered
 
-    key = "loop4:" + json.dumps(costs.to_dict(), sort_keys=True)
+    key = "loop6:" + json.dumps(costs.to_dict(), sort_keys=True)
     return remembered(
         key,
         lambda: _measure_loop_costs(costs, target, draft),
@@ -332,32 +334,33 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
         res = Decoder(adapter_for(target), drafter, max(k, 1) if k else 4).run([prompt] * b, n)
         return res.stats.wall_seconds * 1e3, res.stats.target_forwards  # equal rows: one end
 
-    # every run of a try back to back, five tries; each run's figure the fastest of its tries,
-    # as each of the passes' figures is the fastest of its sweeps: the loop and the passes are
-    # then priced in the machine's quickest spell, not one in a slow spell and the other in a
-    # fast one (on a shared VM the one-token pass took 0.6 ms in one minute and 1.9 ms in
-    # another, the many-token passes less slower: a correction from two spells priced the
-    # loop's steps at batch 1 at 1.7 ms more than its passes)
-    runs = {(b, k, n): [] for b in sizes for k in (0, 1, hi) for n in (short, long_)}
+    # every run of a try back to back, five tries. A batch size's step at K = 1 and hi is
+    # priced at the median over the tries of its ratio to the same try's K = 0 step (a batch
+    # size's six runs follow one another, in one spell of the machine), the K = 0 step at
+    # the median of the tries': on a shared VM whose passes take 0.6 ms in one minute and
+    # 1.9 ms in another, the fastest of each run's tries had mixed spells (a K = 1 step at
+    # batch 1 priced at 0.89x and at 2.02x of a K = 0 one, three calibrations of one pair, AMD
+    # EPYC VM)
+    keys = [(b, k, n) for b in sizes for k in (0, 1, hi) for n in (short, long_)]
+    for b, k, n in keys[::2]:  # warm-up: a first run of each shape is slower (its first
+        run(b, k, n)  # allocations): one took longer than the same loop run 6x as long
+    tries = []
     for _ in range(5):
-        for (b, k, n), t in runs.items():
-            t.append(run(b, k, n))
-    fastest = {key: min(t) for key, t in runs.items()}  # (wall, steps): the steps never vary
-    per = {
-        (b, k): (fastest[b, k, long_][0] - fastest[b, k, short][0])
-        / max(fastest[b, k, long_][1] - fastest[b, k, short][1], 1)
-        for b in sizes
-        for k in (0, 1, hi)
-    }
-    step, per_token, fixed = [], [], []
+        walls = {key: run(*key) for key in keys}  # (wall ms, steps): the steps never vary
+        tries.append(
+            {
+                (b, k): (walls[b, k, long_][0] - walls[b, k, short][0])
+                / max(walls[b, k, long_][1] - walls[b, k, short][1], 1)
+                for b in sizes
+                for k in (0, 1, hi)
+            }
+        )
+    per = {}
     for b in sizes:
-        s = per[b, 0] - costs.target(b, 1)
-        # what drafting adds beyond the priced passes, at K = 1 and at K = hi: a part per step
-        # (the catch-up pass, the draft's weights back into cache) and a part per draft token
-        extra = {k: per[b, k] - costs.target(b, k + 1) - k * costs.draft(b) - s for k in (1, hi)}
-        per_token.append(max(0.0, (extra[hi] - extra[1]) / (hi - 1)))
-        fixed.append(extra[1] - per_token[-1])
-        step.append(s)
+        per[b, 0] = statistics.median(t[b, 0] for t in tries)
+        for k in (1, hi):
+            per[b, k] = per[b, 0] * statistics.median(t[b, k] / t[b, 0] for t in tries)
+    step, per_token, fixed = zip(*(_loop_corrections(costs, per, b, hi) for b in sizes))
     return dataclasses.replace(
         costs,
         step_ms=tuple(step),
@@ -365,6 +368,17 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
         draft_fixed_ms=tuple(fixed),
         loop_batch=tuple(sizes),
     )
+
+
+def _loop_corrections(costs: PassCosts, per: dict, b: int, hi: int) -> tuple[float, ...]:
+    """``(step_ms, draft_step_ms, draft_fixed_ms)`` at batch ``b`` from the loop's ms per step
+    ``per[b, k]`` at ``K = 0, 1, hi``, beyond the passes ``costs`` prices."""
+    s = per[b, 0] - costs.target(b, 1)
+    # what drafting adds beyond the priced passes, at K = 1 and at K = hi: a part per step (the
+    # catch-up pass, the draft's weights back into cache) and a part per draft token
+    extra = {k: per[b, k] - costs.target(b, k + 1) - k * costs.draft(b) - s for k in (1, hi)}
+    per_token = max(0.0, (extra[hi] - extra[1]) / (hi - 1))
+    return s, per_token, extra[1] - per_token
 
 
 def _measurable(target, draft) -> bool:

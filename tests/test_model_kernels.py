@@ -1155,6 +1155,23 @@ def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
     assert list(wider.draft_ms) == sorted(wider.draft_ms) and wider.draft_ms[0] > 0
 
 
+def test_pass_grid_times_quick_rows_longer_and_keeps_each_rows_shape(monkeypatch):
+    """A batch size's row of the grid gets rounds for about ``GRID_ROW_SECONDS`` (quick passes
+    many, slow ones the sweep's share), and its shape is the sweeps' median one: a sweep whose
+    entries dipped unevenly does not bend it, as the smallest figure per entry did."""
+    from specdec_kernels import adaptive
+
+    ms = {1: 0.1, 16: 50.0}  # a middle pass of each batch size, ms
+    monkeypatch.setattr(adaptive, "pass_ms", lambda model, b, t, ctx, reps: ms[b])
+    tokens = list(range(1, 10))
+    assert adaptive._grid_rounds(None, 1, tokens, 64, 2) == 16  # capped at 8x the share
+    assert adaptive._grid_rounds(None, 16, tokens, 64, 2) == 2  # at least the share
+    sweeps = [[2.0, 2.2, 2.6, 3.0], [1.0, 1.1, 1.3, 1.5], [2.0, 1.0, 1.0, 3.0]]
+    row = adaptive._grid_row(sweeps)
+    assert row == pytest.approx([1.0, 1.1, 1.3, 1.5])  # the two alike sweeps' shape
+    assert [min(x) for x in zip(*sweeps)] == [1.0, 1.0, 1.0, 1.5]  # per entry: bent
+
+
 def test_draft_costs_time_the_drafters_pass(pair_tiny, monkeypatch):
     """The draft's cost is that of the pass a drafter runs (``CausalLM.draft_logits``: float32
     kernels), not the bitwise forward."""
@@ -1272,8 +1289,9 @@ def test_loop_costs_per_batch_size_interpolate_and_round_trip():
 def test_loop_costs_price_each_batch_size_as_the_loop_ran(pair_tiny, monkeypatch):
     """``with_loop_costs`` calibrates at batch sizes 1, 4 and the grid's largest: with the
     corrections, the step costs at ``K = 0, 1, 4`` are the loop's own per-step walls there,
-    whatever the passes' grid says (here 40% off), taken from each run's fastest try (the
-    other tries are slowed by half)."""
+    whatever the passes' grid says (here 40% off): a drafting step at the median over the
+    tries of its ratio to the same try's ``K = 0`` step, that step at the tries' median (a try
+    in a slow spell, one in a fast spell, one with two runs disturbed)."""
     from specdec_kernels import generation
 
     target, draft = pair_tiny
@@ -1289,6 +1307,8 @@ def test_loop_costs_price_each_batch_size_as_the_loop_ran(pair_tiny, monkeypatch
         for k in (0, 1, 4)
     }
     tries: dict = {}
+    ctx = min(target.max_seq_len, draft.max_seq_len)
+    short, long_ = ctx // 24, ctx // 4  # the two runs' new tokens
 
     class FakeDecoder:
         def __init__(self, target, drafter, k):
@@ -1298,15 +1318,19 @@ def test_loop_costs_price_each_batch_size_as_the_loop_ran(pair_tiny, monkeypatch
             key = (len(prompts), self.k, n)
             tries[key] = tries.get(key, 0) + 1
             steps = -(-n // (self.k + 1))  # every draft accepted
-            slow = 1.0 if tries[key] == 3 else 1.5  # the third try is the machine's fast spell
-            wall = slow * (20.0 + steps * truth[len(prompts), self.k])
+            attempt = tries[key] - (n == short)  # 0: the warm-up run (short only)
+            spell = {0: 50.0, 1: 1.5, 3: 0.7}.get(attempt, 1.0)  # a slow try and a fast one
+            if attempt == 5 and key[:2] == (1, 1):
+                spell = 3.0  # the last try's runs at batch 1, K = 1 disturbed
+            wall = spell * (20.0 + steps * truth[len(prompts), self.k])
             stats = sk.GenerationStats(target_forwards=steps, wall_seconds=wall / 1e3)
             return type("R", (), {"stats": stats})()
 
     monkeypatch.setattr(generation, "Decoder", FakeDecoder)
     c = generation.with_loop_costs(grid, target, draft, cache=False)
     assert c.loop_batch == (1, 4, 16)
-    assert set(tries.values()) == {5}  # five tries of every run
+    # five tries of every run, a warm-up run of each shape first
+    assert {n: c for (_, _, n), c in tries.items()} == {short: 6, long_: 5}
     for (b, k), ms in truth.items():
         # the walls are whole-step multiples, so the difference of two lengths is exact
         assert c.step_cost(b, k) == pytest.approx(ms, rel=1e-6), (b, k)
