@@ -353,3 +353,4 @@ def test_e2e_ratios_are_paired_by_repeat():
 
     spec, alone = [300.0, 120.0, 200.0], [200.0, 100.0, 100.0]  # ratios 1.5, 1.2, 2.0
     assert e2e.paired_ratio(spec, alone) == 1.5
+    assert e2e.paired_quartiles(spec, alone) == pytest.approx((1.35, 1.75))  # the spread too
