@@ -294,11 +294,10 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     and K = 4), at batch sizes 1, 4 and the grid's largest (``loop_batch``), from short greedy
     runs of the loop (the difference of two lengths, so the prefill cancels; every run of a
     try back to back, the drafting steps priced at the median of five tries' ratios to their
-    K = 0 step), minus the model passes ``costs``
-    prices: the loop's steps at each batch size are then priced as the loop ran them, in one
-    spell of the machine, whatever the passes' figures (taken apart, in a spell that may have
-    been slower or faster) say. Measured once per pair like the pass costs, before any
-    generation."""
+    K = 0 step), minus the model passes ``costs`` prices: the loop's steps at each batch size
+    are then priced as the loop ran them, whatever the passes' figures (taken apart, in a
+    spell that may have been slower or faster) say. Measured once per pair like the pass
+    costs, before any generation."""
     import json
 
     from specdec_kernels._cache import remembered
@@ -342,8 +341,10 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
     # batch 1 priced at 0.89x and at 2.02x of a K = 0 one, three calibrations of one pair, AMD
     # EPYC VM)
     keys = [(b, k, n) for b in sizes for k in (0, 1, hi) for n in (short, long_)]
-    for b, k, n in keys[::2]:  # warm-up: a first run of each shape is slower (its first
-        run(b, k, n)  # allocations): one took longer than the same loop run 6x as long
+    # a warm-up run of each shape first: a first run is slower (its allocations), and one had
+    # taken longer than the same loop run for 6x as many tokens
+    for b, k, n in keys[::2]:
+        run(b, k, n)
     tries = []
     for _ in range(5):
         walls = {key: run(*key) for key in keys}  # (wall ms, steps): the steps never vary
@@ -359,7 +360,13 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
     for b in sizes:
         per[b, 0] = statistics.median(t[b, 0] for t in tries)
         for k in (1, hi):
-            per[b, k] = per[b, 0] * statistics.median(t[b, k] / t[b, 0] for t in tries)
+            # a try whose K = 0 figure a hiccup drove to 0 or below gives no ratio
+            ratios = [t[b, k] / t[b, 0] for t in tries if t[b, 0] > 0]
+            per[b, k] = (
+                per[b, 0] * statistics.median(ratios)
+                if ratios
+                else statistics.median(t[b, k] for t in tries)
+            )
     step, per_token, fixed = zip(*(_loop_corrections(costs, per, b, hi) for b in sizes))
     return dataclasses.replace(
         costs,

@@ -1291,7 +1291,8 @@ def test_loop_costs_price_each_batch_size_as_the_loop_ran(pair_tiny, monkeypatch
     corrections, the step costs at ``K = 0, 1, 4`` are the loop's own per-step walls there,
     whatever the passes' grid says (here 40% off): a drafting step at the median over the
     tries of its ratio to the same try's ``K = 0`` step, that step at the tries' median (a try
-    in a slow spell, one in a fast spell, one with two runs disturbed)."""
+    in a slow spell, one in a fast spell, one with two runs disturbed, one whose ``K = 0``
+    figure at batch 4 a hiccup drove below 0)."""
     from specdec_kernels import generation
 
     target, draft = pair_tiny
@@ -1322,6 +1323,8 @@ def test_loop_costs_price_each_batch_size_as_the_loop_ran(pair_tiny, monkeypatch
             spell = {0: 50.0, 1: 1.5, 3: 0.7}.get(attempt, 1.0)  # a slow try and a fast one
             if attempt == 5 and key[:2] == (1, 1):
                 spell = 3.0  # the last try's runs at batch 1, K = 1 disturbed
+            if attempt == 2 and key == (4, 0, short):
+                spell = 100.0  # a hiccup: that try's K = 0 figure at batch 4 below 0
             wall = spell * (20.0 + steps * truth[len(prompts), self.k])
             stats = sk.GenerationStats(target_forwards=steps, wall_seconds=wall / 1e3)
             return type("R", (), {"stats": stats})()
