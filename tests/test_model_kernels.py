@@ -950,7 +950,10 @@ def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny, rows):
     target, draft = pair_tiny
     a = torch.tensor([0.5])
     gain = float(expected_tokens(a, torch.tensor(1.0)))  # tokens a K = 1 step yields
+    # measured well (1e6 tries at 0.5): the estimate's upper bound is the estimate
     tracker = AcceptanceTracker.new(rows, "cpu", prior=0.5, prior_weight=1.0)
+    tracker.update(torch.full((rows,), 5e5), torch.full((rows,), 1e6))
+    tracker.tried.fill_(1e6)
     between = (STOP_MARGIN + DRAFT_MARGIN) / 2
     cases = {  # predicted gain of K = 1 over the target alone -> (K cold, K running)
         between: (0, 1),
@@ -969,6 +972,44 @@ def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny, rows):
             dec._draft_cold = cold
             got = dec._auto_k(tracker, torch.full((rows,), 1000))
             assert got.tolist() == [want] * rows, (g, cold)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(pair_tiny, rows):
+    """A running draft whose estimate predicts a loss on a few tries goes on (the stop is final
+    while the batch is unchanged, and a few early rejections are not evidence of a loss), with
+    the best ``K >= 1`` at the estimate, not at its bound; the same estimate on many tries
+    stops it; a cold draft restarts at the estimate alone."""
+    from specdec_kernels.adaptive import STOP_OPTIMISM, AcceptanceTracker
+    from specdec_kernels.decoding import Decoder, ModelDrafter
+    from specdec_kernels.decoding.adapters import CausalLMAdapter
+
+    assert STOP_OPTIMISM > 0
+    target, draft = pair_tiny
+    # a 2-token pass costs what 1.5 one-token passes do, a 3-token one 1.7: K = 1 breaks even
+    # at acceptance 0.5; at 0.6 K = 2 beats K = 1
+    costs = PassCosts((1, 4), (1, 2, 3), ((1.0, 1.5, 1.7),) * 2, (0.0, 0.0))
+    dec = Decoder(
+        CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), "auto",
+        max_speculative_tokens=2, costs=costs,
+    )  # fmt: skip
+    left = torch.full((rows,), 1000)
+
+    def tracker(accepted, tried):  # prior 0.5 worth one try
+        t = AcceptanceTracker.new(rows, "cpu", prior=0.5, prior_weight=1.0)
+        t.accepted.fill_(accepted)
+        t.tried.fill_(tried)
+        return t
+
+    few, many = tracker(1.5, 5.0), tracker(33332.5, 99998.0)  # both estimate 1/3: a loss
+    assert costs.one_row_k(1 / 3, 2, margin=0.0) == 0 and costs.one_row_k(0.6, 2, 0.0) == 2
+    assert torch.allclose(few.alpha(), many.alpha())
+    assert (few.alpha(STOP_OPTIMISM) > 0.55).all() and (many.alpha(STOP_OPTIMISM) < 0.34).all()
+    dec._draft_cold = False
+    assert dec._auto_k(few, left).tolist() == [1] * rows  # goes on, at the estimate's best K
+    assert dec._auto_k(many, left).tolist() == [0] * rows  # stops
+    dec._draft_cold = True
+    assert dec._auto_k(few, left).tolist() == [0] * rows  # a cold draft: the estimate alone
 
 
 @pytest.mark.parametrize("gain", [-0.05, 0.05])

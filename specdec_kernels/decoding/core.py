@@ -34,6 +34,7 @@ from specdec_kernels.adaptive import (
     DRAFT_MARGIN,
     PRIOR_MARGIN,
     STOP_MARGIN,
+    STOP_OPTIMISM,
     AcceptanceTracker,
     PassCosts,
     pick_k,
@@ -638,14 +639,25 @@ class Decoder:
         """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
         to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
         sync reads it with the rest (on the CPU: the same choice from host floats,
-        :meth:`PassCosts.finish_k`). ``K = 0`` unless drafting is predicted to gain ``margin``;
-        by default the margin to restart drafting (``DRAFT_MARGIN``) while the draft is not
-        running, and ``STOP_MARGIN`` while it is (a running draft stops under it). ``alpha``
-        ``[B]``: the rows' acceptance, by default ``tracker``'s estimate."""
-        alpha = tracker.alpha() if alpha is None else alpha  # [B]
+        :meth:`PassCosts.finish_k`). ``K = 0`` unless drafting is predicted to gain ``margin``.
+        ``alpha`` ``[B]``: the rows' acceptance, by default ``tracker``'s estimate.
+
+        By default (``margin=None``) a draft that is not running restarts where it gains
+        ``DRAFT_MARGIN`` at the estimate; a running one goes on with the best ``K >= 1`` at the
+        estimate unless it loses (gains under ``STOP_MARGIN``) even at the estimate's upper
+        bound (``STOP_OPTIMISM``): the stop is final while the batch is unchanged, and is not
+        taken on an early run of rejections."""
         running = self.drafter is not None and not self._draft_cold
-        if margin is None:
-            margin = STOP_MARGIN if running else DRAFT_MARGIN
+        if margin is not None or not running:
+            a = tracker.alpha() if alpha is None else alpha
+            return self._choose_k(a, left, DRAFT_MARGIN if margin is None else margin)
+        goes_on = self._choose_k(tracker.alpha(STOP_OPTIMISM), left, STOP_MARGIN) > 0  # no sync
+        k = self._choose_k(tracker.alpha() if alpha is None else alpha, left, -1.0)
+        return torch.where(goes_on, k, torch.zeros_like(k))
+
+    def _choose_k(self, alpha: torch.Tensor, left: torch.Tensor, margin: float) -> torch.Tensor:
+        """``[B]``: the one ``K`` of :meth:`PassCosts.finish_rates` for acceptance ``alpha``
+        ``[B]``, ``K = 0`` unless another gains ``margin`` (``-1``: the best ``K >= 1``)."""
         if alpha.device.type == "cpu":  # reading it syncs nothing: the choice from host floats
             k = self.costs.finish_k(alpha.tolist(), left.tolist(), self.max_k, margin)
             return torch.full((alpha.numel(),), k, dtype=torch.int64)
