@@ -170,3 +170,44 @@ def test_decoder_checks_arguments():
         Sampling(-1.0)
     with pytest.raises(ValueError, match="eos_token_id"):
         Decoder(CausalLMAdapter(target)).run([[1]], 2, eos_token_id=10**6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_loops_verification_is_the_public_ops(dtype):
+    """``verify_loop_chain`` (the decoding loop's call: no checks, no op dispatch) returns what
+    ``sk.verify_greedy`` / ``sk.verify_sampling`` return for the same inputs: greedy, sampling
+    with and without filters, block verification, with and without draft probabilities, ragged
+    counts, ``K = 0``, ties and ``-inf`` logits, on every CPU backend."""
+    from specdec_kernels.verification import verify_loop_chain
+
+    g = torch.Generator().manual_seed(3)
+    checked = 0
+    for trial in range(48):
+        b, k, v = 1 + trial % 4, trial % 5, (7, 33, 257)[trial % 3]
+        logits = torch.randn(b, k + 1, v, generator=g).mul(3)
+        logits[..., : v // 3] = logits[..., : v // 3].round()  # ties
+        logits[0, :, -1] = -torch.inf
+        logits = logits.to(dtype)
+        drafts = torch.randint(0, v, (b, k), generator=g)
+        nd = torch.randint(0, k + 1, (b,), generator=g)
+        q = torch.softmax(torch.randn(b, k, v, generator=g), -1) if trial % 2 else None
+        seeds = torch.randint(0, 2**62, (b,), generator=g)
+        temperature = (0.0, 1.0, 0.7)[trial % 3]
+        top_k, top_p = ((None, None), (5, None), (None, 0.8), (3, 0.9))[trial % 4]
+        method = ("token", "block")[(trial // 3) % 2]
+        for backend in ("native", "reference"):
+            got = verify_loop_chain(
+                logits, drafts, nd, q, temperature=temperature, top_k=top_k, top_p=top_p,
+                method=method, seeds=seeds, backend=backend,
+            )  # fmt: skip
+            if temperature == 0:
+                want = sk.verify_greedy(logits, drafts, num_draft_tokens=nd, backend=backend)
+            else:
+                want = sk.verify_sampling(
+                    logits, drafts, q, temperature=temperature, top_k=top_k, top_p=top_p,
+                    num_draft_tokens=nd, seed=seeds, method=method, backend=backend,
+                )  # fmt: skip
+            for name in ("tokens", "num_accepted", "num_emitted"):
+                assert torch.equal(getattr(got, name), getattr(want, name)), (trial, backend, name)
+            checked += 1
+    assert checked == 96

@@ -28,7 +28,7 @@ import torch
 
 from specdec_kernels.models.causal_lm import TreeAttention
 from specdec_kernels.tree_verification import verify_tree_greedy, verify_tree_sampling
-from specdec_kernels.verification import verify_greedy, verify_sampling
+from specdec_kernels.verification import verify_greedy, verify_loop_chain, verify_sampling
 
 
 @dataclass
@@ -73,6 +73,19 @@ class ChainProposal:
         choice), or ``ops``, the target adapter's ``verify_ops`` pair: a sharded target's
         vocabulary-parallel ops, which run on the shard's device and take no ``backend``."""
         mask = _mask_kwargs(self.token_bitmask, ops)
+        if ops is None and not mask and not sampling.logprob_kwargs:  # the loop's own inputs
+            return verify_loop_chain(
+                logits,
+                self.drafts,
+                self.num_draft,
+                self.draft_probs,
+                temperature=sampling.temperature,
+                top_k=sampling.top_k,
+                top_p=sampling.top_p,
+                method=sampling.verify_method,
+                seeds=seeds,
+                backend=backend,
+            )
         if ops is None:
             greedy_op = functools.partial(verify_greedy, backend=backend)
             sampling_op = functools.partial(verify_sampling, backend=backend)
