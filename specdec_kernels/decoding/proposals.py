@@ -71,7 +71,9 @@ class ChainProposal:
     def verify(self, logits, sampling, seeds, ops=None, backend=None):
         """``sk.verify_greedy`` / ``sk.verify_sampling`` on ``backend`` (``None``: the automatic
         choice), or ``ops``, the target adapter's ``verify_ops`` pair: a sharded target's
-        vocabulary-parallel ops, which run on the shard's device and take no ``backend``."""
+        vocabulary-parallel ops, which run on the shard's device and take no ``backend``.
+        Without logprobs and a grammar, the same op without their checks and its dispatch
+        (:func:`~specdec_kernels.verification.verify_loop_chain`)."""
         mask = _mask_kwargs(self.token_bitmask, ops)
         if ops is None and not mask and not sampling.logprob_kwargs:  # the loop's own inputs
             return verify_loop_chain(
