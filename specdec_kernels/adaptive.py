@@ -68,11 +68,14 @@ PRIOR_MARGIN = 0.0
 
 #: standard deviations of the acceptance estimate's posterior that a *running* draft is given
 #: the benefit of (:meth:`AcceptanceTracker.alpha`): it stops only where drafting loses even at
-#: that upper bound. A stopped draft measures nothing more, so the stop is final for a batch
-#: that does not change, and at batch 1 the choice is renewed every step: with the plain
-#: estimate, an early run of rejections stopped it for good (batch 1, T = 1, 32 new tokens a
-#: prompt on a 2-core EPYC VM: 377 of 915 steps of "auto" ran the target alone after such a
-#: stop, 1.33x of the target alone where ``K = 4`` ran 1.72x and ``K = 5`` 1.81x)
+#: that upper bound of the batch's mean acceptance (each of ``B`` rows raised by
+#: ``STOP_OPTIMISM / sqrt(B)`` of its own deviation; with each row's own bound, a batch of 16
+#: rows drafted ``K = 1`` for whole runs, 0.90x of the target alone). A stopped draft measures
+#: nothing more, so the stop is final for a batch that does not change, and at batch 1 the
+#: choice is renewed every step: with the plain estimate, an early run of rejections stopped it
+#: for good (batch 1, T = 1, 32 new tokens a prompt on a 2-core EPYC VM: 377 of 915 steps of
+#: "auto" ran the target alone after such a stop, 1.50-1.56x of the target alone where
+#: ``K = 4`` ran 1.78x; with the bound, 1.69-1.72x)
 STOP_OPTIMISM = 1.5
 
 #: sweeps of the pass-cost grid in :func:`measure_pass_costs`: each batch size's row of the

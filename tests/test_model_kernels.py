@@ -979,7 +979,11 @@ def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(
     """A running draft whose estimate predicts a loss on a few tries goes on (the stop is final
     while the batch is unchanged, and a few early rejections are not evidence of a loss), with
     the best ``K >= 1`` at the estimate, not at its bound; the same estimate on many tries
-    stops it; a cold draft restarts at the estimate alone."""
+    stops it; a cold draft restarts at the estimate alone. The bound is the batch's: 16 rows
+    on the tries that keep 1 or 3 rows drafting stop (their mean has a quarter of a row's
+    deviation)."""
+    import math
+
     from specdec_kernels.adaptive import STOP_OPTIMISM, AcceptanceTracker
     from specdec_kernels.decoding import Decoder, ModelDrafter
     from specdec_kernels.decoding.adapters import CausalLMAdapter
@@ -988,26 +992,30 @@ def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(
     target, draft = pair_tiny
     # a 2-token pass costs what 1.5 one-token passes do, a 3-token one 1.7: K = 1 breaks even
     # at acceptance 0.5; at 0.6 K = 2 beats K = 1
-    costs = PassCosts((1, 4), (1, 2, 3), ((1.0, 1.5, 1.7),) * 2, (0.0, 0.0))
+    costs = PassCosts((1, 4, 16), (1, 2, 3), ((1.0, 1.5, 1.7),) * 3, (0.0,) * 3)
     dec = Decoder(
         CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), "auto",
         max_speculative_tokens=2, costs=costs,
     )  # fmt: skip
-    left = torch.full((rows,), 1000)
+    assert costs.one_row_k(1 / 3, 2, margin=0.0) == 0 and costs.one_row_k(0.6, 2, 0.0) == 2
 
-    def tracker(accepted, tried):  # prior 0.5 worth one try
-        t = AcceptanceTracker.new(rows, "cpu", prior=0.5, prior_weight=1.0)
-        t.accepted.fill_(accepted)
+    def tracker(b, tried):  # the prior 1/3, worth one try; estimate 1/3 (a loss at any K)
+        t = AcceptanceTracker.new(b, "cpu", prior=1 / 3, prior_weight=1.0)
+        t.accepted.fill_(tried / 3)
         t.tried.fill_(tried)
         return t
 
-    few, many = tracker(1.5, 5.0), tracker(33332.5, 99998.0)  # both estimate 1/3: a loss
-    assert costs.one_row_k(1 / 3, 2, margin=0.0) == 0 and costs.one_row_k(0.6, 2, 0.0) == 2
-    assert torch.allclose(few.alpha(), many.alpha())
-    assert (few.alpha(STOP_OPTIMISM) > 0.55).all() and (many.alpha(STOP_OPTIMISM) < 0.34).all()
+    few, many = tracker(rows, 0.0), tracker(rows, 1e5)
+    assert torch.allclose(few.alpha(), torch.tensor(1 / 3)) and torch.allclose(
+        many.alpha(), torch.tensor(1 / 3)
+    )
+    bound = STOP_OPTIMISM / math.sqrt(rows)
+    assert (few.alpha(bound) > 0.6).all() and (many.alpha(bound) < 0.34).all()
+    left = torch.full((rows,), 1000)
     dec._draft_cold = False
     assert dec._auto_k(few, left).tolist() == [1] * rows  # goes on, at the estimate's best K
     assert dec._auto_k(many, left).tolist() == [0] * rows  # stops
+    assert dec._auto_k(tracker(16, 0.0), torch.full((16,), 1000)).tolist() == [0] * 16
     dec._draft_cold = True
     assert dec._auto_k(few, left).tolist() == [0] * rows  # a cold draft: the estimate alone
 

@@ -645,13 +645,17 @@ class Decoder:
         By default (``margin=None``) a draft that is not running restarts where it gains
         ``DRAFT_MARGIN`` at the estimate; a running one goes on with the best ``K >= 1`` at the
         estimate unless it loses (gains under ``STOP_MARGIN``) even at the estimate's upper
-        bound (``STOP_OPTIMISM``): the stop is final while the batch is unchanged, and is not
-        taken on an early run of rejections."""
+        bound (``STOP_OPTIMISM`` deviations of the batch's mean estimate, each row's estimate
+        raised by ``STOP_OPTIMISM / sqrt(B)`` of its own): the stop is final while the batch is
+        unchanged, and is not taken on an early run of rejections."""
         running = self.drafter is not None and not self._draft_cold
         if margin is not None or not running:
             a = tracker.alpha() if alpha is None else alpha
             return self._choose_k(a, left, DRAFT_MARGIN if margin is None else margin)
-        goes_on = self._choose_k(tracker.alpha(STOP_OPTIMISM), left, STOP_MARGIN) > 0  # no sync
+        # the bound of the batch's gain: its rows' estimates are independent, their mean has
+        # 1 / sqrt(B) of one row's deviation (a row's own bound kept 16 rows drafting a loss)
+        bound = tracker.alpha(STOP_OPTIMISM / math.sqrt(left.numel()))
+        goes_on = self._choose_k(bound, left, STOP_MARGIN) > 0  # no sync
         k = self._choose_k(tracker.alpha() if alpha is None else alpha, left, -1.0)
         return torch.where(goes_on, k, torch.zeros_like(k))
 
