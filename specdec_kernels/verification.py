@@ -191,7 +191,7 @@ def verify_loop_chain(
     takes the public functions for those)."""
     resolved = resolve_backend(backend, target_logits.device)
     draft_tokens = draft_tokens.contiguous()
-    if temperature == 0:
+    if check.all_greedy(temperature):
         return run_chain(
             target_logits,
             draft_tokens,

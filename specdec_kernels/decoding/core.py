@@ -649,14 +649,14 @@ class Decoder:
         raised by ``STOP_OPTIMISM / sqrt(B)`` of its own): the stop is final while the batch is
         unchanged, and is not taken on an early run of rejections."""
         running = self.drafter is not None and not self._draft_cold
+        alpha = tracker.alpha() if alpha is None else alpha  # [B]
         if margin is not None or not running:
-            a = tracker.alpha() if alpha is None else alpha
-            return self._choose_k(a, left, DRAFT_MARGIN if margin is None else margin)
+            return self._choose_k(alpha, left, DRAFT_MARGIN if margin is None else margin)
         # the bound of the batch's gain: its rows' estimates are independent, their mean has
         # 1 / sqrt(B) of one row's deviation (a row's own bound kept 16 rows drafting a loss)
         bound = tracker.alpha(STOP_OPTIMISM / math.sqrt(left.numel()))
         goes_on = self._choose_k(bound, left, STOP_MARGIN) > 0  # no sync
-        k = self._choose_k(tracker.alpha() if alpha is None else alpha, left, -1.0)
+        k = self._choose_k(alpha, left, -1.0)
         return torch.where(goes_on, k, torch.zeros_like(k))
 
     def _choose_k(self, alpha: torch.Tensor, left: torch.Tensor, margin: float) -> torch.Tensor:
