@@ -835,6 +835,17 @@ bool linear_tile_is_avx2() {
   return t == Tile::kAvx2 || (t == Tile::kBest && cpu_has_avx2_fma() && !cpu_has_avx512f());
 }
 
+// Attention (rowinv_attention, every pass's, row-invariant whatever its code: each query is its
+// own row) and the drafter's float32 layers (linear_rows_f32: no bitwise contract) run the AVX2
+// code wherever the CPU has AVX2 with FMA, AVX-512 CPUs included, unless the generic code is
+// forced (SPECDEC_LINEAR_TILE=generic): its FMA chains beat the generic clones' sixteen-lane
+// partial sums and scalar tree per output (AMD EPYC with AVX-512 and AVX512_BF16: the bundled
+// target's attention at 5 queries 29-36 -> 17 us a layer, the bundled draft's K = 4 chain
+// 134 -> 77 us), and GELU's vector exp beats the scalar one.
+bool fma_kernels() {
+  return cpu_has_avx2_fma() && forced_tile() != Tile::kGeneric;
+}
+
 // finish_cols over whole rows of out [M, N] whose elements are already rounded sums (the tiles
 // that round in their own loops); a no-op without GELU and residual.
 at::Tensor& finish_rows(at::Tensor& out, bool gelu, const at::Tensor& res) {
@@ -1266,7 +1277,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), ms = mask.strides();
   const int64_t mh = mask.size(1) == 1 ? 0 : ms[1];
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const bool avx2 = linear_tile_is_avx2();
+  const bool avx2 = fma_kernels();
   // a task gets at least ~64k multiply-adds (two per key and element: scores, then values)
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, 2 * L * D));
   at::parallel_for(0, B * H * T, grain, [&](int64_t lo, int64_t hi) {
@@ -1373,7 +1384,7 @@ void linear_rows_f32(const float* x, int64_t M, int64_t C, const T* w, const T* 
                      float* out) {
   using W = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
   const W* wp = reinterpret_cast<const W*>(w);
-  const bool avx2 = linear_tile_is_avx2();  // the tile rowinv_linear's float32 layers run
+  const bool avx2 = fma_kernels();
   const int64_t tiles = (N + kRows - 1) / kRows;
   const int64_t grain =
       std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * C * kRows));
@@ -1415,7 +1426,7 @@ void attend_prefix(const float* q, int64_t D, const T* k, int64_t ks, const T* v
   const E* ke = reinterpret_cast<const E*>(k);
   const E* ve = reinterpret_cast<const E*>(v);
 #ifdef SPECDEC_HAVE_AVX2
-  if (linear_tile_is_avx2()) {
+  if (fma_kernels()) {
     attend_row_avx2(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
     return;
   }
@@ -1429,9 +1440,7 @@ void attend_prefix(const float* q, int64_t D, const T* k, int64_t ks, const T* v
 
 void gelu_tanh(float* v, int64_t n) {
 #ifdef SPECDEC_HAVE_AVX2
-  // wherever the CPU has AVX2 (AVX-512 CPUs too: scalar exp is the slow part), unless the
-  // generic kernels are forced (SPECDEC_LINEAR_TILE=generic, how the tests run them here)
-  if (cpu_has_avx2_fma() && forced_tile() != Tile::kGeneric) return gelu_tanh_avx2(v, n);
+  if (fma_kernels()) return gelu_tanh_avx2(v, n);
 #endif
   for (int64_t i = 0; i < n; ++i)
     v[i] = v[i] / (1.0f + std::exp(-1.5957691216f * (v[i] + 0.044715f * v[i] * v[i] * v[i])));
