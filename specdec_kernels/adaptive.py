@@ -221,6 +221,26 @@ class AcceptanceTracker:
             m = m + optimism * (m * (1 - m) / (n + 1)).clamp_min(0.0).sqrt()
         return m.clamp(0.0, 0.999)
 
+    def host_alpha(self, optimism: float = 0.0) -> list[float]:
+        """:meth:`alpha` as host floats (float64) from one read of the counts: what a loop on
+        the CPU chooses ``K`` from (:meth:`PassCosts.finish_k`), without :meth:`alpha`'s dozen
+        small tensor ops (a one-row loop renews its choice every step: ``Decoder._auto_k``
+        took ~0.12 ms a step that way).
+
+        >>> t = AcceptanceTracker.new(2, "cpu")
+        >>> t.update(torch.tensor([2, 0]), torch.tensor([4, 4]))
+        >>> [round(a, 4) for a in t.host_alpha()], t.alpha()
+        ([0.6857, 0.56], tensor([0.6857, 0.5600]))
+        """
+        w, out = self.prior_weight, []
+        for a, t in zip(self.accepted.tolist(), self.tried.tolist()):
+            n = t + w
+            m = (a + self.prior * w) / max(n, 1e-9)
+            if optimism:
+                m += optimism * math.sqrt(max(m * (1 - m) / (n + 1), 0.0))
+            out.append(min(max(m, 0.0), 0.999))
+        return out
+
     def prior_spread(self) -> torch.Tensor:
         """``[B]``: the rows' acceptance before any is measured, as the prior's own spread: the
         quantiles ``(i + 0.5) / B`` of ``Beta(prior * prior_weight, (1 - prior) * prior_weight)``

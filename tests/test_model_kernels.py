@@ -1020,6 +1020,45 @@ def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(
     assert dec._auto_k(few, left).tolist() == [0] * rows  # a cold draft: the estimate alone
 
 
+def test_autos_host_choice_on_the_cpu_is_the_tensor_paths(pair_tiny):
+    """On the CPU ``Decoder._auto_k`` chooses from host floats (``AcceptanceTracker.host_alpha``
+    and ``PassCosts.finish_k``) instead of the estimate's tensor ops: the same ``K`` as the
+    tensor path (the estimate passed in as a tensor) for random trackers of 1 to 16 rows,
+    running and cold drafts and every margin (the host's float64 and the tensors' float32 may
+    break an exact tie apart: the priors here are random, so no estimate sits on a boundary),
+    and ``host_alpha`` is ``alpha`` to float32."""
+    import random
+
+    from specdec_kernels.adaptive import AcceptanceTracker
+    from specdec_kernels.decoding import Decoder, ModelDrafter
+    from specdec_kernels.decoding.adapters import CausalLMAdapter
+
+    target, draft = pair_tiny
+    costs = PassCosts.linear(cost_ratio=0.05, verify_cost=0.15, max_k=8)
+    dec = Decoder(
+        CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), "auto",
+        max_speculative_tokens=8, costs=costs,
+    )  # fmt: skip
+    rnd = random.Random(0)
+    seen = set()
+    for _ in range(300):
+        b = rnd.choice([1, 1, 2, 3, 5, 16])
+        w = rnd.choice([0.5, 1.3, 4.0])
+        t = AcceptanceTracker.new(b, "cpu", prior=rnd.random(), prior_weight=w)
+        tried = torch.tensor([float(rnd.randint(0, 60)) for _ in range(b)])
+        t.tried.copy_(tried)
+        t.accepted.copy_((tried * torch.rand(b)).floor())
+        assert torch.allclose(torch.tensor(t.host_alpha(0.7)), t.alpha(0.7), atol=1e-6)
+        left = torch.tensor([rnd.randint(1, 200) for _ in range(b)])
+        dec._draft_cold = rnd.random() < 0.3
+        for margin in (None, -1.0, 0.0, 0.1):
+            got = dec._auto_k(t, left, margin)
+            assert got.dtype == torch.int64 and got.shape == (b,)
+            assert torch.equal(got, dec._auto_k(t, left, margin, alpha=t.alpha()))
+            seen.add(int(got[0]))
+    assert len(seen) >= 4  # the trackers spanned stops, small and large K
+
+
 @pytest.mark.parametrize("gain", [-0.05, 0.05])
 def test_auto_drafts_from_the_start_wherever_the_prior_predicts_a_gain(pair_tiny, gain):
     """The prior's choice at the start of a run needs no margin (``PRIOR_MARGIN``): a step

@@ -649,6 +649,8 @@ class Decoder:
         raised by ``STOP_OPTIMISM / sqrt(B)`` of its own): the stop is final while the batch is
         unchanged, and is not taken on an early run of rejections."""
         running = self.drafter is not None and not self._draft_cold
+        if alpha is None and tracker.accepted.device.type == "cpu":
+            return self._auto_k_host(tracker, left, margin, running)
         alpha = tracker.alpha() if alpha is None else alpha  # [B]
         if margin is not None or not running:
             return self._choose_k(alpha, left, DRAFT_MARGIN if margin is None else margin)
@@ -658,6 +660,20 @@ class Decoder:
         goes_on = self._choose_k(bound, left, STOP_MARGIN) > 0  # no sync
         k = self._choose_k(alpha, left, -1.0)
         return torch.where(goes_on, k, torch.zeros_like(k))
+
+    def _auto_k_host(self, tracker, left: torch.Tensor, margin, running: bool) -> torch.Tensor:
+        """:meth:`_auto_k` on the CPU, from host floats (:meth:`AcceptanceTracker.host_alpha`,
+        :meth:`PassCosts.finish_k`): the same rule with one tensor made, not ~30 small ops
+        (a one-row loop renews its choice after every step)."""
+        rows = left.tolist()
+        if margin is not None or not running:
+            m = DRAFT_MARGIN if margin is None else margin
+            k = self.costs.finish_k(tracker.host_alpha(), rows, self.max_k, m)
+        else:
+            bound = tracker.host_alpha(STOP_OPTIMISM / math.sqrt(len(rows)))
+            goes_on = self.costs.finish_k(bound, rows, self.max_k, STOP_MARGIN) > 0
+            k = self.costs.finish_k(tracker.host_alpha(), rows, self.max_k, -1.0) if goes_on else 0
+        return torch.full((len(rows),), k, dtype=torch.int64)
 
     def _choose_k(self, alpha: torch.Tensor, left: torch.Tensor, margin: float) -> torch.Tensor:
         """``[B]``: the one ``K`` of :meth:`PassCosts.finish_rates` for acceptance ``alpha``
