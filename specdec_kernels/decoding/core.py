@@ -665,15 +665,15 @@ class Decoder:
         """:meth:`_auto_k` on the CPU, from host floats (:meth:`AcceptanceTracker.host_alpha`,
         :meth:`PassCosts.finish_k`): the same rule with one tensor made, not ~30 small ops
         (a one-row loop renews its choice after every step)."""
-        rows = left.tolist()
+        togo = left.tolist()  # each row's tokens to go
         if margin is not None or not running:
             m = DRAFT_MARGIN if margin is None else margin
-            k = self.costs.finish_k(tracker.host_alpha(), rows, self.max_k, m)
+            k = self.costs.finish_k(tracker.host_alpha(), togo, self.max_k, m)
         else:
-            bound = tracker.host_alpha(STOP_OPTIMISM / math.sqrt(len(rows)))
-            goes_on = self.costs.finish_k(bound, rows, self.max_k, STOP_MARGIN) > 0
-            k = self.costs.finish_k(tracker.host_alpha(), rows, self.max_k, -1.0) if goes_on else 0
-        return torch.full((len(rows),), k, dtype=torch.int64)
+            bound = tracker.host_alpha(STOP_OPTIMISM / math.sqrt(len(togo)))
+            goes_on = self.costs.finish_k(bound, togo, self.max_k, STOP_MARGIN) > 0
+            k = self.costs.finish_k(tracker.host_alpha(), togo, self.max_k, -1.0) if goes_on else 0
+        return torch.full((len(togo),), k, dtype=torch.int64)
 
     def _choose_k(self, alpha: torch.Tensor, left: torch.Tensor, margin: float) -> torch.Tensor:
         """``[B]``: the one ``K`` of :meth:`PassCosts.finish_rates` for acceptance ``alpha``
