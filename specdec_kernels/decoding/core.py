@@ -649,38 +649,28 @@ class Decoder:
         raised by ``STOP_OPTIMISM / sqrt(B)`` of its own): the stop is final while the batch is
         unchanged, and is not taken on an early run of rejections."""
         running = self.drafter is not None and not self._draft_cold
-        if alpha is None and tracker.accepted.device.type == "cpu":
-            return self._auto_k_host(tracker, left, margin, running)
-        alpha = tracker.alpha() if alpha is None else alpha  # [B]
+        # on the CPU the estimate as host floats (one read of the counts, not a dozen small
+        # tensor ops: a one-row loop renews its choice after every step)
+        host = alpha is None and tracker.accepted.device.type == "cpu"
+        estimate = tracker.host_alpha if host else tracker.alpha
+        alpha = estimate() if alpha is None else alpha  # [B]
         if margin is not None or not running:
             return self._choose_k(alpha, left, DRAFT_MARGIN if margin is None else margin)
         # the bound of the batch's gain: its rows' estimates are independent, their mean has
         # 1 / sqrt(B) of one row's deviation (a row's own bound kept 16 rows drafting a loss)
-        bound = tracker.alpha(STOP_OPTIMISM / math.sqrt(left.numel()))
+        bound = estimate(STOP_OPTIMISM / math.sqrt(left.numel()))
         goes_on = self._choose_k(bound, left, STOP_MARGIN) > 0  # no sync
         k = self._choose_k(alpha, left, -1.0)
         return torch.where(goes_on, k, torch.zeros_like(k))
 
-    def _auto_k_host(self, tracker, left: torch.Tensor, margin, running: bool) -> torch.Tensor:
-        """:meth:`_auto_k` on the CPU, from host floats (:meth:`AcceptanceTracker.host_alpha`,
-        :meth:`PassCosts.finish_k`): the same rule with one tensor made, not ~30 small ops
-        (a one-row loop renews its choice after every step)."""
-        togo = left.tolist()  # each row's tokens to go
-        if margin is not None or not running:
-            m = DRAFT_MARGIN if margin is None else margin
-            k = self.costs.finish_k(tracker.host_alpha(), togo, self.max_k, m)
-        else:
-            bound = tracker.host_alpha(STOP_OPTIMISM / math.sqrt(len(togo)))
-            goes_on = self.costs.finish_k(bound, togo, self.max_k, STOP_MARGIN) > 0
-            k = self.costs.finish_k(tracker.host_alpha(), togo, self.max_k, -1.0) if goes_on else 0
-        return torch.full((len(togo),), k, dtype=torch.int64)
-
-    def _choose_k(self, alpha: torch.Tensor, left: torch.Tensor, margin: float) -> torch.Tensor:
+    def _choose_k(self, alpha, left: torch.Tensor, margin: float) -> torch.Tensor:
         """``[B]``: the one ``K`` of :meth:`PassCosts.finish_rates` for acceptance ``alpha``
-        ``[B]``, ``K = 0`` unless another gains ``margin`` (``-1``: the best ``K >= 1``)."""
-        if alpha.device.type == "cpu":  # reading it syncs nothing: the choice from host floats
-            k = self.costs.finish_k(alpha.tolist(), left.tolist(), self.max_k, margin)
-            return torch.full((alpha.numel(),), k, dtype=torch.int64)
+        (``[B]``, or host floats), ``K = 0`` unless another gains ``margin`` (``-1``: the best
+        ``K >= 1``)."""
+        if isinstance(alpha, list) or alpha.device.type == "cpu":  # the choice from host floats
+            a = alpha if isinstance(alpha, list) else alpha.tolist()  # on the CPU: no sync
+            k = self.costs.finish_k(a, left.tolist(), self.max_k, margin)
+            return torch.full((len(a),), k, dtype=torch.int64)
         rates = self.costs.finish_rates(alpha.float(), left, self.max_k)  # [K+1]
         return pick_k(rates, margin).expand(alpha.numel()).clone()
 
