@@ -885,13 +885,15 @@ def test_paged_without_validation_never_syncs_and_clamps(impl, device):
     assert_same(got[0, :, :3], k[0, :, [0, 4, 1]], "row 0 after compact")
     assert_same(got[1, :, :1], k[1, :, [0]], "row 1 after compact")
     assert paged.rollback(torch.tensor([0, 7], device=device), validate=False) == [[], [3]]
+    # made before the blocks: a host-to-device copy is itself a sync under CUDA's debug mode
+    nine, grow = (torch.tensor(x, device=device) for x in ([9, 9], [2, 5]))
     with no_host_sync():
-        paged.advance(torch.tensor([9, 9], device=device), validate=False)
+        paged.advance(nine, validate=False)
     assert paged.lengths.tolist() == [4, 0]  # row 0 owns 2 blocks of 2; row 1 owns none
     with no_host_sync():
         for layer in range(2):  # the most recently freed block first
             paged.write(layer, k[:, :, :2], k[:, :, :2], validate=False)
-        paged.advance(torch.tensor([2, 5], device=device), validate=False)
+        paged.advance(grow, validate=False)
     assert paged.lengths.tolist() == [6, 2] and paged.num_free_blocks == 4
     assert paged.block_tables.tolist() == [[0, 1, 3], [4, -1, -1]]
     got, _ = paged.gather(1)

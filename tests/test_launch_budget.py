@@ -11,6 +11,7 @@ from specdec_kernels.benchmarks.launches import BUDGET, count_launches, launch_t
 from specdec_kernels.ops import verify_sampling as triton_chain
 
 from helpers import make_draft_probs, make_inputs
+from kv_helpers import no_host_sync
 
 
 @pytest.mark.parametrize("strategy", ["split", "row"])
@@ -102,39 +103,6 @@ def test_block_and_bitmask_calls_launch_as_many_kernels(case):
     with count_launches() as got:
         call(**extra)
     assert got == want, (label, sorted(extra), dict(got), dict(want))
-
-
-_SYNCS = (
-    "item",
-    "tolist",
-    "cpu",
-    "numpy",
-    "nonzero",
-    "__bool__",
-    "__int__",
-    "__float__",
-    "__index__",
-)
-
-
-@contextlib.contextmanager
-def no_host_sync():
-    """Every Tensor method that reads values on the host raises inside the block."""
-    saved = {name: getattr(torch.Tensor, name) for name in _SYNCS}
-
-    def forbid(name):
-        def raise_(*args, **kwargs):
-            raise AssertionError(f"host synchronisation: Tensor.{name}")
-
-        return raise_
-
-    try:
-        for name in _SYNCS:
-            setattr(torch.Tensor, name, forbid(name))
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.Tensor, name, fn)
 
 
 @contextlib.contextmanager

@@ -92,7 +92,6 @@ class KVCache:
         self.head_dim = positive_int("head_dim", head_dim)
         self.max_seq_len = positive_int("max_seq_len", max_seq_len)
         self.dtype = dtype
-        self.device = torch.device(device)
         # kv: [L, 2, B, H, S, D]
         self.kv = torch.zeros(
             num_layers,
@@ -102,8 +101,10 @@ class KVCache:
             max_seq_len,
             head_dim,
             dtype=dtype,
-            device=self.device,
+            device=device,
         )
+        # "cuda" names the current device: keep the index the tensors will report (cuda:0)
+        self.device = self.kv.device
         self._lengths = torch.zeros(batch_size, dtype=torch.int64, device=self.device)
 
     # -- state ---------------------------------------------------------------------------------

@@ -110,7 +110,6 @@ class PagedKVCache:
             "max_blocks_per_row", num_blocks if max_blocks_per_row is None else max_blocks_per_row
         )
         self.dtype = dtype
-        self.device = torch.device(device)
         M = self.max_blocks_per_row
         # kv: [L, 2, num_blocks, H, block_size, D]
         self.kv = torch.zeros(
@@ -121,8 +120,10 @@ class PagedKVCache:
             block_size,
             head_dim,
             dtype=dtype,
-            device=self.device,
+            device=device,
         )
+        # "cuda" names the current device: keep the index the tensors will report (cuda:0)
+        self.device = self.kv.device
         self._ids: list[int] = []  # live row ids, in batch order (host: rows are a host concept)
         self._next_id = 0
         self._lengths = torch.zeros(0, dtype=torch.int64, device=self.device)  # [rows]

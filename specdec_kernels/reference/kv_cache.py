@@ -166,11 +166,14 @@ def _onto_first(keep: torch.Tensor, *indices: torch.Tensor) -> list[torch.Tensor
     """``indices`` (flat, like ``keep``) with every entry that is not kept replaced by the first
     kept entry's -- a duplicate of a copy that happens anyway, harmless -- or, when nothing is
     kept, by 0 (the callers then copy slot 0 onto itself). This skips entries without boolean
-    indexing, i.e. without a host synchronisation."""
-    first = keep.to(torch.int32).argmax()
+    indexing, i.e. without a host synchronisation (nor a 0-d tensor index: torch reads one with
+    ``item()``)."""
+    first = keep.to(torch.int32).argmax().reshape(1)
     any_keep = keep.any()
     zero = torch.zeros((), dtype=torch.int64, device=keep.device)
-    return [torch.where(keep, i, torch.where(any_keep, i[first], zero)) for i in indices]
+    return [
+        torch.where(keep, i, torch.where(any_keep, i.index_select(0, first), zero)) for i in indices
+    ]
 
 
 def _capacity(kv_cache: torch.Tensor, block_tables: torch.Tensor | None) -> int:
@@ -193,7 +196,7 @@ def _write(kv_cache, layer, key, value, block_tables, offsets) -> None:
     positions = _run(offsets, T, _capacity(kv_cache, block_tables))  # [B, T]
     rows = torch.arange(B, device=offsets.device)[:, None].expand(B, T)  # [B, T]
     r, s, valid = (x.flatten() for x in _slots(kv_cache, block_tables, rows, positions))
-    first = valid.to(torch.int32).argmax()
+    first = valid.to(torch.int32).argmax().reshape(1)  # [1]: a 0-d index would be read on the host
     any_valid = valid.any()
     r, s = _onto_first(valid, r, s)
     for kv, src in ((0, key), (1, value)):
@@ -201,7 +204,7 @@ def _write(kv_cache, layer, key, value, block_tables, offsets) -> None:
         vals = src.permute(0, 2, 1, 3).reshape(B * T, H, D)  # [B*T, H, D]
         # Positions outside the cache are skipped: they rewrite the first valid entry's value,
         # or, when there is none, slot 0's own value.
-        spare = torch.where(any_valid, vals[first], view[0, 0])
+        spare = torch.where(any_valid, vals.index_select(0, first)[0], view[0, 0])
         view.index_put_((r, s), torch.where(valid[:, None, None], vals, spare))
 
 
