@@ -609,3 +609,36 @@ def test_bench_compat_smoke():
     for r in rows:
         assert r["core_ms"] > 0 and r["compat_ms"] > 0 and r["pairs"] >= 5
         assert bench.format_row(r).startswith(r["entry_point"])
+
+
+def test_bench_compat_times_both_calls_the_same_way_on_cuda():
+    """When one call can be captured in a CUDA graph and the other cannot, both are timed eagerly:
+    a replayed graph against an eager call compares launch overheads (an H200 run once showed a
+    core call at 5x its adapter's time). A fake ``measure`` stands in for the device timers."""
+    from specdec_kernels.benchmarks import compat as bench
+    from specdec_kernels.benchmarks.results import Timing
+
+    def capturable():
+        pass
+
+    def syncs():
+        pass
+
+    asked = []
+
+    def measure(fn, device, *, budget_s, cuda_graph=True):
+        asked.append((fn.__name__, cuda_graph))
+        graph = cuda_graph and fn is capturable
+        return Timing(
+            0.1 if graph else 1.0, 0.1, 1.0, -1, "do_bench_cudagraph" if graph else "do_bench"
+        )
+
+    fns = {"core": capturable, "compat": syncs}
+    times, method = bench._paired_cuda(fns, "cuda", 0.01, measure)
+    assert method == "do_bench" and {t.method for t in times.values()} == {"do_bench"}
+    assert asked[-2:] == [("capturable", False), ("syncs", False)]
+    asked.clear()
+    times, method = bench._paired_cuda(
+        {"core": capturable, "compat": capturable}, "cuda", 0.01, measure
+    )
+    assert method == "do_bench_cudagraph" and len(asked) == 2

@@ -81,7 +81,7 @@ def _calls(b: int, k: int, v: int, device):
     kw = dict(backend="triton", validate=False)
     # a tree of the same number of verified positions: two children per node, breadth first
     parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, k + 1)]).expand(b, k + 1)
-    tree_tokens = torch.cat([torch.full((b, 1), -1), drafts], dim=1).to(device)
+    tree_tokens = torch.cat([torch.full((b, 1), -1, device=drafts.device), drafts], dim=1)
     parents = parents.contiguous().to(device)
     tree_q = torch.softmax(torch.randn(b, k + 1, v, generator=g), -1).to(device)
     tree_kw = dict(kw, max_depth=k)  # the static width N = K + 1: no depth read, no sync
