@@ -174,8 +174,8 @@ def _masked_pivot_pass(row_ptr, word_ptr,  # [V] one logits row, [W] its bitmask
                        CHUNK: tl.constexpr, TBLOCK: tl.constexpr):
     """``_common.chunk_pivot_pass`` of the masked row."""
     offs = tl.arange(0, TBLOCK)
-    counts = tl.zeros([NPIV], tl.int64)
-    masses = tl.zeros([NPIV], tl.float32)
+    counts = tl.zeros([TBLOCK, NPIV], tl.int32)  # per lane, reduced once a chunk (as there)
+    masses = tl.zeros([TBLOCK, NPIV], tl.float32)
     for t in range(0, CHUNK, TBLOCK):
         idx = chunk_start + t + offs
         valid = idx < V
@@ -184,9 +184,9 @@ def _masked_pivot_pass(row_ptr, word_ptr,  # [V] one logits row, [W] its bitmask
         live = valid & (key >= floor_key)
         e = tl.where(live, tl.exp(x - m), 0.0)
         above = (key[:, None] > pivots[None, :]) & live[:, None]
-        counts += tl.sum(above.to(tl.int64), axis=0)
-        masses += tl.sum(tl.where(above, e[:, None], 0.0), axis=0)
-    return counts, masses
+        counts += above.to(tl.int32)
+        masses += tl.where(above, e[:, None], 0.0)
+    return tl.sum(counts, axis=0).to(tl.int64), tl.sum(masses, axis=0)
 
 
 @triton.jit
