@@ -52,6 +52,14 @@ def load(name: str):
         return json.load(fh)
 
 
+def _first_run(name: str) -> list[dict] | None:
+    """The rows of the first run in ``name`` (by position), or None."""
+    data = load(name)
+    if not data:
+        return None
+    return [r for r in data if r["run_id"] == data[0]["run_id"]]
+
+
 def latest_run(rows: list[dict]) -> list[dict]:
     """The rows of the last run in the file (by position)."""
     last = rows[-1]["run_id"]
@@ -397,11 +405,13 @@ def trees_section(file: str) -> str | None:
     )
 
 
-def ops_section() -> str | None:
-    data = load("ops.json")
+def ops_section(
+    file: str = "ops.json", rows: list[dict] | None = None, title: str = "verification ops"
+) -> str | None:
+    data = load(file)
     if not data:
         return None
-    rows = latest_run(data)
+    rows = rows or latest_run(data)
     r0 = rows[0]
     cmd = (
         f"specdec bench ops --grid {r0.get('grid', 'smoke')}"
@@ -411,7 +421,7 @@ def ops_section() -> str | None:
         + f" --vocab {joined(uniq(rows, 'V', int))} --dtypes {joined(uniq(rows, 'dtype'))}"
         + f" --acceptance {joined(temp(a) for a in uniq(rows, 'acceptance', float))}"
         + f" --threads {r0['machine'].get('torch_threads')}"
-        + f" --device {r0['machine'].get('device')} --json bench/results/ops.json"
+        + f" --device {r0['machine'].get('device')} --json bench/results/{file}"
     )
     providers = uniq(rows, "provider")
     cases: dict[str, dict[str, dict]] = {}
@@ -446,8 +456,8 @@ def ops_section() -> str | None:
         bw.append(f"copy bandwidth {num(r0['copy_bandwidth_gbs'])} GB/s")
     return "\n\n".join(
         [
-            "## Kernels: verification ops",
-            provenance(rows, "ops.json", cmd),
+            f"## Kernels: {title}" + (" (GPU)" if file.startswith("gpu/") else ""),
+            provenance(rows, file, cmd),
             "Median milliseconds per call and, in brackets, the effective bandwidth on the "
             "bytes the answer needs (the logits rows up to the first rejection, the draft "
             "probabilities read). The machine's "
@@ -460,8 +470,8 @@ def ops_section() -> str | None:
     )
 
 
-def compat_section() -> str | None:
-    data = load("compat.json")
+def compat_section(file: str = "compat.json") -> str | None:
+    data = load(file)
     if not data:
         return None
     rows = latest_run(data)
@@ -469,7 +479,7 @@ def compat_section() -> str | None:
     cmd = (
         f"specdec bench compat --device {r0['device']}"
         + f" --batch {joined(uniq(rows, 'B', int))} --k {r0['K']} --vocab {r0['V']}"
-        + " --json bench/results/compat.json"
+        + f" --json bench/results/{file}"
     )
     body = [
         [
@@ -481,14 +491,17 @@ def compat_section() -> str | None:
             num(r["compat_ms"]),
             num(r["overhead_ms"]),
             f"{num(r['overhead_pct'])}%",
+            r.get("timing", "–"),
         ]
         for r in rows
     ]
     head = ["entry point", "B", "K", "V", "core op ms", "adapter ms", "overhead ms", "overhead"]
+    head.append("timing")
     return "\n\n".join(
         [
-            "## Drop-in adapters: overhead over the core ops",
-            provenance(rows, "compat.json", cmd),
+            "## Drop-in adapters: overhead over the core ops"
+            + (" (GPU)" if file.startswith("gpu/") else ""),
+            provenance(rows, file, cmd),
             "Median milliseconds of each `specdec_kernels.compat` entry point against the "
             "core op it wraps, on the same inputs.",
             table(head, body),
@@ -692,6 +705,38 @@ def block_gain_section() -> str | None:
     )
 
 
+def gpu_filter_section() -> str | None:
+    """The Triton top-k / top-p search on the GPU before and after the per-lane sums: the
+    ``triton`` rows of the first run in ``gpu/ops.json`` against the last run's, same cases."""
+    data = load("gpu/ops.json")
+    if not data:
+        return None
+    runs = uniq(data, "run_id")
+    if len(runs) < 2:
+        return None
+    before = {r["case"]: r for r in data if r["run_id"] == runs[0] and r["provider"] == "triton"}
+    after = [r for r in data if r["run_id"] == runs[-1] and r["provider"] == "triton"]
+    body = []
+    for r in after:
+        b = before.get(r["case"])
+        line = [r["case"], num(b["median_ms"]) if b else "–", num(r["median_ms"])]
+        line.append(f"{b['median_ms'] / r['median_ms']:.2f}x" if b else "–")
+        body.append(line)
+    return "\n\n".join(
+        [
+            "## Top-k / top-p threshold search on the GPU: before and after per-lane sums",
+            provenance(after, "gpu/ops.json", after[0].get("command", "")),
+            f"Run `{runs[0]}` (commit `{before and next(iter(before.values()))['commit']}`) "
+            "against the last run: Triton `verify_sampling`, median ms per call. The search "
+            "tests 16 pivots a pass over the row, up to 9 passes a filter; it summed each "
+            "tile's counts and masses across lanes, and now sums per lane, across lanes once a "
+            "chunk. Still far slower than the unfiltered call: the passes, not the sums, are "
+            "the cost (docs/gpu.md).",
+            table(["case", "before ms", "after ms", "speedup"], body),
+        ]
+    )
+
+
 SECTIONS = (
     demo_section,
     row_invariant_section,
@@ -702,6 +747,13 @@ SECTIONS = (
     lambda: trees_section("e2e_trees_t1.json"),
     ops_section,
     compat_section,
+    lambda: ops_section("gpu/ops.json", _first_run("gpu/ops.json")),
+    gpu_filter_section,
+    lambda: ops_section("gpu/ops_tree.json", title="tree verification against the chain"),
+    lambda: ops_section(
+        "gpu/ops_serving.json", title="serving keywords against plain verification"
+    ),
+    lambda: compat_section("gpu/compat.json"),
     distributed_section,
     loop_profile_section,
     kernel_resources_section,
