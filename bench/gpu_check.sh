@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check of issue 5, in one accelerator session (about 8 minutes on one H200):
+# The GPU check of issue 5, in one accelerator session (first run, one H200, 2026-12-04: 450 s
+# with TREE_SECONDS=60 SERVING_SECONDS=60 BENCH_SECONDS=100; steps took build 37 s, tests 62,
+# launches 5, capture 12, bench_ops 85, tree_check > 60 (cut), bench_tree 30, compat_check 12,
+# serving_check 24, bench_serving 50, bench_compat 55; docs/gpu.md has what it found):
 #   1. build the CUDA extension in place,
 #   2. run the test suite's CUDA cases, count launches per call, capture a call in a CUDA graph,
 #   3. run `specdec bench ops` on the GPU (triton.testing.do_bench, CUDA graphs where the op can
@@ -47,7 +50,9 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log it, remember a 
 
 step build "${BUILD_SECONDS}" env MAX_JOBS="${MAX_JOBS:-16}" "${PYTHON}" setup.py build_ext --inplace
 step extension "30" "${PYTHON}" -c "import specdec_kernels as sk, torch; print('extension', sk.extension_available()); assert sk.extension_available(); print(torch.ops.specdec.kv_compact_)"
-step tests "${TEST_SECONDS}" "${PYTHON}" -m pytest tests -q -x -m "not slow" -k "cuda" -p no:cacheprovider
+# every failure, each with its one-line error (-x once stopped at two and hid the rest)
+step tests "${TEST_SECONDS}" "${PYTHON}" -m pytest tests -q -m "not slow" -k "cuda" -p no:cacheprovider \
+  --tb=line -rf
 # Launches per public call with the compiled kernels (the CPU CI counts them under the
 # interpreter; this confirms the same figures on the device) and CUDA-graph capture of the ops.
 step launches "60" "${PYTHON}" -m specdec_kernels.benchmarks ops --launches --device cuda \
