@@ -52,12 +52,9 @@ def load(name: str):
         return json.load(fh)
 
 
-def _first_run(name: str) -> list[dict] | None:
-    """The rows of the first run in ``name`` (by position), or None."""
-    data = load(name)
-    if not data:
-        return None
-    return [r for r in data if r["run_id"] == data[0]["run_id"]]
+def first_run(rows: list[dict]) -> list[dict]:
+    """The rows of the first run in the file (by position)."""
+    return [r for r in rows if r["run_id"] == rows[0]["run_id"]]
 
 
 def latest_run(rows: list[dict]) -> list[dict]:
@@ -406,12 +403,12 @@ def trees_section(file: str) -> str | None:
 
 
 def ops_section(
-    file: str = "ops.json", rows: list[dict] | None = None, title: str = "verification ops"
+    file: str = "ops.json", run=latest_run, title: str = "verification ops"
 ) -> str | None:
     data = load(file)
     if not data:
         return None
-    rows = rows or latest_run(data)
+    rows = run(data)
     r0 = rows[0]
     cmd = (
         f"specdec bench ops --grid {r0.get('grid', 'smoke')}"
@@ -711,11 +708,11 @@ def gpu_filter_section() -> str | None:
     data = load("gpu/ops.json")
     if not data:
         return None
-    runs = uniq(data, "run_id")
-    if len(runs) < 2:
+    first, last = first_run(data), latest_run(data)
+    if first[0]["run_id"] == last[0]["run_id"]:
         return None
-    before = {r["case"]: r for r in data if r["run_id"] == runs[0] and r["provider"] == "triton"}
-    after = [r for r in data if r["run_id"] == runs[-1] and r["provider"] == "triton"]
+    before = {r["case"]: r for r in first if r["provider"] == "triton"}
+    after = [r for r in last if r["provider"] == "triton"]
     body = []
     for r in after:
         b = before.get(r["case"])
@@ -726,7 +723,7 @@ def gpu_filter_section() -> str | None:
         [
             "## Top-k / top-p threshold search on the GPU: before and after per-lane sums",
             provenance(after, "gpu/ops.json", after[0].get("command", "")),
-            f"Run `{runs[0]}` (commit `{before and next(iter(before.values()))['commit']}`) "
+            f"Run `{first[0]['run_id']}` (commit `{first[0]['commit']}`) "
             "against the last run: Triton `verify_sampling`, median ms per call. The search "
             "tests 16 pivots a pass over the row, up to 9 passes a filter; it summed each "
             "tile's counts and masses across lanes, and now sums per lane, across lanes once a "
@@ -747,7 +744,7 @@ SECTIONS = (
     lambda: trees_section("e2e_trees_t1.json"),
     ops_section,
     compat_section,
-    lambda: ops_section("gpu/ops.json", _first_run("gpu/ops.json")),
+    lambda: ops_section("gpu/ops.json", first_run),
     gpu_filter_section,
     lambda: ops_section("gpu/ops_tree.json", title="tree verification against the chain"),
     lambda: ops_section(

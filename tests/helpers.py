@@ -2,6 +2,7 @@
 comparison helper, input builders for the verification ops, the tiny model pair of the
 generation tests, and the chi-square check of the statistical tests."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -364,3 +365,73 @@ def chi_square_check(observed_tokens, p, what):
         f"{what}: chi-square {stat:.1f} >= {critical:.1f} (df={df}, n={n}); "
         f"observed {obs_s.tolist()} expected {[round(e, 1) for e in exp_s.tolist()]}"
     )
+
+
+# Everything that copies a tensor's values to the host (a device synchronisation on CUDA).
+SYNCING_METHODS = (
+    "tolist",
+    "item",
+    "nonzero",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
+)
+
+
+def _is_scalar_int_tensor(index) -> bool:
+    return (
+        isinstance(index, torch.Tensor)
+        and index.dim() == 0
+        and not index.is_floating_point()
+        and index.dtype not in (torch.bool, torch.uint8)  # masks
+    )
+
+
+def _refusing_scalar_index(method):
+    """``method`` (``Tensor.__getitem__`` / ``__setitem__``) refusing a 0-d integer tensor as an
+    index: torch's indexing reads it with ``item()`` in C++ (a sync on CUDA, where the debug
+    mode caught it on an H200; on the CPU the patched Python methods never see that read)."""
+
+    def guarded(self, index, *value):
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(_is_scalar_int_tensor(i) for i in parts):
+            raise AssertionError(
+                "a 0-d integer tensor used as an index: torch reads it on the host (item())"
+            )
+        return method(self, index, *value)
+
+    return guarded
+
+
+@contextlib.contextmanager
+def no_host_sync():
+    """Make every Python-level way of reading tensor values on the host raise inside the block
+    (a CPU emulation of ``torch.cuda.set_sync_debug_mode("error")``; on CUDA devices that mode
+    is set too)."""
+    saved = {name: getattr(torch.Tensor, name) for name in SYNCING_METHODS}
+
+    def refuse(name):
+        def method(*args, **kwargs):
+            raise AssertionError(f"Tensor.{name} was called: a host synchronisation")
+
+        return method
+
+    cuda_mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else None
+    indexing = {name: getattr(torch.Tensor, name) for name in ("__getitem__", "__setitem__")}
+    saved.update(indexing)
+    try:
+        for name in SYNCING_METHODS:
+            setattr(torch.Tensor, name, refuse(name))
+        for name, method in indexing.items():
+            setattr(torch.Tensor, name, _refusing_scalar_index(method))
+        if cuda_mode is not None:
+            torch.cuda.set_sync_debug_mode("error")
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+        if cuda_mode is not None:
+            torch.cuda.set_sync_debug_mode(cuda_mode)

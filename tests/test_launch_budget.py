@@ -10,8 +10,7 @@ import specdec_kernels as sk
 from specdec_kernels.benchmarks.launches import BUDGET, count_launches, launch_table
 from specdec_kernels.ops import verify_sampling as triton_chain
 
-from helpers import make_draft_probs, make_inputs
-from kv_helpers import no_host_sync
+from helpers import make_draft_probs, make_inputs, no_host_sync
 
 
 @pytest.mark.parametrize("strategy", ["split", "row"])
