@@ -3,6 +3,7 @@ comparison helper, input builders for the verification ops, the tiny model pair 
 generation tests, and the chi-square check of the statistical tests."""
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -32,6 +33,33 @@ KERNEL_BACKENDS = ["triton", NATIVE]
 
 #: Every backend.
 ALL_BACKENDS = ["reference", "triton", NATIVE]
+
+#: The compiled Triton kernels on a GPU, for the statistical tests' million-row samples (on the
+#: CPU Triton runs only under its interpreter, too slow for them; there the interpreted kernels
+#: are shown equal to the reference token for token instead). Skipped without a CUDA device: the
+#: GPU check (``bench/gpu_check.sh``) runs them.
+TRITON_CUDA = pytest.param(
+    "triton-cuda",
+    marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+)
+
+
+def on_backend(backend: str, fn, *args, **kwargs):
+    """``fn(*args, backend=..., **kwargs)`` with ``backend`` as the tests name it:
+    ``"triton-cuda"`` moves every tensor argument to the GPU, runs ``backend="triton"`` there and
+    brings the result's tensors back to the CPU; any other name runs as it is."""
+    if backend != "triton-cuda":
+        return fn(*args, backend=backend, **kwargs)
+
+    def there(x):
+        return x.cuda() if isinstance(x, torch.Tensor) else x
+
+    out = fn(
+        *(there(a) for a in args),
+        backend="triton",
+        **{k: there(v) for k, v in kwargs.items()},
+    )
+    return type(out)(*(x.cpu() if isinstance(x, torch.Tensor) else x for x in out))
 
 
 def available(backends) -> list[str]:
@@ -318,6 +346,23 @@ def assert_row_is_batch_invariant(gen, prompts, **kwargs):
 # ---------------------------------------------------------------- statistics
 #: Two-sided level of every statistical check (see ``test_statistics.py``'s docstring).
 ALPHA = 1e-7
+
+
+def oracle_probs(logits, temperature, top_k, top_p):
+    """Target distribution the way transformers' warpers define it (written independently of
+    specdec_kernels.reference): temperature, top-k (ties kept), top-p on ascending cumsum."""
+    x = logits.double() / temperature
+    if top_k:
+        kth = torch.topk(x, top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, -math.inf)
+    if top_p is not None and top_p < 1:
+        sx, order = torch.sort(x, dim=-1)  # ascending
+        cum = torch.softmax(sx, dim=-1).cumsum(dim=-1)
+        remove_sorted = cum <= 1 - top_p
+        remove_sorted[..., -1] = False
+        remove = remove_sorted.scatter(-1, order, remove_sorted)
+        x = x.masked_fill(remove, -math.inf)
+    return torch.softmax(x, dim=-1)
 
 
 def chi_square_check(observed_tokens, p, what):

@@ -30,14 +30,13 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from test_statistics import oracle_probs
 
 from specdec_kernels.reference import verify_block as block_module
 from specdec_kernels.reference.verify_block import verify_block
 from specdec_kernels.reference.verify_greedy import verify_greedy
 from specdec_kernels.reference.verify_sampling import verify_sampling
 
-from helpers import ALPHA, chi_square_check
+from helpers import ALPHA, chi_square_check, oracle_probs
 
 N = 200_000
 Z_CRIT = stats.norm.isf(ALPHA / 2)  # ~5.33

@@ -1,5 +1,5 @@
 """The logprobs reference (``specdec_kernels.reference.logprobs``) against an independent float64
-computation (``test_statistics.oracle_probs``, transformers' warpers written out), top-n order and
+computation (``helpers.oracle_probs``, transformers' warpers written out), top-n order and
 ties, padding, filtered-out tokens, greedy rows, the tree variant, and agreement with the support
 the verifiers sample from."""
 
@@ -7,14 +7,13 @@ import math
 
 import pytest
 import torch
-from test_statistics import oracle_probs
 
 from specdec_kernels.reference.logprobs import emitted_logprobs, tree_logprobs
 from specdec_kernels.reference.verify_block import verify_block
 from specdec_kernels.reference.verify_sampling import verify_sampling
 from specdec_kernels.reference.verify_tree import MODE_INDEPENDENT, verify_tree_sampling
 
-from helpers import random_draft_probs, random_trees
+from helpers import oracle_probs, random_draft_probs, random_trees
 
 TOL = 1e-5  # the contract's tolerance against float64, for float32 logits
 

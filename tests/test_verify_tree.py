@@ -13,8 +13,10 @@ import specdec_kernels as sk
 
 from helpers import (
     NATIVE,
+    TRITON_CUDA,
     assert_same,
     native_tree_case,
+    on_backend,
     random_draft_probs,
     random_trees,
     run_under_capability,
@@ -540,18 +542,19 @@ def _lossless_checks(out, lm, what):
     return ran
 
 
-@pytest.mark.parametrize("backend", FAST_BACKENDS)
+@pytest.mark.parametrize("backend", [*FAST_BACKENDS, TRITON_CUDA])
 @pytest.mark.parametrize("mode", MODES)
 def test_emitted_tokens_follow_the_target(mode, backend):
     logits, tokens, parents, q, lm = statistical_case(mode)
-    out = sk.verify_tree_sampling(
+    out = on_backend(
+        backend,
+        sk.verify_tree_sampling,
         logits,
         tokens,
         parents,
         q,
         draft_mode=mode,
         seed=torch.arange(STAT_ROWS) + 7 * 10**8,
-        backend=backend,
         validate=False,
     )
     ran = _lossless_checks(out, lm, f"{backend} {mode}")

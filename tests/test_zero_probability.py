@@ -14,7 +14,7 @@ import specdec_kernels as sk
 from specdec_kernels.ops import _common
 from specdec_kernels.reference import rng
 
-from helpers import ALL_BACKENDS, NATIVE, assert_same
+from helpers import ALL_BACKENDS, NATIVE, TRITON_CUDA, assert_same, on_backend, oracle_probs
 
 BACKENDS = ALL_BACKENDS
 SEED = 858079  # its race uniform for token 2 at position 0 was exactly 1.0 with 24-bit uniforms
@@ -90,6 +90,7 @@ def test_seed_858079_emits_the_only_possible_token(backend, case):
         ("reference", 20_000),
         ("triton", 96),
         pytest.param(*NATIVE.values, 20_000, marks=NATIVE.marks),
+        pytest.param(*TRITON_CUDA.values, 4_000_000, marks=TRITON_CUDA.marks),
     ],
 )
 def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
@@ -103,7 +104,7 @@ def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
     drafts = torch.full((rows, 1), 2)
     seeds = torch.arange(rows, dtype=torch.int64) * 104_729 + 17
     seeds[0] = SEED
-    out = sk.verify_sampling(logits, drafts, q, seed=seeds, backend=backend)
+    out = on_backend(backend, sk.verify_sampling, logits, drafts, q, seed=seeds)
     rejected = out.num_accepted == 0
     assert int(rejected.sum()) > rows // 2
     first = out.tokens[rejected, 0]
@@ -122,6 +123,7 @@ def test_residual_never_emits_a_token_without_residual_mass(backend, rows):
         ("reference", 200_000, 25_000),
         ("triton", 16, 16),
         pytest.param(*NATIVE.values, 200_000, 200_000, marks=NATIVE.marks),
+        pytest.param(*TRITON_CUDA.values, 2_000_000, 500_000, marks=TRITON_CUDA.marks),
     ],
 )
 def test_top_k_1_always_emits_the_argmax(backend, rows, chunk):
@@ -134,8 +136,13 @@ def test_top_k_1_always_emits_the_argmax(backend, rows, chunk):
     for start in range(0, rows, chunk):
         logits = torch.randn(chunk, 1, v, generator=g) * 3
         seeds = torch.arange(start, start + chunk, dtype=torch.int64)
-        out = sk.verify_sampling(
-            logits, torch.zeros(chunk, 0, dtype=torch.int64), top_k=1, seed=seeds, backend=backend
+        out = on_backend(
+            backend,
+            sk.verify_sampling,
+            logits,
+            torch.zeros(chunk, 0, dtype=torch.int64),
+            top_k=1,
+            seed=seeds,
         )
         assert_same(out.tokens[:, 0], logits[:, 0].argmax(-1), f"rows {start}..")
 
@@ -157,3 +164,56 @@ def test_nan_weights_never_win_a_race(backend):
     )
     assert bool(((out.tokens >= 0) & (out.tokens < v) | (out.tokens == -1)).all())
     assert out.tokens[2:, 0].tolist() == [3, 3]  # rows without garbage: the only live token
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(
+    "filters",
+    [
+        dict(top_k=3),
+        dict(top_p=0.6),
+        dict(temperature=0.7, top_k=5, top_p=0.8),
+        dict(temperature=1e-6),
+        dict(temperature=1e4, top_k=2),
+    ],
+    ids=["top_k", "top_p", "all", "T=1e-6", "T=1e4+top_k"],
+)
+def test_filtered_out_tokens_never_emitted_in_millions_of_draws_cuda(filters, dtype):
+    """The compiled Triton kernels on a GPU, 16M rows of ``K = 3``: no emitted token, drafted or
+    drawn, at any position, is one the filters (or a ``-inf`` logit) gave probability 0. The
+    drafts come from ``q`` spread over the whole vocabulary, so most of them are tokens
+    the target ruled out and most rows exercise the rejection and the residual draw. A leak of
+    one draw in a few million (the reviews' earlier find in another sampler) shows here with
+    probability ~1 - e**-16 at a rate of 1e-6 per emitted token."""
+    k, v, rows, chunk = 3, 16, 16_000_000, 4_000_000
+    g = torch.Generator().manual_seed(3)
+    # distinct logits a position (no ties for top-k to keep), two tokens at -inf
+    logits = torch.stack([torch.randperm(v, generator=g).float() * 0.37 for _ in range(k + 1)])
+    logits[:, -2:] = float("-inf")
+    logits = logits.to(dtype)
+    t = filters.get("temperature", 1.0)
+    support = oracle_probs(logits.float(), t, filters.get("top_k"), filters.get("top_p")) > 0
+    q = torch.softmax(torch.randn(k, v, generator=g) * 0.3, -1)  # mass on every token
+    dev = torch.device("cuda")
+    logits_d, q_d, support_d = logits.to(dev), q.to(dev), support.to(dev)
+    emitted = 0
+    for start in range(0, rows, chunk):
+        drafts = torch.multinomial(q_d, chunk, replacement=True).T.contiguous()  # [chunk, K]
+        out = sk.verify_sampling(
+            logits_d.expand(chunk, k + 1, v),
+            drafts,
+            q_d.expand(chunk, k, v),
+            seed=torch.arange(start, start + chunk, device=dev),
+            backend="triton",
+            validate=False,
+            **filters,
+        )
+        live = out.tokens >= 0  # [chunk, K + 1]: the emitted positions
+        j = torch.arange(k + 1, device=dev).expand_as(out.tokens)
+        allowed = support_d[j, out.tokens.clamp_min(0)]
+        leaked = int((live & ~allowed).sum())
+        assert leaked == 0, f"{leaked} emitted tokens had probability 0 ({filters}, rows {start}..)"
+        assert bool((live.sum(1) == out.num_emitted).all())
+        emitted += int(live.sum())
+    assert emitted > rows  # more than one token a row: drafts were accepted too
