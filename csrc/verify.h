@@ -7,6 +7,8 @@
 //                    Tensor? probs_row_start, Tensor? token_bitmask, bool log_input, int mode,
 //                    float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor)
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
+//   native_accept_tests_passed(Tensor draft_probs, Tensor draft_tokens, Tensor target_probs,
+//                              Tensor seeds, Tensor after) -> Tensor
 //   native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents,
 //                      Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature,
 //                      Tensor? top_k, Tensor? top_p, Tensor? seeds, Tensor? token_bitmask,
@@ -62,5 +64,9 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
                                     const at::Tensor& verifier_tokens);
+at::Tensor native_accept_tests_passed_cpu(const at::Tensor& draft_probs,
+                                          const at::Tensor& draft_tokens,
+                                          const at::Tensor& target_probs, const at::Tensor& seeds,
+                                          const at::Tensor& after);
 
 }  // namespace specdec

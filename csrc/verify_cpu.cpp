@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/counter_rng.h"
 #include "kernels/verify_cpu.h"
 
 namespace specdec {
@@ -351,6 +352,88 @@ at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
   a.batch = d.size(0);
   a.num_draft = d.size(1);
   verify_cpu::launch_accept_reject(a);
+  return out;
+}
+
+namespace {
+
+// q(x) or p(x) of one position as float32, whatever the tensor's floating dtype.
+template <typename T>
+float prob_at(const at::Tensor& t, int64_t b, int64_t i, int64_t x) {
+  return static_cast<float>(t.const_data_ptr<T>()[b * t.stride(0) + i * t.stride(1) + x]);
+}
+
+float prob_at(const at::Tensor& t, int64_t b, int64_t i, int64_t x) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return prob_at<at::BFloat16>(t, b, i, x);
+    case at::kHalf: return prob_at<at::Half>(t, b, i, x);
+    case at::kDouble: return static_cast<float>(prob_at<double>(t, b, i, x));
+    default: return prob_at<float>(t, b, i, x);
+  }
+}
+
+}  // namespace
+
+// specdec::accept_tests_passed's CPU kernel (the FlashInfer drop-in's accepted counter): per row,
+// the positions i > after[b] whose accept test u_i * q_i(x_i) < p_i(x_i) passes, u_i the accept
+// uniform the verification kernels draw (counter_rng.h); a draft outside [0, V) or with
+// q_i(x_i) = 0 never passes. Reads [B, n] values of q and p, nothing else of them.
+at::Tensor native_accept_tests_passed_cpu(const at::Tensor& draft_probs,
+                                          const at::Tensor& draft_tokens,
+                                          const at::Tensor& target_probs, const at::Tensor& seeds,
+                                          const at::Tensor& after) {
+  const char* op = "native_accept_tests_passed";
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"draft_probs", &draft_probs},
+                                {"draft_tokens", &draft_tokens},
+                                {"target_probs", &target_probs},
+                                {"seeds", &seeds},
+                                {"after", &after}})
+    check_cpu(op, name, *t);
+  TORCH_CHECK_VALUE(draft_probs.dim() == 3, op, ": draft_probs must be [B, n, V], got ",
+                    draft_probs.sizes());
+  const int64_t B = draft_probs.size(0), n = draft_probs.size(1), V = draft_probs.size(2);
+  TORCH_CHECK_VALUE(target_probs.dim() == 3 && target_probs.size(0) == B &&
+                        target_probs.size(1) >= n && target_probs.size(2) == V,
+                    op, ": target_probs must be [B, >= n, V] = [", B, ", >= ", n, ", ", V,
+                    "], got ", target_probs.sizes());
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2 && draft_tokens.size(0) == B &&
+                        draft_tokens.size(1) == n,
+                    op, ": draft_tokens must be [B, n] = [", B, ", ", n, "], got ",
+                    draft_tokens.sizes());
+  TORCH_CHECK_VALUE(seeds.sizes() == at::IntArrayRef({B}) && after.sizes() == at::IntArrayRef({B}),
+                    op, ": seeds and after must be [B] = [", B, "], got ", seeds.sizes(), " and ",
+                    after.sizes());
+  TORCH_CHECK_TYPE(at::isFloatingType(draft_probs.scalar_type()) &&
+                       at::isFloatingType(target_probs.scalar_type()),
+                   op, ": draft_probs and target_probs must be floating, got ",
+                   draft_probs.scalar_type(), " and ", target_probs.scalar_type());
+  TORCH_CHECK_TYPE(at::isIntegralType(draft_tokens.scalar_type(), /*includeBool=*/false) &&
+                       seeds.scalar_type() == at::kLong && after.scalar_type() == at::kLong,
+                   op, ": draft_tokens must be integer, seeds and after int64, got ",
+                   draft_tokens.scalar_type(), ", ", seeds.scalar_type(), ", ",
+                   after.scalar_type());
+  const at::Tensor q = V > 1 && draft_probs.stride(2) != 1 ? draft_probs.contiguous() : draft_probs;
+  const at::Tensor p =
+      V > 1 && target_probs.stride(2) != 1 ? target_probs.contiguous() : target_probs;
+  const at::Tensor x = draft_tokens.to(at::kLong).contiguous();
+  const at::Tensor s = seeds.contiguous(), a = after.contiguous();
+  at::Tensor out = at::zeros({B}, seeds.options());
+  const int64_t *xp = x.const_data_ptr<int64_t>(), *sp = s.const_data_ptr<int64_t>(),
+                *ap = a.const_data_ptr<int64_t>();
+  int64_t* op_out = out.mutable_data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const uint32_t key = counter_rng::row_key(sp[b]);
+    int64_t count = 0;
+    for (int64_t i = std::max<int64_t>(ap[b] + 1, 0); i < n; ++i) {
+      const int64_t tok = xp[b * n + i];
+      if (tok < 0 || tok >= V) continue;
+      const float qx = prob_at(q, b, i, tok), px = prob_at(p, b, i, tok);
+      const float u =
+          counter_rng::uniform(counter_rng::stream_key(key, i, counter_rng::PURPOSE_ACCEPT), 0);
+      count += qx > 0.0f && u * qx < px;
+    }
+    op_out[b] = count;
+  }
   return out;
 }
 

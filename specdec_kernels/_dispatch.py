@@ -43,6 +43,7 @@ import torch
 from specdec_kernels import _extension
 from specdec_kernels._warnings import warn_once
 from specdec_kernels.reference import accept_reject as ref_accept_reject
+from specdec_kernels.reference import accept_tests as ref_accept_tests
 from specdec_kernels.reference import bitmask as ref_bitmask
 from specdec_kernels.reference import kv_cache as ref_kv
 from specdec_kernels.reference import logprobs as ref_logprobs
@@ -245,6 +246,12 @@ def _triton_accept_reject(draft_tokens, verifier_tokens):
     return accept_reject.accept_reject(draft_tokens, verifier_tokens)
 
 
+def _triton_accept_tests(*args):
+    from specdec_kernels.ops import accept_tests  # imports triton: lazily
+
+    return accept_tests.accept_tests_passed(*args)
+
+
 def _native(name: str) -> Callable:
     def run(*args):
         return getattr(torch.ops.specdec, name)(*args)
@@ -275,6 +282,9 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("accept_reject", "native"): _native("native_accept_reject"),
     ("accept_reject", "triton"): _triton_accept_reject,
     ("accept_reject", "reference"): ref_accept_reject.accept_reject,
+    ("accept_tests_passed", "native"): _native("native_accept_tests_passed"),
+    ("accept_tests_passed", "triton"): _triton_accept_tests,
+    ("accept_tests_passed", "reference"): ref_accept_tests.accept_tests_passed,
     **{(name, "native"): _native("native_" + name) for name in KV_OPS},
     **{(name, "reference"): getattr(ref_kv, name) for name in KV_OPS},
 }
@@ -286,6 +296,7 @@ _NATIVE_ENTRY = {
     "verify_tree": "native_verify_tree",
     "emitted_logprobs": "native_emitted_logprobs",
     "accept_reject": "native_accept_reject",
+    "accept_tests_passed": "native_accept_tests_passed",
     **{name: "native_" + name for name in KV_OPS},
 }
 

@@ -29,7 +29,13 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from specdec_kernels.ops import accept_reject, logprobs, verify_sampling, verify_tree  # noqa: E402
+from specdec_kernels.ops import (  # noqa: E402
+    accept_reject,
+    accept_tests,
+    logprobs,
+    verify_sampling,
+    verify_tree,
+)
 
 POINTER_TYPES = {
     "logits_ptr": "*bf16",
@@ -70,6 +76,8 @@ POINTER_TYPES = {
     "lp_ptr": "*fp32",
     "top_ptr": "*fp32",
     "ids_ptr": "*i64",
+    "p_ptr": "*fp32",
+    "after_ptr": "*i64",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
@@ -130,6 +138,7 @@ def kernels():
         verify_sampling._split_race_kernel,
         verify_sampling._split_decide_kernel,
         accept_reject._accept_reject_kernel,
+        accept_tests._accept_tests_kernel,
         verify_tree._verify_tree_kernel,
         logprobs._emitted_logprobs_kernel,
     ):

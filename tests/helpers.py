@@ -59,6 +59,8 @@ def on_backend(backend: str, fn, *args, **kwargs):
         backend="triton",
         **{k: there(v) for k, v in kwargs.items()},
     )
+    if isinstance(out, torch.Tensor):
+        return out.cpu()
     return type(out)(*(x.cpu() if isinstance(x, torch.Tensor) else x for x in out))
 
 

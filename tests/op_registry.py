@@ -156,6 +156,20 @@ def _native_emitted_logprobs(device):
     return _emitted_logprobs("native")(device)[:-1]
 
 
+def _accept_tests(backend):
+    def args(device):
+        q = torch.softmax(torch.randn(3, 2, 7), -1)
+        p = torch.softmax(torch.randn(3, 3, 7), -1)
+        d = torch.tensor([[1, 2], [3, 9], [0, 6]])
+        return _on(device, q, d, p, torch.tensor([5, -1, 7]), torch.tensor([-1, 0, 1]), backend)
+
+    return args
+
+
+def _native_accept_tests(device):
+    return _accept_tests("native")(device)[:5]
+
+
 def _native_accept_reject(device):
     return _accept_reject("native")(device)[:2]
 
@@ -293,6 +307,9 @@ def _cases() -> list[Case]:
     cases.append(_native("native_emitted_logprobs", "", _native_emitted_logprobs))
     cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
+    for label, args, needs in _backends(_accept_tests):
+        cases.append(Case("accept_tests_passed", label, args, needs))
+    cases.append(_native("native_accept_tests_passed", "", _native_accept_tests))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
         cases.append(Case("verify_tree_greedy", label, args, needs))
     for label, args, needs in _backends(_tree_sampling, triton="triton_slow"):

@@ -19,15 +19,18 @@ import torch
 import specdec_kernels as sk
 from specdec_kernels.compat.flashinfer import chain_speculative_sampling
 from specdec_kernels.compat.vllm import rejection_sample
+from specdec_kernels.reference import rng
 
 from helpers import (
     ALL_BACKENDS,
     NATIVE,
+    TRITON_CUDA,
     available,
     chi_square_check,
     flatten_layout,
     make_draft_probs,
     make_inputs,
+    on_backend,
 )
 
 # --- vLLM's flattened layout in the core ops ----------------------------------------------------
@@ -283,6 +286,55 @@ def test_flashinfer_counters_and_layout():
     assert emi.tolist() == [1 + 1, 1 + 0, 1 + 4]  # the accepted prefix
     _, a2, e2 = chain_speculative_sampling(q, drafts, target)
     assert a2.tolist() == [3, 3, 4] and e2.tolist() == [1, 0, 4] and a2.dtype == torch.int32
+
+
+def _accept_tests_by_hand(q, drafts, target, seeds, after):
+    """The accepted counter's rule, one position at a time in Python: position i > after[b]
+    counts when draft x is in [0, V), q(x) > 0 and u * q(x) < p(x) in float32, u the accept
+    uniform of (seed, i) from the counter RNG's primitives."""
+    b, n, v = q.shape
+    out = []
+    for r in range(b):
+        key = rng.row_key(seeds[r : r + 1])
+        count = 0
+        for i in range(int(after[r]) + 1, n):
+            x = int(drafts[r, i])
+            if not 0 <= x < v:
+                continue
+            u = rng.uniform(rng.stream_key(key, i, rng.PURPOSE_ACCEPT), 0)
+            qx, px = q[r, i, x].float(), target[r, i, x].float()
+            count += bool(qx > 0) and bool(u * qx < px)
+        out.append(count)
+    return torch.tensor(out)
+
+
+def _accept_tests(*args, backend):
+    return torch.ops.specdec.accept_tests_passed(*args, backend)
+
+
+@pytest.mark.parametrize("backend", [*ALL_BACKENDS, TRITON_CUDA])
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32, torch.float32), (torch.bfloat16, torch.float16)], ids=str
+)
+def test_flashinfer_accept_tests_kernel_counts_by_hand(backend, dtypes):
+    """``specdec::accept_tests_passed`` (the drop-in's accepted counter, one kernel) against the
+    rule by hand: drafts outside the vocabulary, ``q(x) = 0``, ``after`` from -1 to n, seeds of
+    both signs, mixed input dtypes."""
+    b, n, v = 48, 5, 9
+    g = torch.Generator().manual_seed(4)
+    q = torch.softmax(torch.randn(b, n, v, generator=g), -1)
+    q[:, :, 2] = 0.0  # drafts of token 2 never pass
+    target = torch.softmax(torch.randn(b, n + 1, v, generator=g), -1)
+    drafts = torch.randint(-2, v + 2, (b, n), generator=g)
+    seeds = torch.randint(-(2**62), 2**62, (b,), generator=g)
+    after = torch.randint(-1, n + 1, (b,), generator=g)
+    q, target = q.to(dtypes[0]), target.to(dtypes[1])
+    want = _accept_tests_by_hand(q, drafts, target, seeds, after)
+    assert int(want.sum()) > b // 2  # the tests pass often enough to mean something
+    got = on_backend(backend, _accept_tests, q, drafts, target, seeds, after)
+    assert got.dtype == torch.int64 and got.tolist() == want.tolist()
+    empty = on_backend(backend, _accept_tests, q[:, :0], drafts[:, :0], target, seeds, after)
+    assert empty.tolist() == [0] * b
 
 
 def test_flashinfer_one_hot_target_reproduced_exactly():

@@ -39,11 +39,3 @@ def mixed_seeds(seed: Tensor, offset: Tensor, rows: Tensor | None) -> Tensor:
     lo = rng.fmix32((s & rng.MASK32) ^ o_lo)
     hi = rng.fmix32(((s >> 32) & rng.MASK32) ^ rng.fmix32(o_hi))
     return (hi << 31) ^ lo
-
-
-def accept_uniforms(seeds: Tensor, num_positions: int) -> Tensor:
-    """``[B, n]`` float32: the uniforms of the accept tests of positions ``0 .. n-1``, the very
-    numbers the verification kernels draw for ``seeds`` (:mod:`specdec_kernels.reference.rng`)."""
-    positions = torch.arange(num_positions, device=seeds.device)
-    key = rng.row_key(seeds)[:, None]
-    return rng.uniform(rng.stream_key(key, positions[None, :], rng.PURPOSE_ACCEPT), 0)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import check_backend, resolve_backend
-from specdec_kernels.compat._common import accept_uniforms, as_int64_bits, mixed_seeds, require
+from specdec_kernels.compat._common import as_int64_bits, mixed_seeds, require
 from specdec_kernels.reference import rng
 from specdec_kernels.verification import run_chain
 
@@ -154,6 +154,7 @@ def chain_speculative_sampling(
         counters.append(buf)
     seeds = row_seeds(b, device, generator, seed, offset)
     drafts = draft_token_ids.contiguous()
+    resolved = resolve_backend(backend, device)
 
     ver = run_chain(
         target_probs,
@@ -164,30 +165,17 @@ def chain_speculative_sampling(
         seeds=seeds,
         mode="sampling",
         log_input=True,  # probability inputs: x = log p, read in place
-        backend=resolve_backend(backend, device),
+        backend=resolved,
     )
     tokens, emitted = ver.tokens, ver.num_accepted
-    accepted = emitted + _passes_after(q, drafts, target_probs, seeds, emitted)
+    # the positions after the first rejection that pass their own accept test (one kernel:
+    # specdec::accept_tests_passed, the reference's ~60 small ops were most of this call's time)
+    accepted = emitted + torch.ops.specdec.accept_tests_passed(
+        q, drafts, target_probs, seeds, emitted, resolved
+    )
     counters[0] += accepted.to(counters[0].dtype)
     counters[1] += emitted.to(counters[1].dtype)
     return tokens.to(torch.int32), counters[0], counters[1]
-
-
-def _passes_after(q, drafts, target_probs, seeds, emitted) -> Tensor:
-    """``[B]``: how many positions after the first rejection pass their own accept test
-    ``u_i * q_i(x_i) < p_i(x_i)`` (the uniforms the kernels use; ``[B, n]`` gathers only)."""
-    b, n, v = q.shape
-    if n == 0:
-        return torch.zeros_like(emitted)
-    ids = drafts.to(torch.int64)
-    in_vocab = (ids >= 0) & (ids < v)
-    safe = ids.clamp(0, v - 1)[..., None]  # [B, n, 1]
-    p = target_probs[:, :n].gather(-1, safe)[..., 0].float()  # as given: no [B, n, V] pass
-    qx = q.gather(-1, safe)[..., 0].float()
-    u = accept_uniforms(seeds, n)
-    passed = (u * qx < p) & (qx > 0) & in_vocab
-    after = torch.arange(n, device=q.device)[None, :] > emitted[:, None]
-    return (passed & after).sum(dim=-1)
 
 
 def row_seeds(b: int, device, generator, seed, offset) -> Tensor:
