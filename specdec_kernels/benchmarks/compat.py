@@ -156,8 +156,8 @@ def setup_sglang_greedy(b: int, k: int, v: int, device) -> dict[str, Callable]:
     scores = torch.randn(b, n, n + 1, generator=g).to(device)
     labels = torch.randint(0, n + 1, (b, n), generator=g).to(device)
 
-    def core():
-        return sk.verify_tree_greedy(scores, labels, parents, validate=False)
+    def core():  # the static depth, as the adapter passes it: no host read of the width
+        return sk.verify_tree_greedy(scores, labels, parents, max_depth=n - 1, validate=False)
 
     def compat():
         return sglang.verify_tree_greedy(*buffers, cand, rindex, nxt, sib, target)
@@ -174,8 +174,10 @@ def setup_sglang_sampling(b: int, k: int, v: int, device) -> dict[str, Callable]
     logits = torch.log(probs)
     seed = sglang.seeds_from_uniforms(u[:, 0], u_final)  # the adapter's: the same walk
 
-    def core():  # the tree op on logits given (the adapter also takes the log)
-        return sk.verify_tree_sampling(logits, cand, parents, seed=seed, validate=False)
+    def core():  # the tree op on logits given (the adapter also takes the log), static depth
+        return sk.verify_tree_sampling(
+            logits, cand, parents, seed=seed, max_depth=n - 1, validate=False
+        )
 
     def compat():
         return sglang.tree_speculative_sampling_target_only(
