@@ -49,7 +49,8 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor target_probs, Tensor seeds, Tensor after) -> Tensor");
   m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
         "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
-        "Tensor? top_p, Tensor? seeds, Tensor? token_bitmask, bool greedy_only) "
+        "Tensor? top_p, Tensor? seeds, Tensor? token_bitmask, bool greedy_only, "
+        "bool log_input=False) "
         "-> (Tensor, Tensor, Tensor)");
   m.def("native_emitted_logprobs(Tensor target_logits, Tensor rows, Tensor tokens, "
         "Tensor? token_bitmask, Tensor? temperature, Tensor? top_k, Tensor? top_p, "

@@ -45,7 +45,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, int64_t mode,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    const std::optional<at::Tensor>& token_bitmask, bool greedy_only);
+    const std::optional<at::Tensor>& token_bitmask, bool greedy_only, bool log_input);
 
 // Chain verification, padded ([B, K+1, V]) or flattened (logits_row_start / probs_row_start: [B]
 // row of position 0 in a [rows, V] target_logits / draft_probs; rows are clamped into the

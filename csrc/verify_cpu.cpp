@@ -253,7 +253,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_nodes, int64_t mode,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
     const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
-    const std::optional<at::Tensor>& token_bitmask, bool greedy_only) {
+    const std::optional<at::Tensor>& token_bitmask, bool greedy_only, bool log_input) {
   const char* op = "native_verify_tree";
   check_cpu(op, "target_logits", target_logits);
   TORCH_CHECK_VALUE(target_logits.dim() == 3, op,
@@ -292,6 +292,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
   a.num_nodes_max = N;
   a.vocab = V;
   a.greedy_only = greedy_only;
+  a.log_input = log_input;
   a.mode = greedy_only ? 0 : static_cast<int32_t>(mode);
   if (token_bitmask.has_value()) {
     const at::Tensor& m = *token_bitmask;

@@ -46,6 +46,7 @@ from specdec_kernels.reference import accept_reject as ref_accept_reject
 from specdec_kernels.reference import accept_tests as ref_accept_tests
 from specdec_kernels.reference import bitmask as ref_bitmask
 from specdec_kernels.reference import kv_cache as ref_kv
+from specdec_kernels.reference import layout as ref_layout
 from specdec_kernels.reference import logprobs as ref_logprobs
 from specdec_kernels.reference import verify_chain as ref_chain
 from specdec_kernels.reference import verify_tree as ref_tree
@@ -204,13 +205,16 @@ def _reference_chain(*args):
 def _triton_tree(*args):
     from specdec_kernels.ops import verify_tree  # imports triton: lazily
 
-    *head, bitmask, greedy_only = args
-    return verify_tree.verify_tree(*head, greedy_only=greedy_only, token_bitmask=bitmask)
+    logits, *head, bitmask, greedy_only, log_input = args
+    # the Triton tree kernel reads logits: probabilities get their log first (a [B, N, V]
+    # temporary, which the C++ kernel does without)
+    logits = ref_layout.as_logits(logits, log_input)
+    return verify_tree.verify_tree(logits, *head, greedy_only=greedy_only, token_bitmask=bitmask)
 
 
 def _reference_tree(logits, tokens, parents, probs, nn, mode, temp, topk, topp, seeds, bitmask,
-                    greedy):  # fmt: skip
-    logits = ref_bitmask.masked_logits(logits, bitmask)
+                    greedy, log_input):  # fmt: skip
+    logits = ref_bitmask.masked_logits(ref_layout.as_logits(logits, log_input), bitmask)
     if greedy:
         return ref_tree.verify_tree_greedy(logits, tokens, parents, nn)
     return ref_tree.verify_tree_sampling(

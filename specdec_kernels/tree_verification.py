@@ -87,6 +87,7 @@ def _verify_tree_greedy_op(
             None,
             token_bitmask,
             True,
+            False,
         )
     )
 
@@ -117,7 +118,10 @@ def _verify_tree_sampling_op(
     seeds: Tensor,
     token_bitmask: Tensor | None,
     backend: str,
+    log_input: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``log_input``: ``target_logits`` holds probabilities, read as ``x = log p`` (temperature
+    1) in place: the SGLang drop-in's inputs, without a ``[B, N, V]`` temporary of their log."""
     return _result(
         *kernel("verify_tree", backend)(
             target_logits,
@@ -132,6 +136,7 @@ def _verify_tree_sampling_op(
             seeds,
             token_bitmask,
             False,
+            log_input,
         )
     )
 

@@ -199,6 +199,21 @@ def _tree_sampling(backend):
     return args
 
 
+def _tree_sampling_probs(backend):
+    """The SGLang drop-in's form: probabilities read as ``log p`` (``log_input``)."""
+
+    def args(device):
+        logits, tokens, parents, nn, q, temp, seeds = _tree_inputs()
+        probs = torch.softmax(logits, -1)
+        ones = torch.ones(3)
+        return _on(
+            device, probs, tokens, parents, None, nn, 0, ones, None, None, seeds, None, backend,
+            True,
+        )  # fmt: skip
+
+    return args
+
+
 def _native_verify_tree(device):
     logits, tokens, parents, nn, q, temp, seeds = _tree_inputs()
     mask = torch.full((3, 5, 1), 0x7F7, dtype=torch.int32)  # token 3 forbidden
@@ -314,6 +329,8 @@ def _cases() -> list[Case]:
         cases.append(Case("verify_tree_greedy", label, args, needs))
     for label, args, needs in _backends(_tree_sampling, triton="triton_slow"):
         cases.append(Case("verify_tree_sampling", label, args, needs))
+    for label, args, needs in _backends(_tree_sampling_probs, triton="triton_slow"):
+        cases.append(Case("verify_tree_sampling", f"log_input-{label}", args, needs))
     cases.append(_native("native_verify_tree", "independent", _native_verify_tree))
     for name in ("kv_write_", "kv_compact_", "paged_kv_write_", "paged_kv_compact_"):
         devices = tuple(DEVICES)

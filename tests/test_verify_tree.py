@@ -563,6 +563,35 @@ def test_emitted_tokens_follow_the_target(mode, backend):
     assert float(out.num_accepted.float().mean()) > 0.5
 
 
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("mode", MODES)
+def test_log_input_reads_probabilities_as_their_log(mode, dtype, backend):
+    """``log_input=True`` (the SGLang drop-in's form): the op on probabilities gives, bitwise, what
+    it gives on ``log(p)`` in float32 (the reference's own reading), zero-probability tokens
+    included; the C++ kernel reads them in place."""
+    b, n, v = 24, 6, 40
+    g = torch.Generator().manual_seed(11)
+    parents = torch.tensor([-1, 0, 0, 1, 1, 3]).expand(b, n).contiguous()
+    p = torch.softmax(torch.randn(b, n, v, generator=g) * 2, -1)
+    p[:, :, 5] = 0.0
+    p = p.to(dtype)
+    tokens = torch.randint(0, v, (b, n), generator=g)
+    tokens[:, 1] = p[:, 0].float().argmax(-1)  # an accepted first child now and then
+    tokens[:, 2] = 5  # a zero-probability sibling: never accepted
+    q = None if mode == "deterministic" else random_draft_probs(b, n, v)
+    nn = torch.full((b,), n)
+    args = (tokens, parents, q, nn, MODES.index(mode), torch.ones(b), None, None)
+    seeds = torch.arange(b) * 7919
+    want = torch.ops.specdec.verify_tree_sampling(
+        torch.log(p.float()), *args, seeds, None, "reference"
+    )
+    got = torch.ops.specdec.verify_tree_sampling(p, *args, seeds, None, backend, True)
+    for name, x, y in zip(("tokens", "accepted", "emitted", "nodes"), got, want):
+        assert_same(x, y, f"{backend} {mode} {dtype} {name}")
+    assert not bool((got[0] == 5).any())
+
+
 def test_planted_bug_is_caught():
     """Recovered tokens drawn from p (not the residual) after rejected siblings: the first-token
     check must reject it. The variant reuses the correct result and redraws only the recovered

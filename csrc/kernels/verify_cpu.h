@@ -89,6 +89,7 @@ struct TreeArgs {
   int64_t batch = 0, num_nodes_max = 0, vocab = 0;  // B, N, V
   int32_t mode = 0;  // 0 deterministic, 1 independent, 2 without replacement
   bool greedy_only = false;
+  bool log_input = false;  // probabilities given: x = log p (temperature 1), read in place
   // Token bitmask (xgrammar's layout), int32 [B, N, words] with these strides, words =
   // ceil(V / 32); nullptr: none.
   const int32_t* token_bitmask = nullptr;

@@ -83,7 +83,7 @@ struct TreeWalk {
       : a(args), b(row_index), split(split_chunks) {
     temp = a.greedy_only ? 1.0f : a.temperature[b];
     greedy = a.greedy_only || temp == 0.0f;
-    if (temp == 0.0f) temp = 1.0f;
+    if (temp == 0.0f || a.log_input) temp = 1.0f;
     top_k = (!greedy && a.top_k != nullptr) ? a.top_k[b] : 0;
     top_p = (!greedy && a.top_p != nullptr) ? a.top_p[b] : 1.0f;
     topk_on = top_k > 0 && top_k < a.vocab;
@@ -93,7 +93,7 @@ struct TreeWalk {
 
   void enter(int64_t node) {
     row = static_cast<const T*>(a.logits) + b * a.logits_stride_b + node * a.logits_stride_n;
-    xm = XMap{temp, false, nullptr};
+    xm = XMap{temp, a.log_input, nullptr};
     if (a.token_bitmask != nullptr) {
       xm.mask = a.token_bitmask + b * a.mask_stride_b + node * a.mask_stride_n;
     }

@@ -33,11 +33,11 @@ import torch
 from torch import Tensor
 
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import check_backend
+from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import require
 from specdec_kernels.reference import rng
+from specdec_kernels.tree_verification import DRAFT_MODES, TreeVerification
 from specdec_kernels.tree_verification import verify_tree_greedy as _tree_greedy
-from specdec_kernels.tree_verification import verify_tree_sampling as _tree_sampling
 
 __all__ = ["tree_speculative_sampling_target_only", "verify_tree_greedy"]
 
@@ -177,8 +177,8 @@ def tree_speculative_sampling_target_only(
       the bits of ``uniform_samples[b, 0]`` and ``uniform_samples_for_final_sampling[b]``, and this
       package's counter-based numbers follow from it (same uniforms, same output; tokens differ
       from SGLang's for the same uniforms, the distribution is the same).
-    * The tree ops take logits: the adapter passes ``log(target_probs)``, a `[B, N, V]` float32
-      temporary (the chain kernels read probabilities in place; the tree kernels do not yet).
+    * ``target_probs`` is read in place as ``x = log p`` by the C++ tree kernel (CPU); on CUDA
+      the Triton tree kernel takes ``log(target_probs)``, a `[B, N, V]` float32 temporary.
     * Siblings in increasing node order, links clamped in bounds, as in :func:`verify_tree_greedy`.
     * ``deterministic`` is accepted and ignored (always deterministic).
 
@@ -252,16 +252,25 @@ def tree_speculative_sampling_target_only(
             )
     parents = parents_from_lists(retrive_next_token, retrive_next_sibling)
     seeds = seeds_from_uniforms(uniform_samples[:, 0], final)
-    logits = torch.log(target_probs.float())  # [B, N, V] temporary (see the docstring)
-    out = _tree_sampling(
-        logits,
-        candidates,
-        parents,
-        draft_mode="deterministic",
-        max_depth=n - 1,
-        seed=seeds,
-        backend=backend,
-        validate=False,
+    # verify_tree_sampling's op on the probabilities themselves (log_input: x = log p read in
+    # place, where a [B, N, V] log had cost ~9x the op on the CPU); every node real, children
+    # fixed choices, temperature 1, the [B, N] outputs (depth at most N - 1)
+    out = TreeVerification(
+        *torch.ops.specdec.verify_tree_sampling(
+            target_probs,
+            candidates.contiguous(),
+            parents,
+            None,
+            torch.full((b,), n, dtype=torch.int64, device=device),
+            DRAFT_MODES.index("deterministic"),
+            torch.ones(b, dtype=torch.float32, device=device),
+            None,
+            None,
+            seeds,
+            None,
+            resolve_backend(backend, device),
+            True,
+        )
     )
     # tokens[:, d] is the token after the path node at depth d (accepted child, or final draw)
     rows = torch.arange(b, device=device)[:, None]
