@@ -616,6 +616,14 @@ def test_sglang_sampling_one_hot_target_reproduced():
     for x, y in zip(got, want):
         assert torch.equal(x, y)
     assert got[2].max() >= 2  # the case reaches deep paths
+    # the probabilities are read in place: a view whose tokens are not contiguous, and bfloat16,
+    # give the same result
+    strided = torch.zeros(b, n, v, 2).select(-1, 0)
+    strided.copy_(probs)
+    assert strided.stride(-1) != 1
+    for inputs in (strided, probs.bfloat16()):
+        for x, y in zip(_sampling_call(inputs, cand), want):
+            assert torch.equal(x, y)
 
 
 def test_sglang_sampling_distribution():

@@ -255,6 +255,8 @@ def tree_speculative_sampling_target_only(
     # verify_tree_sampling's op on the probabilities themselves (log_input: x = log p read in
     # place, where a [B, N, V] log had cost ~9x the op on the CPU); every node real, children
     # fixed choices, temperature 1, the [B, N] outputs (depth at most N - 1)
+    if v > 1 and target_probs.stride(-1) != 1:  # the kernels read a row's tokens contiguously
+        target_probs = target_probs.contiguous()
     out = TreeVerification(
         *torch.ops.specdec.verify_tree_sampling(
             target_probs,
