@@ -25,11 +25,9 @@ scoring row ``target_logits[b, rows[b, p]]`` chunk by chunk, as the verification
 
 A token the bitmask disallows is a ``-inf`` logit (``"processed"`` only; ``"raw"`` ignores the
 mask); where it allows no finite logit the emitted token's log-probability is NaN, as
-``log_softmax`` gives (``validate=True`` rejects such inputs before). ``_common``'s helpers read
-the logits without a mask, so the masked variant has its own twins of ``chunk_stats`` /
-``chunk_pivot_pass`` / ``_search`` / ``thresholds`` that differ only in the load
-(:func:`_masked_x`); they belong in ``_common`` once the verification kernels read the bitmask
-themselves. Padding positions (``rows < 0`` or ``tokens < 0``) read nothing.
+``log_softmax`` gives (``validate=True`` rejects such inputs before). The statistics and the
+threshold search are ``_common``'s, reading the bitmask as the verification kernels do
+(``HAS_MASK``). Padding positions (``rows < 0`` or ``tokens < 0``) read nothing.
 """
 
 import torch
@@ -39,7 +37,6 @@ import triton.language as tl
 from specdec_kernels.ops._common import (
     COMPILE,
     KEY_FLOOR,
-    SEARCH_ROUNDS,
     chunk_stats,
     float_key,
     launch,
@@ -49,8 +46,6 @@ from specdec_kernels.ops._common import (
     row_controls,
     row_filters,
     row_temperature,
-    search_pivots,
-    search_step,
     thresholds,
 )
 
@@ -78,13 +73,6 @@ def _allowed(word_ptr, idx, valid):  # word_ptr: [W] int32 bitmask row
     """Bit ``idx % 32`` of word ``idx // 32``: the bitmask allows token ``idx``."""
     word = tl.load(word_ptr + (idx >> 5), mask=valid, other=0)
     return ((word >> (idx & 31)) & 1) != 0
-
-
-@triton.jit
-def _masked_x(row_ptr, word_ptr, idx, valid, temp):  # [V] logits row, [W] its bitmask row
-    """``_common.load_x`` at ``idx``, ``-inf`` where the bitmask disallows the token."""
-    x = load_x(row_ptr + idx, valid, temp, False)
-    return tl.where(_allowed(word_ptr, idx, valid), x, float("-inf"))
 
 
 @triton.jit
@@ -142,102 +130,6 @@ def _write_top(row_ptr,  # [V] one logits row
 # fmt: on
 
 
-# --- the bitmask twins of _common's statistics and threshold search ---------------------------
-# Each is its _common namesake with every x read through _masked_x; same arithmetic, same order.
-
-
-# argument groups keep their shape comments: no reformatting
-# fmt: off
-@triton.jit
-def _masked_chunk_stats(row_ptr, word_ptr,  # [V] one logits row, [W] its bitmask row
-                        chunk_start, V, temp, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """``_common.chunk_stats`` (with the sum) of the masked row: max and ``sum exp(x - max)``."""
-    offs = tl.arange(0, BLOCK)
-    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
-    s_vec = tl.zeros([BLOCK], tl.float32)
-    for t in tl.static_range(0, CHUNK, BLOCK):
-        idx = chunk_start + t + offs
-        x = _masked_x(row_ptr, word_ptr, idx, idx < V, temp)
-        new_m = tl.maximum(m_vec, x)
-        safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # no (-inf) - (-inf)
-        s_vec = s_vec * tl.exp(m_vec - safe) + tl.exp(x - safe)
-        m_vec = new_m
-    m = tl.max(m_vec, axis=0)
-    safe_m = tl.where(m == float("-inf"), 0.0, m)
-    s = tl.sum(s_vec * tl.exp(m_vec - safe_m), axis=0)
-    return m, s
-
-
-@triton.jit
-def _masked_pivot_pass(row_ptr, word_ptr,  # [V] one logits row, [W] its bitmask row
-                       chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
-                       CHUNK: tl.constexpr, TBLOCK: tl.constexpr):
-    """``_common.chunk_pivot_pass`` of the masked row."""
-    offs = tl.arange(0, TBLOCK)
-    counts = tl.zeros([TBLOCK, NPIV], tl.int32)  # per lane, reduced once a chunk (as there)
-    masses = tl.zeros([TBLOCK, NPIV], tl.float32)
-    for t in range(0, CHUNK, TBLOCK):
-        idx = chunk_start + t + offs
-        valid = idx < V
-        x = _masked_x(row_ptr, word_ptr, idx, valid, temp)
-        key = float_key(x)
-        live = valid & (key >= floor_key)
-        e = tl.where(live, tl.exp(x - m), 0.0)
-        above = (key[:, None] > pivots[None, :]) & live[:, None]
-        counts += above.to(tl.int32)
-        masses += tl.where(above, e[:, None], 0.0)
-    return tl.sum(counts, axis=0).to(tl.int64), tl.sum(masses, axis=0)
-
-
-@triton.jit
-def _masked_search(row_ptr, word_ptr,  # [V] one logits row, [W] its bitmask row
-                   V, temp, m, floor_key, lo, hi, mass_lo, target_count, target_mass,
-                   USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-                   TBLOCK: tl.constexpr, NCHUNK):
-    """``_common._search`` over the masked row."""
-    for _ in range(SEARCH_ROUNDS):
-        if hi - lo > 1:
-            pivots = search_pivots(lo, hi, NPIV)
-            counts = tl.zeros([NPIV], tl.int64)
-            masses = tl.zeros([NPIV], tl.float32)
-            for c in range(0, NCHUNK):
-                cc, cm = _masked_pivot_pass(
-                    row_ptr, word_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV, CHUNK,
-                    TBLOCK,
-                )
-                counts += cc
-                masses += cm
-            lo, hi, mass_lo = search_step(
-                lo, hi, mass_lo, pivots, counts, masses, target_count, target_mass, USE_MASS
-            )
-    return hi, mass_lo
-
-
-@triton.jit
-def _masked_thresholds(row_ptr, word_ptr,  # [V] one logits row, [W] its bitmask row
-                       V, temp, m, s, top_k, top_p, HAS_TOPK: tl.constexpr,
-                       HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
-                       TBLOCK: tl.constexpr, NCHUNK):
-    """``_common.thresholds`` of the masked row: ``(kappa, Z)``."""
-    kappa = tl.full([], KEY_FLOOR, tl.int64)
-    z = s
-    max_key = float_key(m)
-    if HAS_TOPK:
-        if (top_k > 0) & (top_k < V):
-            kappa, z = _masked_search(
-                row_ptr, word_ptr, V, temp, m, KEY_FLOOR, kappa, max_key, z, top_k, 0.0, False,
-                NPIV, CHUNK, TBLOCK, NCHUNK,
-            )
-    if HAS_TOPP:
-        if top_p < 1.0:
-            kappa, z = _masked_search(
-                row_ptr, word_ptr, V, temp, m, kappa, kappa - 1, max_key, z, 0, top_p * z, True,
-                NPIV, CHUNK, TBLOCK, NCHUNK,
-            )
-    return kappa, z
-# fmt: on
-
-
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
@@ -271,11 +163,8 @@ def _emitted_logprobs_kernel(
     slot = tl.arange(0, NBLOCK)
     best = tl.where(slot < NTOP, NO_KEY + 1 + slot.to(tl.int64), FULL_KEY)  # empty list
     for c in range(0, nchunk):
-        if HAS_MASK:
-            m, s = _masked_chunk_stats(row_ptr, word_ptr, c * CHUNK, V, temp, CHUNK, BLOCK)
-            a = big_a
-        else:
-            m, s, a = chunk_stats(row_ptr, c * CHUNK, V, temp, True, CHUNK, BLOCK)
+        m, s, a = chunk_stats(row_ptr, c * CHUNK, V, temp, True, CHUNK, BLOCK, False, word_ptr,
+                              HAS_MASK)
         big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
         if NTOP > 0:
             best = _chunk_top(row_ptr, word_ptr, c * CHUNK, V, best, HAS_MASK, CHUNK, BLOCK)
@@ -284,16 +173,10 @@ def _emitted_logprobs_kernel(
     z = big_s
     if not GREEDY_ONLY:
         if live & (greedy == 0):
-            if HAS_MASK:
-                kappa, z = _masked_thresholds(
-                    row_ptr, word_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP,
-                    NPIV, CHUNK, TBLOCK, NCHUNK,
-                )
-            else:
-                kappa, z = thresholds(
-                    row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV,
-                    CHUNK, TBLOCK, NCHUNK,
-                )
+            kappa, z = thresholds(
+                row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+                TBLOCK, NCHUNK, False, word_ptr, HAS_MASK,
+            )
     # Rows with nothing allowed (and padding) have max -inf and z = 0: nothing is kept there,
     # and these keep the unused arithmetic finite.
     safe_m = tl.where(big_m == float("-inf"), 0.0, big_m)
@@ -301,10 +184,7 @@ def _emitted_logprobs_kernel(
 
     in_vocab = live & (tok < V)
     t = tl.minimum(tok, V - 1)
-    if HAS_MASK:
-        x = _masked_x(row_ptr, word_ptr, t, in_vocab, temp)
-    else:
-        x = load_x(row_ptr + t, in_vocab, temp, False)
+    x = load_x(row_ptr + t, in_vocab, temp, False, word_ptr, t, HAS_MASK)
     kept = (x > float("-inf")) & (float_key(x) >= kappa)
     lp = tl.where(kept, (x - safe_m) - log_z, float("-inf"))
     nothing = in_vocab & (big_m == float("-inf"))  # no finite logit allowed: NaN, as log_softmax
