@@ -547,6 +547,37 @@ def test_sglang_parents_from_lists():
     assert got.tolist() == [PARENTS]
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 8, 9, 64])
+def test_sglang_parents_from_lists_random_trees(n):
+    """Random trees of N nodes (parents before children, siblings in index order, a row of
+    them one long sibling list, the deepest case for the parents to travel), SGLang's lists
+    built from them, links that end a list written as -1 or as any index outside [0, N): the
+    parents come back. Nodes a row does not use (no link reaches them) get -1."""
+    from specdec_kernels.compat.sglang import parents_from_lists
+
+    g = torch.Generator().manual_seed(n)
+    rows = 16
+    nxt = torch.full((rows, n), -1, dtype=torch.int64)
+    sib = torch.full((rows, n), -1, dtype=torch.int64)
+    want = torch.full((rows, n), -1, dtype=torch.int64)
+    for r in range(rows):
+        used = n if r % 4 else max(1, n // 2)  # some rows use fewer nodes
+        for j in range(1, used):
+            want[r, j] = 0 if r == 1 else int(torch.randint(0, j, (1,), generator=g))
+        last_child: dict[int, int] = {}
+        for j in range(1, used):
+            p = int(want[r, j])
+            if p in last_child:
+                sib[r, last_child[p]] = j
+            else:
+                nxt[r, p] = j
+            last_child[p] = j
+        for t in (nxt, sib):  # an end of list may be any index outside [0, N)
+            ends = t[r] == -1
+            t[r, ends] = torch.where(torch.rand(int(ends.sum()), generator=g) < 0.5, -1 - r, n + r)
+    assert parents_from_lists(nxt, sib).tolist() == want.tolist()
+
+
 @pytest.mark.parametrize("s", [4, 2])
 def test_sglang_verify_tree_greedy_by_hand(s):
     from specdec_kernels.compat.sglang import verify_tree_greedy

@@ -285,23 +285,31 @@ def tree_speculative_sampling_target_only(
 
 def parents_from_lists(next_token: Tensor, next_sibling: Tensor) -> Tensor:
     """``[B, N]`` int64 ``parents`` of SGLang's first-child / next-sibling lists (root ``-1``;
-    nodes not reachable from the root ``-1``). Vectorised, ``N - 1`` fixed rounds, no host
-    synchronisation; links outside ``[0, N)`` end a list."""
+    nodes not reachable from the root ``-1``). Vectorised, no host synchronisation; links
+    outside ``[0, N)`` end a list.
+
+    A first child's parent is the node that points to it; any other node has its predecessor
+    sibling's parent. That predecessor may itself wait for its own, so the parents travel down
+    each sibling list by pointer jumping: every round a node still without a parent takes its
+    predecessor's and then looks twice as far back, ``ceil(log2 N)`` rounds in all (a list of
+    ``N - 1`` siblings took ``N - 1`` rounds one by one)."""
     b, n = next_token.shape
     device = next_token.device
     nodes = torch.arange(n, device=device).expand(b, n)
-    dummy = torch.full((b, 1), -1, dtype=torch.int64, device=device)
+    none = torch.full((b, n + 1), -1, dtype=torch.int64, device=device)  # column n: no link
 
     def link(targets: Tensor) -> Tensor:  # where a link points, or the dummy column n
         return torch.where((targets >= 0) & (targets < n), targets, n)
 
-    first = link(next_token)
-    sibling = link(next_sibling)
-    parents = torch.cat([torch.full((b, n), -1, dtype=torch.int64, device=device), dummy], 1)
-    parents = parents.scatter(1, first, nodes)[:, :n]  # the first child of i has parent i
-    for _ in range(max(n - 1, 0)):  # a next sibling has its predecessor's parent
-        spread = torch.cat([parents, dummy], 1).scatter(1, sibling, parents)[:, :n]
-        parents = torch.where(parents >= 0, parents, spread)
+    parents = none.scatter(1, link(next_token), nodes)[:, :n]  # i's first child: parent i
+    before = none.scatter(1, link(next_sibling), nodes)[:, :n]  # the sibling before each node
+    has_before = before >= 0
+    before = before.clamp_min(0)
+    for _ in range(max(n - 1, 0).bit_length()):  # ceil(log2 N) rounds reach N - 1 back
+        waiting = (parents < 0) & has_before
+        parents = torch.where(waiting, parents.gather(1, before), parents)
+        has_before = has_before & has_before.gather(1, before)
+        before = before.gather(1, before)
     parents[:, 0] = -1
     return parents
 
