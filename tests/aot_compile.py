@@ -262,10 +262,12 @@ def main(archs, report=None, fail_on_spills=False):
                     "triton": triton.__version__,
                     "vocab_size": 128256,
                     "kernels": rows,
+                    "command": "python tests/aot_compile.py " + " ".join(sys.argv[1:]),
                 },
                 f,
                 indent=1,
             )
+            f.write("\n")
     return failures
 
 
