@@ -47,3 +47,25 @@ def test_init_from_distils_the_draft_only_and_resumes(tmp_path, capsys):
     assert all(torch.equal(_tensors(out / "draft.safetensors")[k], new_d[k]) for k in new_d)
     with pytest.raises(SystemExit, match="was written with other arguments"):
         train.main([*argv[:-4], "--draft-warmup", "1", "--ckpt", str(ckpt), "--out", str(out)])
+
+
+def test_grow_starts_from_the_shallower_drafts_exact_logits():
+    """A draft grown from a shipped one of the same width computes the shipped draft's logits
+    bit for bit before any step (its new layer's output projections start at zero), keeps the
+    shipped tensors, and the new layer's projections still learn (they get gradients); a
+    draft of another width is not grown."""
+    from specdec_kernels.models.bundled import _config
+
+    train = _script()
+    shipped = CausalLM.load(os.path.join(pair_dir("tiny"), "draft.safetensors"))
+    grown = CausalLM(_config(128, 3, 2))
+    assert train._grow(grown, shipped)
+    x = torch.randint(0, 256, (2, 40))
+    assert torch.equal(grown(x), shipped(x))
+    kept = shipped.state_dict()
+    assert all(torch.equal(grown.state_dict()[k], v) for k, v in kept.items())
+    grown(x).logsumexp(-1).sum().backward()
+    for block in grown.transformer.h[1:]:
+        assert block.mlp.c_proj.weight.grad.abs().sum() > 0
+    assert not train._grow(CausalLM(_config(192, 2, 3)), shipped)
+    assert not train._grow(CausalLM(_config(128, 1, 2)), shipped)  # not deeper
