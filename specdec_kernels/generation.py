@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from specdec_kernels._dispatch import check_backend
-from specdec_kernels.adaptive import PassCosts, measure_pass_costs
+from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, measure_pass_costs
 from specdec_kernels.decoding import (
     Decoder,
     DecodeResult,
@@ -124,12 +124,19 @@ class SpeculativeGenerator:
         The implementation of the verification ops the loop calls (chain and tree), as their
         ``backend`` (:func:`specdec_kernels.verify_greedy`); ``None`` (default): their automatic
         choice (``SPECDEC_BACKEND`` included). Greedy output is the same on every backend.
+    acceptance_prior : float, optional
+        ``"auto"``'s acceptance estimate of a row before any of its drafts is tested, in
+        ``(0, 1)``: it decides whether the first steps draft at all (a batch whose first
+        choice is ``K = 0`` measures nothing, and decodes with the target alone). Default: the
+        draft's ``acceptance_prior`` attribute where it has one (the bundled pairs state theirs,
+        measured on held-out text when they were trained: ``load_bundled``), else 0.7.
 
     Raises
     ------
     ValueError
         Draft and target with different vocabulary sizes or devices; a bad ``K``; a
-        ``backend`` that is not one of the above (named in the message, before any work).
+        ``backend`` that is not one of the above; an ``acceptance_prior`` outside ``(0, 1)``
+        (named in the message, before any work).
 
     Examples
     --------
@@ -159,6 +166,7 @@ class SpeculativeGenerator:
         ngram_size: int = 3,
         tree: StaticTree | DynamicTree | None = None,
         backend: str | None = None,
+        acceptance_prior: float | None = None,
     ):
         check_backend(backend)
         if num_speculative_tokens is None:
@@ -201,6 +209,9 @@ class SpeculativeGenerator:
                 return TreeDrafter(CausalLMAdapter(draft), tree)
             return ModelDrafter(CausalLMAdapter(draft))
 
+        if acceptance_prior is None:
+            stated = None if ngram else getattr(draft, "acceptance_prior", None)
+            acceptance_prior = AcceptanceTracker.prior if stated is None else stated
         self.tree = tree
         self._decoder = lambda: Decoder(
             adapter_for(target),
@@ -211,6 +222,7 @@ class SpeculativeGenerator:
             verify_cost=verify_cost,
             costs=costs,
             backend=backend,
+            acceptance_prior=acceptance_prior,
         )
         self._decoder()  # check the arguments now
 

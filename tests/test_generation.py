@@ -274,6 +274,58 @@ def test_auto_k_charges_the_verify_cost(pair):
     assert ks[0.5] < ks[0.0]
 
 
+def test_acceptance_prior_decides_the_first_steps(pair):
+    """ "auto" starts from ``acceptance_prior``: under costs where drafting pays only for a row
+    accepting ~0.8 or more, a prior of 0.95 drafts from the first step (and, the pair's real
+    acceptance being lower, may stop later) and a prior of 0.3 never drafts (a batch whose
+    first choice is K = 0 measures nothing). The default comes from the draft's
+    ``acceptance_prior`` attribute, else 0.7; a prior outside (0, 1) is a ValueError naming it;
+    greedy output is the target's either way."""
+    from specdec_kernels.adaptive import PassCosts
+
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    # K drafts cost 0.35 target passes each: with acceptance a a step yields 1 + a + ... + a^K
+    costs = PassCosts.linear(cost_ratio=0.35, verify_cost=0.0, max_k=4)
+    want = sk.autoregressive_generate(target, prompts, 16).sequences
+    drafted = {}
+    for prior in (0.95, 0.3):
+        gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, acceptance_prior=prior)
+        out = gen.generate(prompts, 16)
+        assert_rows_equal(out.sequences, want)
+        drafted[prior] = out.stats.draft_forwards
+    assert drafted[0.95] > 0 and drafted[0.3] == 0
+    try:
+        draft.acceptance_prior = 0.95  # stated by the draft: the same as passing it
+        gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs)
+        assert gen.generate(prompts, 16).stats.draft_forwards == drafted[0.95]
+    finally:
+        draft.acceptance_prior = None
+    assert (
+        sk.SpeculativeGenerator(target, draft, "auto", costs=costs)._decoder().acceptance_prior
+        == 0.7
+    )
+    for bad in (0, 1.0, -0.2, True, "0.8", float("nan")):
+        with pytest.raises(ValueError, match="acceptance_prior"):
+            sk.SpeculativeGenerator(target, draft, "auto", acceptance_prior=bad)
+
+
+def test_bundled_drafts_state_their_held_out_acceptance():
+    """load_bundled sets the draft's acceptance_prior to its pair's held-out greedy acceptance
+    at K = 1 (train_log.json); a pair whose log has no table states none."""
+    import json
+    import os
+
+    from specdec_kernels.models.bundled import load_bundled, pair_dir
+
+    with open(os.path.join(pair_dir("default"), "train_log.json")) as fh:
+        rate = json.load(fh)["acceptance_heldout_greedy"]["1"]["acceptance_rate"]
+    target, draft = load_bundled("default")
+    assert draft.acceptance_prior == rate and 0.5 < rate < 1
+    assert target.acceptance_prior is None
+    assert load_bundled("tiny")[1].acceptance_prior is None
+
+
 def test_acceptance_tracker_counts_tried_positions():
     """alpha = accepted / (accepted + first rejections): positions after a rejection were never
     tested. With accepted / drafted instead, a row accepting 2 of every 8 would read 0.25."""

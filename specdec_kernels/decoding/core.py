@@ -306,12 +306,16 @@ class Decoder:
         (:func:`specdec_kernels.verify_greedy`); ``None`` (default) is their automatic choice
         (``SPECDEC_BACKEND`` included). Every backend gives the same tokens (greedy: exactly).
         A vocabulary-sharded target verifies with its own ops, which take none.
+    acceptance_prior : float
+        ``"auto"``'s acceptance estimate of each row before any of its drafts is tested (worth
+        4 tested drafts: :class:`~specdec_kernels.adaptive.AcceptanceTracker`), in ``(0, 1)``;
+        default 0.7. It decides whether the first step drafts at all.
 
     Raises
     ------
     ValueError
-        A bad ``num_speculative_tokens``, ``max_speculative_tokens``, cost or ``backend`` (named
-        in the message), before any work.
+        A bad ``num_speculative_tokens``, ``max_speculative_tokens``, cost, ``backend`` or
+        ``acceptance_prior`` (named in the message), before any work.
     """
 
     def __init__(
@@ -325,9 +329,15 @@ class Decoder:
         verify_cost: float = 0.0,
         costs: PassCosts | None = None,
         backend: str | None = None,
+        acceptance_prior: float = AcceptanceTracker.prior,
     ):
         self.backend = check_backend(backend)
         auto = num_speculative_tokens == "auto"
+        if isinstance(acceptance_prior, bool) or not (
+            isinstance(acceptance_prior, (int, float)) and 0 < acceptance_prior < 1
+        ):
+            raise ValueError(f"acceptance_prior must be in (0, 1), got {acceptance_prior!r}")
+        self.acceptance_prior = float(acceptance_prior)
         if not auto and (
             not isinstance(num_speculative_tokens, int)
             or isinstance(num_speculative_tokens, bool)
@@ -535,7 +545,7 @@ class Decoder:
                 n = sampling.num_logprobs
                 st.top_values = torch.full((b, cap, n), -torch.inf, device=dev)
                 st.top_ids = torch.full((b, cap, n), -1, dtype=torch.int64, device=dev)
-        tracker = AcceptanceTracker.new(b, dev)
+        tracker = AcceptanceTracker.new(b, dev, prior=self.acceptance_prior)
         self._auto_rows = b  # the batch size "auto" last chose K for
         self._auto_age = 0  # steps since that choice
         self._auto_taught = 0  # steps that updated the acceptance estimate

@@ -154,6 +154,10 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.transformer.wte.weight
         self._row_invariant = False
         self._num_threads: int | None = None
+        #: as a draft, its expected acceptance by its target, the prior of
+        #: ``SpeculativeGenerator(..., "auto")`` (``None``: the generator's default, 0.7);
+        #: ``load_bundled`` sets the bundled drafts' from their held-out evaluation
+        self.acceptance_prior: float | None = None
 
     # ------------------------------------------------------------------ kernels
     @property
