@@ -211,7 +211,10 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
     drafter = (
         "n-gram lookup"
         if args.draft == "ngram"
-        else (f"{draft.config.n_layer} layer d={draft.config.n_embd}")
+        else (
+            f"{draft.config.n_layer} layer{'s' if draft.config.n_layer > 1 else ''} "
+            f"d={draft.config.n_embd}"
+        )
     )
     from specdec_kernels.benchmarks.results import machine
 
