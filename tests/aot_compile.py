@@ -212,7 +212,7 @@ def ptxas_resources(ptx: str, arch: str) -> dict:
     }
 
 
-def main(archs, report=None, fail_on_spills=False):
+def main(archs, report=None, fail_on_spills=False, command=None):
     failures = 0
     rows = []
     for arch in archs:
@@ -262,7 +262,7 @@ def main(archs, report=None, fail_on_spills=False):
                     "triton": triton.__version__,
                     "vocab_size": 128256,
                     "kernels": rows,
-                    "command": "python tests/aot_compile.py " + " ".join(sys.argv[1:]),
+                    "command": command,
                 },
                 f,
                 indent=1,
@@ -277,4 +277,5 @@ if __name__ == "__main__":
     parser.add_argument("--report", help="write the resource report (JSON) here")
     parser.add_argument("--fail-on-spills", action="store_true")
     args = parser.parse_args()
-    sys.exit(1 if main(args.archs, args.report, args.fail_on_spills) else 0)
+    command = "python tests/aot_compile.py " + " ".join(sys.argv[1:])
+    sys.exit(1 if main(args.archs, args.report, args.fail_on_spills, command) else 0)

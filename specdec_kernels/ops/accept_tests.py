@@ -5,7 +5,13 @@ import torch
 import triton
 import triton.language as tl
 
-from specdec_kernels.ops._common import launch, row_key, stream_key, uniform_first
+from specdec_kernels.ops._common import (
+    PURPOSE_ACCEPT,
+    launch,
+    row_key,
+    stream_key,
+    uniform_first,
+)
 
 
 # argument groups keep their shape comments: no reformatting
@@ -31,7 +37,7 @@ def _accept_tests_kernel(
         safe = tl.where(ok, x, 0)
         q = tl.load(q_ptr + b * stride_qb + i * stride_qn + safe, mask=ok, other=0.0).to(tl.float32)
         p = tl.load(p_ptr + b * stride_pb + i * stride_pn + safe, mask=ok, other=0.0).to(tl.float32)
-        u = uniform_first(stream_key(key, i, 0))
+        u = uniform_first(stream_key(key, i, PURPOSE_ACCEPT))
         passed = ok & (q > 0) & (u * q < p)
         count += tl.sum(passed.to(tl.int64), axis=0)
     tl.store(out_ptr + b, count)

@@ -8,14 +8,6 @@ import torch
 from specdec_kernels.reference import rng
 
 
-def accept_uniforms(seeds: torch.Tensor, num_positions: int) -> torch.Tensor:
-    """``[B, n]`` float32: the uniforms of the accept tests of positions ``0 .. n-1``, the very
-    numbers the verification kernels draw for ``seeds`` ``[B]`` int64."""
-    positions = torch.arange(num_positions, device=seeds.device)
-    key = rng.row_key(seeds)[:, None]
-    return rng.uniform(rng.stream_key(key, positions[None, :], rng.PURPOSE_ACCEPT), 0)
-
-
 def accept_tests_passed(
     draft_probs: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -28,7 +20,7 @@ def accept_tests_passed(
 
     ``draft_probs`` ``[B, n, V]`` (``q``) and ``target_probs`` ``[B, >= n, V]`` (``p``, as given:
     not renormalised), any float dtype, read at the draft tokens ``[B, n]`` only; ``u_i`` are the
-    verification kernels' accept uniforms of ``seeds`` ``[B]`` (:func:`accept_uniforms`);
+    verification kernels' accept uniforms of ``seeds`` ``[B]`` (:func:`rng.accept_uniforms`);
     ``after`` ``[B]`` int64 (the accepted prefix: positions up to it are not counted)."""
     b, n, v = draft_probs.shape
     if n == 0:
@@ -38,6 +30,6 @@ def accept_tests_passed(
     safe = ids.clamp(0, v - 1)[..., None]  # [B, n, 1]
     p = target_probs[:, :n].gather(-1, safe)[..., 0].float()
     qx = draft_probs.gather(-1, safe)[..., 0].float()
-    passed = (accept_uniforms(seeds, n) * qx < p) & (qx > 0) & in_vocab
+    passed = (rng.accept_uniforms(seeds, n) * qx < p) & (qx > 0) & in_vocab
     later = torch.arange(n, device=draft_probs.device)[None, :] > after[:, None]
     return (passed & later).sum(dim=-1)

@@ -92,6 +92,15 @@ def uniform(stream: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
     return unit_interval(fmix32(r.bitwise_and_(MASK32)))
 
 
+def accept_uniforms(seeds: torch.Tensor, num_positions: int) -> torch.Tensor:
+    """``[B, n]`` float32: the uniforms of the accept tests of positions ``0 .. n-1`` for
+    ``seeds`` ``[B]`` int64, ``uniform(stream_key(row_key(seed), j, PURPOSE_ACCEPT), 0)``: the
+    very numbers the chain kernels draw (block verification and the accept-test counter too)."""
+    positions = torch.arange(num_positions, device=seeds.device)
+    key = row_key(seeds)[:, None]
+    return uniform(stream_key(key, positions[None, :], PURPOSE_ACCEPT), 0)
+
+
 def unit_interval(r: torch.Tensor) -> torch.Tensor:
     """Map 32-bit draws ``r`` (int64 holding uint32) to float32 ``((r >> 9) + 0.5) * 2**-23``."""
     return ((r >> UNIFORM_SHIFT).to(torch.float32) + 0.5) * UNIFORM_SCALE

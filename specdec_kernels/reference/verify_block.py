@@ -181,9 +181,8 @@ def verify_block(
         residual_mass[:, :-1] = weights[:, 1:k] * (1.0 - p_draft[:, 1:])
     h = block_thresholds(weights, residual_mass, nd)  # [B, K]
 
-    key = rng.row_key(seeds)  # [B]
-    positions = torch.arange(k, device=device)
-    u = rng.uniform(rng.stream_key(key[:, None], positions[None, :], rng.PURPOSE_ACCEPT), 0)
+    u = rng.accept_uniforms(seeds, k)  # [B, K]
+    key = rng.row_key(seeds)  # [B]: the race's below
     num_accepted = block_stop(h, u, nd)  # [B]: tau
 
     # The recovered token (block residual at tau) or the bonus (P_gamma), by the same race.
