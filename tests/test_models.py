@@ -232,6 +232,28 @@ def test_num_threads_runs_the_pass_on_its_count_and_restores_the_process_s():
     assert seen[-1] == before
 
 
+def test_a_pass_of_many_tokens_runs_on_the_process_s_threads():
+    """``num_threads`` is for a drafter's small passes: from ``ALL_THREADS_FROM_TOKENS`` tokens
+    (rows times new tokens: a prefill) the pass runs on the process's count, by either path
+    (``forward``, ``hidden_states``); fewer tokens on the model's."""
+    from specdec_kernels.models.causal_lm import ALL_THREADS_FROM_TOKENS as N
+
+    lm, seen = _tiny_lm(), []
+    lm.transformer.h[0].register_forward_hook(lambda *_: seen.append(torch.get_num_threads()))
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    lm.num_threads = other
+    small = torch.arange(N - 1)[None] % 23  # one row of N - 1 tokens
+    lm(small)
+    lm(torch.arange(N)[None] % 23)  # one row of N
+    lm(torch.arange(2 * N).view(2, N) % 23)  # N tokens a row
+    lm(torch.zeros(N, 1, dtype=torch.int64))  # N rows of one token
+    lm.hidden_states(small)
+    lm.hidden_states(torch.zeros(N, 1, dtype=torch.int64))
+    assert seen == [other, before, before, before, other, before]
+    assert torch.get_num_threads() == before
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "1"])
 def test_num_threads_rejects_what_is_not_a_positive_int(bad):
     lm = _tiny_lm()
