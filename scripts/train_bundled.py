@@ -40,6 +40,13 @@ float16 is exact)::
         specdec_kernels/assets/default --steps 0 --draft-steps 6000 --draft-warmup 300 \
         --teacher-dtype bfloat16 --threads 2 --eval-every 250 --ckpt runs/default_distill.pt
 
+``--on-policy F`` (phase 2) makes a fraction ``F`` of each batch's rows windows that end in the
+frozen target's own greedy continuation: a pool of ``--policy-pool`` windows (``--policy-gen``
+generated tokens after a prompt from the training files, the target in ``--teacher-dtype``), made
+once at the start of phase 2 and kept in the checkpoint. A draft in speculative decoding predicts
+the target's own output, not the corpus: this trains it on that distribution (on-policy
+distillation, as DistillSpec, Zhou et al. 2023, https://arxiv.org/abs/2310.08461).
+
 A shipped draft with fewer layers than the pair's (or than ``--draft-config``'s) of the same width
 is grown: its layers first, each new layer's output projections at zero, so the distillation
 starts from the shipped draft's exact logits. ``--draft-config N_EMBD,N_LAYER,N_HEAD`` trains a
@@ -160,6 +167,7 @@ class Trainer:
             self.draft.parameters(), lr=args.draft_lr, betas=(0.9, 0.95), weight_decay=0.1
         )
         self.data = torch.Generator().manual_seed(args.seed)
+        self.policy: torch.Tensor | None = None  # [pool, seq + 1] (--on-policy)
         self.step = 0  # steps done, phase 1 then phase 2
         self.log: list[dict] = []
         self.sessions: list[dict] = []  # one entry per invocation: steps and wall seconds
@@ -176,6 +184,7 @@ class Trainer:
             log=self.log,
             sessions=self.sessions,
             args=vars(self.args),
+            policy=self.policy,
         )
 
     def load(self, ckpt: dict) -> None:
@@ -186,6 +195,7 @@ class Trainer:
         self.data.set_state(ckpt["data"])
         torch.set_rng_state(ckpt["torch_rng"])
         self.step, self.log, self.sessions = ckpt["step"], ckpt["log"], ckpt["sessions"]
+        self.policy = ckpt.get("policy")
 
     def save(self, path: str) -> None:
         tmp = path + ".tmp"
@@ -200,6 +210,44 @@ class Trainer:
         if getattr(self, "_teacher", None) is None:
             self._teacher = copy.deepcopy(self.target).to(dtype).eval()
         return self._teacher
+
+    def policy_pool(self, stream: torch.Tensor) -> torch.Tensor:
+        """``[--policy-pool, seq + 1]``: prompts of ``seq + 1 - --policy-gen`` tokens from
+        ``stream`` and the frozen target's greedy continuation of each (made once, then kept)."""
+        if self.policy is None:
+            import specdec_kernels as sk
+
+            a = self.args
+            limit = self.target.config.n_positions
+            if a.seq + 1 > limit:  # the target generates within its context
+                raise SystemExit(
+                    f"--on-policy needs --seq + 1 <= the target's context ({limit}), got "
+                    f"--seq {a.seq}"
+                )
+            gen = torch.Generator().manual_seed(a.seed + 1)  # not the batches' data order
+            prompts = draw_batch(stream, a.policy_pool, a.seq - a.policy_gen, gen)
+            rows, t0 = [], time.time()
+            for chunk in prompts.split(32):
+                out = sk.autoregressive_generate(self.teacher(), chunk.tolist(), a.policy_gen)
+                rows += out.sequences
+            self.policy = torch.tensor(rows, dtype=torch.int64)
+            print(
+                f"on-policy pool: {len(rows)} windows, {a.policy_gen} generated tokens each, "
+                f"{time.time() - t0:.0f} s",
+                flush=True,
+            )
+        return self.policy
+
+    def batch(self, stream: torch.Tensor) -> torch.Tensor:
+        """The next step's ``[batch, seq + 1]`` windows: from ``stream``, and in phase 2 with
+        ``--on-policy`` that fraction of the rows from :meth:`policy_pool`."""
+        a = self.args
+        x = draw_batch(stream, a.batch, a.seq, self.data)
+        n = round(a.batch * a.on_policy) if self.step >= a.steps else 0
+        if n:
+            pool = self.policy_pool(stream)
+            x[:n] = pool[torch.randint(0, len(pool), (n,), generator=self.data)]
+        return x
 
     def train_step(self, x: torch.Tensor) -> dict:
         a = self.args
@@ -328,6 +376,15 @@ def main(argv=None) -> None:
     p.add_argument(
         "--init-from", default="", help="start from the float16 weights of this asset folder"
     )
+    p.add_argument(
+        "--on-policy",
+        type=float,
+        default=0.0,
+        help="phase 2: the fraction of each batch's rows that end in the target's own greedy "
+        "continuation (see the module's docstring)",
+    )
+    p.add_argument("--policy-pool", type=int, default=1024, help="windows of the on-policy pool")
+    p.add_argument("--policy-gen", type=int, default=128, help="generated tokens a pool window")
     p.add_argument("--export-only", action="store_true", help="export the latest checkpoint")
     p.add_argument(
         "--draft-config",
@@ -340,6 +397,12 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     # older checkpoints
     DEFAULTS.update(init_from="", draft_warmup=1, teacher_dtype="float32", draft_config=())
+    DEFAULTS.update(on_policy=0.0, policy_pool=1024, policy_gen=128)
+    if not 0.0 <= args.on_policy <= 1.0 or (args.on_policy and not 0 < args.policy_gen < args.seq):
+        raise SystemExit(
+            f"--on-policy must be in [0, 1] and --policy-gen in (0, --seq = {args.seq}), got "
+            f"{args.on_policy} and {args.policy_gen}"
+        )
     ckpt = args.ckpt or os.path.join("runs", f"{args.pair}.pt")
     out = args.out or pair_dir(args.pair)
     torch.set_num_threads(args.threads)
@@ -353,6 +416,7 @@ def main(argv=None) -> None:
     trainer = Trainer(args)
     keys = ("pair", "init_from", "steps", "draft_steps", "lr", "draft_lr", "draft_warmup")
     keys += ("teacher_dtype", "batch", "seq", "seed", "threads", "draft_config")
+    keys += ("on_policy", "policy_pool", "policy_gen")
     trainer.args_for_log = {k: getattr(args, k) for k in keys}
     if os.path.exists(ckpt):
         state = torch.load(ckpt, weights_only=False)
@@ -372,7 +436,7 @@ def main(argv=None) -> None:
         trainer.sessions.append(session)
         t0 = time.time()
         while trainer.step < total and not stop:
-            row = trainer.train_step(draw_batch(train, args.batch, args.seq, trainer.data))
+            row = trainer.train_step(trainer.batch(train))
             session["wall_seconds"] = round(time.time() - t0, 1)
             row["seconds"] = round(sum(s["wall_seconds"] for s in trainer.sessions), 1)
             if trainer.step % args.eval_every == 0 or trainer.step in (args.steps, total):

@@ -69,3 +69,46 @@ def test_grow_starts_from_the_shallower_drafts_exact_logits():
         assert block.mlp.c_proj.weight.grad.abs().sum() > 0
     assert not train._grow(CausalLM(_config(192, 2, 3)), shipped)
     assert not train._grow(CausalLM(_config(128, 1, 2)), shipped)  # not deeper
+
+
+def test_on_policy_rows_end_in_the_targets_own_greedy_continuation(tmp_path):
+    """``--on-policy``: the pool's windows are a training-file prompt and the frozen target's
+    greedy continuation of it (checked against ``sk.autoregressive_generate``), kept in the
+    checkpoint; phase 2's batches take that fraction of their rows from the pool, and the
+    corpus rows are the ones a run without it draws; bad values are refused by name."""
+    import specdec_kernels as sk
+
+    train = _script()
+    ship = pair_dir("tiny")
+    ckpt = tmp_path / "run.pt"
+    argv = ["--pair", "tiny", "--init-from", ship, "--steps", "0", "--draft-steps", "2"]
+    argv += ["--teacher-dtype", "float32", "--batch", "4", "--seq", "32", "--eval-every", "1000"]
+    argv += ["--on-policy", "0.5", "--policy-pool", "3", "--policy-gen", "8"]
+    argv += ["--ckpt", str(ckpt), "--out", str(tmp_path / "out")]
+    train.main(argv)
+    pool = torch.load(ckpt, weights_only=False)["policy"]
+    assert pool.shape == (3, 33)
+    target = CausalLM.load(os.path.join(ship, "target.safetensors")).eval()
+    want = sk.autoregressive_generate(target, pool[:, :25].tolist(), 8).sequences
+    assert pool.tolist() == want
+    # the batches: half the rows from the pool, the rest those of a run without --on-policy
+    trainer = train.Trainer(_namespace(torch.load(ckpt, weights_only=False)["args"]))
+    trainer.policy = pool
+    stream = torch.arange(1000) % 251
+    x = trainer.batch(stream)
+    plain = train.draw_batch(stream, 4, 32, torch.Generator().manual_seed(trainer.args.seed))
+    assert torch.equal(x[2:], plain[2:])
+    assert all(any(torch.equal(r, p) for p in pool) for r in x[:2])
+    for bad in (["--on-policy", "1.5"], ["--policy-gen", "32"]):
+        with pytest.raises(SystemExit, match="--on-policy must be in"):
+            train.main([*argv, *bad])
+    limit = target.config.n_positions  # the target generates within its context
+    over = [*argv[:-4], "--seq", str(limit), "--ckpt", str(tmp_path / "b.pt"), "--out", "x"]
+    with pytest.raises(SystemExit, match=rf"--seq \+ 1 <= the target's context \({limit}\)"):
+        train.main(over)
+
+
+def _namespace(d):
+    import argparse
+
+    return argparse.Namespace(**d)
