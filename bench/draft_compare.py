@@ -8,7 +8,8 @@ a round, rounds in alternating order; a system's speedup is the median over the 
 target alone's wall time over its own in the same round, with the quartiles. Both models in
 their fastest dtype here (``load_bundled(dtype="auto")``), on the process's threads.
 
-Run ``python bench/draft_compare.py OLD.safetensors NEW.safetensors [--rounds 12] [--json F]``
+Run ``python bench/draft_compare.py OLD.safetensors NEW.safetensors [--rounds 12] [--label L]
+[--json F]``
 (the default draft before it grew to two layers: ``git show
 fe29826:specdec_kernels/assets/default/draft.safetensors > /tmp/draft_1layer.safetensors``);
 nothing is asserted (timings live here, not in the tests).
@@ -48,6 +49,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("drafts", nargs=2, metavar="DRAFT", help="two draft safetensors files")
     parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument(
+        "--label", default="", help="what the two drafts are, for the results table's heading"
+    )
     parser.add_argument("--json", default="", help="append the rows to this JSON file")
     args = parser.parse_args(argv)
     prompts = make_prompts(load_pair(None, "default", "auto", None)[2], 4, 64)
@@ -87,7 +91,7 @@ def main(argv=None) -> int:
     pass_ms = passes_ms([(target, 1, 1)], 64, 200, 0.5) + passes_ms(
         [(drafts["old"], 1, 1), (drafts["new"], 1, 1)], 64, 200, 0.5, drafting=True
     )
-    header = results.run_header(torch.device("cpu"), "draft_compare")
+    header = results.run_header(torch.device("cpu"), "draft_compare", label=args.label)
     print(
         f"one-token pass: target {pass_ms[0]:.3f} ms, old draft {pass_ms[1]:.3f} ms "
         f"(1/{pass_ms[0] / pass_ms[1]:.1f}), new draft {pass_ms[2]:.3f} ms "

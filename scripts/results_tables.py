@@ -603,34 +603,37 @@ def draft_compare_section() -> str | None:
     data = load("draft_compare.json")
     if not data:
         return None
-    rows = latest_run(data)
-    files = {r["draft"]: r["draft_file"] for r in rows if r["draft"]}
-    cmd = f"python bench/draft_compare.py {files.get('old')} {files.get('new')}"
-    cost = rows[0]["one_token_pass_ms"]
-    body = [
-        [
-            r["system"],
-            num(r["tokens_per_pass"]),
-            num(r["wall_ms"]),
-            f"{r['speedup_vs_target_only']:.2f}x",
-            "–".join(f"{q:.2f}" for q in r["speedup_quartiles"]),
+    runs: dict[str, list[dict]] = {}
+    for r in data:
+        runs.setdefault(r["run_id"], []).append(r)
+    parts = ["## Default drafts compared (`bench/draft_compare.py`)"]
+    for rows in runs.values():
+        files = {r["draft"]: r["draft_file"] for r in rows if r["draft"]}
+        cmd = f"python bench/draft_compare.py {files.get('old')} {files.get('new')}"
+        cost = rows[0]["one_token_pass_ms"]
+        body = [
+            [
+                r["system"],
+                num(r["tokens_per_pass"]),
+                num(r["wall_ms"]),
+                f"{r['speedup_vs_target_only']:.2f}x",
+                "–".join(f"{q:.2f}" for q in r["speedup_quartiles"]),
+            ]
+            for r in rows
         ]
-        for r in rows
-    ]
-    head = ["system", "tokens a target pass", "wall ms", "speedup (median)", "quartiles"]
-    return "\n\n".join(
-        [
-            "## The default draft before and after its second layer",
+        head = ["system", "tokens a target pass", "wall ms", "speedup (median)", "quartiles"]
+        label = rows[0].get("label") or "old draft against new"
+        parts += [
+            f"### {label[0].upper()}{label[1:]}",
             provenance(rows, "draft_compare.json", cmd),
             f"Greedy, batch 1, `bench e2e`'s four prompts x 32 new tokens, {rows[0]['rounds']} "
             "interleaved rounds; the speedup is over the target alone in the same round. "
             f"One-token pass: target {num(cost['target'])} ms; as a drafter runs it, the old "
-            f"(one-layer) draft {num(cost['old'])} ms (1/{cost['target'] / cost['old']:.1f} of "
-            f"the target's), the new (two-layer) {num(cost['new'])} ms "
-            f"(1/{cost['target'] / cost['new']:.1f}).",
+            f"draft {num(cost['old'])} ms (1/{cost['target'] / cost['old']:.1f} of the "
+            f"target's), the new {num(cost['new'])} ms (1/{cost['target'] / cost['new']:.1f}).",
             table(head, body),
         ]
-    )
+    return "\n\n".join(parts)
 
 
 def kernel_resources_section() -> str | None:

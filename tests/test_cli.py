@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # held-out text (8 prompts x 64 new tokens, K = 4). CPU float32 is deterministic, so the margin
 # only absorbs BLAS differences between machines (a near-tie may flip a greedy token).
 # (the default's two-layer draft: 0.827; its one-layer draft before had 0.572)
-STATED_ACCEPTANCE = {"default": 0.80, "tiny": 0.65}  # measured 0.827 and 0.697 when shipped
+STATED_ACCEPTANCE = {"default": 0.84, "tiny": 0.65}  # measured 0.861 and 0.697 when shipped
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

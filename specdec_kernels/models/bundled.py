@@ -148,8 +148,8 @@ def stated_acceptance(name: str = "default") -> float | None:
     at ``K = 1`` accepted over drafted is the per-token acceptance itself); ``None`` where the
     log has none. The prior that ``"auto"`` starts from with this pair (``CausalLM.
     acceptance_prior``), instead of a guess for any pair: with the default pair's two-layer
-    draft (0.89 here) a guess of 0.7 priced drafting at the demo's batch of 3 as a loss in one
-    run of four, which then decoded with the target alone (0.94x)."""
+    draft (0.89 then, 0.91 now) a guess of 0.7 priced drafting at the demo's batch of 3 as a
+    loss in one run of four, which then decoded with the target alone (0.94x)."""
     try:
         with open(os.path.join(pair_dir(name), "train_log.json")) as fh:
             table = json.load(fh)["acceptance_heldout_greedy"]
