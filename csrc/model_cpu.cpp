@@ -536,7 +536,8 @@ SPECDEC_DPBF16 inline void dpbf16_rows(const uint16_t* x, int64_t Cp, const uint
 // weight and one input register of the 32): a 5-token verify pass is one block instead of a
 // block of four and a lone row (whose four chains wait on the instruction's latency), 3 tokens
 // one block instead of three lone rows. (Blocks of six throughout ran 5-10% slower from 8 rows
-// up than blocks of four, AMD EPYC with AVX512_BF16, 2 threads.)
+// up than blocks of four, AMD EPYC with AVX512_BF16, 2 threads; so did the blocks of four as
+// dpbf16_rows<4>, whence the loop below keeps its own copy of that block.)
 SPECDEC_DPBF16 void linear_tile_dpbf16(const uint16_t* x, int64_t M, int64_t Cp,
                                        const uint16_t* w, float* out, int64_t ld,
                                        const uint16_t* pf) {

@@ -218,12 +218,6 @@ class Trainer:
             import specdec_kernels as sk
 
             a = self.args
-            limit = self.target.config.n_positions
-            if a.seq + 1 > limit:  # the target generates within its context
-                raise SystemExit(
-                    f"--on-policy needs --seq + 1 <= the target's context ({limit}), got "
-                    f"--seq {a.seq}"
-                )
             gen = torch.Generator().manual_seed(a.seed + 1)  # not the batches' data order
             prompts = draw_batch(stream, a.policy_pool, a.seq - a.policy_gen, gen)
             rows, t0 = [], time.time()
@@ -402,6 +396,11 @@ def main(argv=None) -> None:
         raise SystemExit(
             f"--on-policy must be in [0, 1] and --policy-gen in (0, --seq = {args.seq}), got "
             f"{args.on_policy} and {args.policy_gen}"
+        )
+    limit = PAIRS[args.pair][0].n_positions  # the target generates the pool within its context
+    if args.on_policy and args.seq + 1 > limit:
+        raise SystemExit(
+            f"--on-policy needs --seq + 1 <= the target's context ({limit}), got --seq {args.seq}"
         )
     ckpt = args.ckpt or os.path.join("runs", f"{args.pair}.pt")
     out = args.out or pair_dir(args.pair)
