@@ -251,6 +251,89 @@ SPECDEC_AVX2 inline float finish16(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
 }
 
+// The AVX2 code above at sixteen lanes, for CPUs with AVX-512F: every lane runs the same IEEE
+// operations in the same order (the min / max / round / convert / divide instructions have the
+// same semantics at either width, NaN included), so each element's bits are the AVX2 code's;
+// half the instructions. The epilogue of a 5-token verify pass of the bundled target and,
+// above all, of a 64-token prefill (GELU over 64 x 1536 sums: 48 of a 175 us layer at eight
+// lanes, AMD EPYC with AVX-512, 2 threads) runs here.
+#define SPECDEC_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+
+SPECDEC_AVX512 inline __m512 load16w(const uint16_t* p) {  // bfloat16 bits -> float32
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+SPECDEC_AVX512 inline __m512 exp16(__m512 x) {  // exp8's arithmetic
+  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 720);
+  for (float c : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+SPECDEC_AVX512 inline __m512 gelu16(__m512 x) {  // gelu8's
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 u = _mm512_mul_ps(_mm512_set1_ps(-1.5957691216f),
+                                 _mm512_fmadd_ps(x3, _mm512_set1_ps(0.044715f), x));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(u)));
+}
+
+SPECDEC_AVX512 void gelu_tanh_avx512(float* v, int64_t n) {  // gelu_tanh_avx2's bits
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) _mm512_storeu_ps(v + i, gelu16(_mm512_loadu_ps(v + i)));
+  gelu_tanh_avx2(v + i, n - i);
+}
+
+SPECDEC_AVX512 inline __m512 round_bf16x16(__m512 f) {  // round_bf16's
+  const __m512i u = _mm512_castps_si512(f);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_and_si512(
+      _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7FFF)), lsb),
+      _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(f, f, _CMP_UNORD_Q), _mm512_castsi512_ps(r),
+                              _mm512_castsi512_ps(_mm512_set1_epi32(0x7FC00000)));
+}
+
+SPECDEC_AVX512 inline __m512 round_to16(__m512 f, const float*) { return f; }
+SPECDEC_AVX512 inline __m512 round_to16(__m512 f, const at::BFloat16*) { return round_bf16x16(f); }
+SPECDEC_AVX512 inline __m512 load_as_float16(const float* p) { return _mm512_loadu_ps(p); }
+SPECDEC_AVX512 inline __m512 load_as_float16(const at::BFloat16* p) {
+  return load16w(reinterpret_cast<const uint16_t*>(p));
+}
+SPECDEC_AVX512 inline void store_rounded16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+SPECDEC_AVX512 inline void store_rounded16(at::BFloat16* p, __m512 v) {  // v: bfloat16 values
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(v), 16)));
+}
+
+// finish_cols_avx2's result (finish_cols' bits) with the bias b (nullptr: zeros) added to the
+// sums first, sixteen columns at a time, the rest (a multiple of eight from the segment's
+// start, then a row's partial eight) by finish_cols_avx2.
+template <typename O>
+SPECDEC_AVX512 void finish_cols_avx512(float* s, int64_t cols, const O* b, bool gelu, const O* r,
+                                       O* o) {
+  int64_t j = 0;
+  for (; j + 16 <= cols; j += 16) {
+    // + 0 without a bias, as the scalar epilogue adds it: a sum of -0 leaves as +0
+    __m512 v = _mm512_add_ps(_mm512_loadu_ps(s + j),
+                             b != nullptr ? load_as_float16(b + j) : _mm512_setzero_ps());
+    v = round_to16(v, o);
+    if (gelu) v = round_to16(gelu16(v), o);
+    if (r != nullptr) v = round_to16(_mm512_add_ps(load_as_float16(r + j), v), o);
+    store_rounded16(o + j, v);
+  }
+  if (j == cols) return;
+  for (int64_t i = j; i < cols; ++i) s[i] += b != nullptr ? static_cast<float>(b[i]) : 0.0f;
+  finish_cols_avx2(s + j, cols - j, gelu, r ? r + j : nullptr, o + j);
+}
+
 // R input rows against the two weight rows w0, w1: out[i * ld + 0..1], i < R. Each element's
 // arithmetic is the same for every R (the weights are loaded the same way whatever R is).
 template <int R, typename W>
@@ -876,6 +959,14 @@ bool fma_kernels() {
   return cpu_has_avx2_fma() && forced_tile() != Tile::kGeneric;
 }
 
+// The sixteen-lane code (finish_cols_avx512, attend_row_avx512: the AVX2 code's bits) wherever
+// the CPU has AVX-512F, unless a tile is forced whose CPU lacks it (SPECDEC_LINEAR_TILE=generic
+// or avx2: those runs test the code of such CPUs).
+bool avx512_kernels() {
+  const Tile t = forced_tile();
+  return fma_kernels() && cpu_has_avx512f() && t != Tile::kAvx2;
+}
+
 // finish_cols on one segment of an output row, eight columns at a time where the CPU has AVX2
 // with FMA (finish_cols_avx2: the same bits).
 template <typename O>
@@ -1098,6 +1189,7 @@ at::Tensor rowinv_linear_fused(const at::Tensor& x, const at::Tensor& weight,
   // cache, instead of in another pass over the output (finish_rows: two more parallel regions
   // a layer, ~0.06 ms of a 5-token pass of the bundled target)
   const int64_t groups = (tiles + kGroup - 1) / kGroup;
+  const bool wide = avx512_kernels();
   at::parallel_for(0, groups, (grain + kGroup - 1) / kGroup, [&](int64_t glo, int64_t ghi) {
     const int64_t lo = glo * kGroup, hi = std::min(ghi * kGroup, tiles);
     // kGroup tiles at a time into one buffer [M, kGroup * kRows]: each output row's columns of
@@ -1142,6 +1234,17 @@ at::Tensor rowinv_linear_fused(const at::Tensor& x, const at::Tensor& weight,
       const int64_t n0 = g * kRows, cols = std::min<int64_t>(g_end * kRows, N) - n0;
       for (int64_t m = 0; m < M; ++m) {
         float* row = buf.data() + m * ld;
+#ifdef SPECDEC_HAVE_AVX2
+        if (wide) {  // bias, rounding and epilogue sixteen columns at a time: the same bits
+          if (bf16)
+            finish_cols_avx512(row, cols, bp_bf16 ? bp_bf16 + n0 : nullptr, gelu,
+                               res_bf16 ? res_bf16 + m * N + n0 : nullptr, out_bf16 + m * N + n0);
+          else
+            finish_cols_avx512(row, cols, bp ? bp + n0 : nullptr, gelu,
+                               res_f32 ? res_f32 + m * N + n0 : nullptr, out_f32 + m * N + n0);
+          continue;
+        }
+#endif
         if (bf16) {
           at::BFloat16* o = out_bf16 + m * N + n0;
           if (!gelu && res_bf16 == nullptr) {  // the sums rounded once: no epilogue to run
@@ -1264,6 +1367,17 @@ SPECDEC_CLONES void attend_row_bf16(const float* qf, int64_t Dp, const uint16_t*
   attend_row(qf, Dp, k, ks, v, vs, mask, ms, L, scale, score, keys, out);
 }
 
+// The FMA kernels' softmax over a query's n >= 1 scores (max mx), in place: score[i] becomes
+// exp(score[i] - mx); returns 1 / their sum, summed in key order.
+SPECDEC_INLINE float softmax_weights(float* score, int64_t n, float mx) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    score[i] = std::exp(score[i] - mx);
+    sum += score[i];
+  }
+  return 1.0f / sum;
+}
+
 #ifdef SPECDEC_HAVE_AVX2
 // attend_row with AVX2 and FMA, where the linear layer runs its AVX2 tile: each score a
 // sixteen-lane dot product in finish16's order, the values' weighted sum held in registers
@@ -1306,12 +1420,7 @@ SPECDEC_AVX2 void attend_row_avx2(const float* qf, int64_t Dp, const E* k, int64
     for (int64_t d = 0; d < Dp; ++d) out[d] = 0.0f;
     return;
   }
-  float sum = 0.0f;
-  for (int64_t i = 0; i < n; ++i) {
-    score[i] = std::exp(score[i] - mx);
-    sum += score[i];
-  }
-  const float inv = 1.0f / sum;
+  const float inv = softmax_weights(score, n, mx);
   switch (Dp) {
     case 16: return weigh_values<2>(score, keys, n, v, vs, inv, out);
     case 32: return weigh_values<4>(score, keys, n, v, vs, inv, out);
@@ -1319,6 +1428,60 @@ SPECDEC_AVX2 void attend_row_avx2(const float* qf, int64_t Dp, const E* k, int64
     case 64: return weigh_values<8>(score, keys, n, v, vs, inv, out);
     default:  // wider heads: eight elements at a time over the keys
       for (int64_t d = 0; d < Dp; d += 8) weigh_values<1>(score, keys, n, v + d, vs, inv, out + d);
+  }
+}
+// attend_row_avx2 at sixteen lanes (AVX-512F): a score's sixteen partial sums in one register
+// (lane l is the AVX2 code's lane l of lo or hi: the same chain of fused multiply-adds) reduced
+// in finish16's order, the weighted sum of the values sixteen elements at a time; the same bits.
+SPECDEC_AVX512 inline __m512 load16x(const float* p) { return _mm512_loadu_ps(p); }
+SPECDEC_AVX512 inline __m512 load16x(const uint16_t* p) { return load16w(p); }
+
+template <int NV, typename E>
+SPECDEC_AVX512 inline void weigh_values_avx512(const float* p, const int64_t* keys, int64_t n,
+                                               const E* v, int64_t vs, float inv, float* out) {
+  __m512 o[NV];
+  for (int c = 0; c < NV; ++c) o[c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    const __m512 pv = _mm512_set1_ps(p[i]);
+    const E* row = v + keys[i] * vs;
+    for (int c = 0; c < NV; ++c) o[c] = _mm512_fmadd_ps(pv, load16x(row + 16 * c), o[c]);
+  }
+  const __m512 s = _mm512_set1_ps(inv);
+  for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + 16 * c, _mm512_mul_ps(o[c], s));
+}
+
+template <typename E>
+SPECDEC_AVX512 void attend_row_avx512(const float* qf, int64_t Dp, const E* k, int64_t ks,
+                                      const E* v, int64_t vs, const bool* mask, int64_t ms,
+                                      int64_t L, float scale, float* score, int64_t* keys,
+                                      float* out) {
+  int64_t n = 0;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < L; ++j) {
+    if (!mask[j * ms]) continue;
+    const E* row = k + j * ks;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t d = 0; d < Dp; d += kLanes)
+      acc = _mm512_fmadd_ps(_mm512_loadu_ps(qf + d), load16x(row + d), acc);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    const float sc = finish16(_mm512_castps512_ps256(acc), hi) * scale;
+    keys[n] = j;
+    score[n++] = sc;
+    mx = sc > mx ? sc : mx;
+  }
+  if (n == 0) {
+    for (int64_t d = 0; d < Dp; ++d) out[d] = 0.0f;
+    return;
+  }
+  const float inv = softmax_weights(score, n, mx);
+  switch (Dp) {
+    case 16: return weigh_values_avx512<1>(score, keys, n, v, vs, inv, out);
+    case 32: return weigh_values_avx512<2>(score, keys, n, v, vs, inv, out);
+    case 48: return weigh_values_avx512<3>(score, keys, n, v, vs, inv, out);
+    case 64: return weigh_values_avx512<4>(score, keys, n, v, vs, inv, out);
+    default:  // wider heads: sixteen elements at a time over the keys
+      for (int64_t d = 0; d < Dp; d += 16)
+        weigh_values_avx512<1>(score, keys, n, v + d, vs, inv, out + d);
   }
 }
 #endif
@@ -1335,7 +1498,7 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), ms = mask.strides();
   const int64_t mh = mask.size(1) == 1 ? 0 : ms[1];
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  const bool avx2 = fma_kernels();
+  const bool avx2 = fma_kernels(), wide = avx512_kernels();
   // a task gets at least ~64k multiply-adds (two per key and element: scores, then values)
   const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, 2 * L * D));
   at::parallel_for(0, B * H * T, grain, [&](int64_t lo, int64_t hi) {
@@ -1349,8 +1512,12 @@ void attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor
       const S* kb = kp + b * ks[0] + h * ks[1];
       const S* vb = vp + b * vs[0] + h * vs[1];
 #ifdef SPECDEC_HAVE_AVX2
-      if (avx2) {
-        using E = std::conditional_t<std::is_same_v<S, float>, float, uint16_t>;
+      using E = std::conditional_t<std::is_same_v<S, float>, float, uint16_t>;
+      if (wide) {
+        attend_row_avx512(qf.data(), D, reinterpret_cast<const E*>(kb), ks[2],
+                          reinterpret_cast<const E*>(vb), vs[2], mrow, ms[3], L, scale,
+                          score.data(), keys.data(), acc.data());
+      } else if (avx2) {
         attend_row_avx2(qf.data(), D, reinterpret_cast<const E*>(kb), ks[2],
                         reinterpret_cast<const E*>(vb), vs[2], mrow, ms[3], L, scale,
                         score.data(), keys.data(), acc.data());
@@ -1484,6 +1651,10 @@ void attend_prefix(const float* q, int64_t D, const T* k, int64_t ks, const T* v
   const E* ke = reinterpret_cast<const E*>(k);
   const E* ve = reinterpret_cast<const E*>(v);
 #ifdef SPECDEC_HAVE_AVX2
+  if (avx512_kernels()) {
+    attend_row_avx512(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
+    return;
+  }
   if (fma_kernels()) {
     attend_row_avx2(q, D, ke, ks, ve, vs, &all, 0, n, scale, score, keys, out);
     return;
@@ -1498,6 +1669,7 @@ void attend_prefix(const float* q, int64_t D, const T* k, int64_t ks, const T* v
 
 void gelu_tanh(float* v, int64_t n) {
 #ifdef SPECDEC_HAVE_AVX2
+  if (avx512_kernels()) return gelu_tanh_avx512(v, n);
   if (fma_kernels()) return gelu_tanh_avx2(v, n);
 #endif
   for (int64_t i = 0; i < n; ++i)

@@ -186,6 +186,70 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     assert " passed" in run.stdout and "skipped" not in run.stdout, run.stdout[-1000:]
 
 
+SIXTEEN_LANES = r"""
+import sys, torch, specdec_kernels
+torch.manual_seed(5)
+op, out = torch.ops.specdec, {}
+specials = torch.tensor([float("nan"), float("inf"), -float("inf"), 3e38, -3e38, 1e-40, -0.0, 0.0])
+for dt in (torch.float32, torch.bfloat16):
+    for n in (8, 37, 200):  # partial groups of sixteen and of eight columns
+        eye, b = torch.eye(n).to(dt), torch.randn(n).to(dt)
+        b[:8] = specials.to(dt)  # each column's sum is its x plus its bias: specials pass
+        for m in (1, 3, 7):
+            x = (torch.randn(m, n) * 4).to(dt)
+            x[:, -1] = -0.0
+            for key, args in (("gelu", (b, "gelu_tanh")), ("bias", (b,)),
+                              ("nobias", (None, "gelu_tanh")), ("plain", (None,))):
+                out[str(dt), n, m, key] = op.rowinv_linear(x, eye, *args)
+    for d in (16, 48, 64, 80):
+        q, k, v = (torch.randn(2, 3, s, d).to(dt) * 3 for s in (5, 41, 41))
+        q.view(-1)[:3] = specials[:3].to(dt)
+        mask = torch.rand(2, 3, 5, 41) < 0.6
+        mask[0, 0, 0] = False  # a query that attends to no key
+        out[str(dt), d, "att"] = op.rowinv_attention(q, k, v, mask)
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_sixteen_lane_epilogue_and_attention_give_the_eight_lane_bits(tmp_path):
+    """On a CPU with AVX-512F the linear layer's epilogue (bias, GELU, the rounding to bfloat16;
+    the residual's is the one-op pass's, tested bitwise against the Python pass's separate add)
+    and attention run sixteen lanes at a time; every element must have the bits of the AVX2 code
+    (SPECDEC_LINEAR_TILE=avx2, which an AVX2-only CPU runs), NaN, infinities, -0 and subnormals
+    included. The linear layer's weight is the identity, whose sums are exact on every tile, so
+    the two processes differ only in the epilogue's code."""
+    import subprocess
+    import sys
+
+    from specdec_kernels._cache import cpu_flag_set
+
+    from helpers import CAPABILITY_FLAGS
+
+    if not (CAPABILITY_FLAGS["avx2"] | {"avx512f"}) <= cpu_flag_set():
+        pytest.skip("this CPU has no AVX-512F (or no /proc/cpuinfo to say so): one code path")
+    files = {}
+    for tile in ("", "avx2"):
+        files[tile] = tmp_path / f"out_{tile or 'best'}.pt"
+        env = dict(os.environ, SPECDEC_LINEAR_TILE=tile)
+        run = subprocess.run(
+            [sys.executable, "-c", SIXTEEN_LANES, str(files[tile])],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+    wide, narrow = (torch.load(files[t]) for t in ("", "avx2"))
+    assert wide.keys() == narrow.keys() and len(wide) == 2 * (3 * 3 * 4 + 4)
+
+    def bits(t):
+        return t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+
+    differ = [key for key in wide if not torch.equal(bits(wide[key]), bits(narrow[key]))]
+    assert not differ, differ
+    # the comparison sees what it should: NaN and infinities came out, GELU changed values
+    g = wide["torch.float32", 200, 7, "gelu"]
+    assert g.isnan().any() and g.isinf().any()
+    assert not torch.equal(g, wide["torch.float32", 200, 7, "plain"])
+
+
 def test_an_unknown_linear_tile_is_refused_by_name():
     import os
     import subprocess
