@@ -211,3 +211,26 @@ def test_the_loops_verification_is_the_public_ops(dtype):
                 assert torch.equal(getattr(got, name), getattr(want, name)), (trial, backend, name)
             checked += 1
     assert checked == 96
+
+
+def test_caches_hold_what_the_rows_can_reach_not_the_whole_context():
+    """Both caches are sized by the request (the longest prompt plus max_new_tokens, plus the
+    slots a step writes past a row's limit), not by the model's context: a fresh cache is
+    zero-filled, and the context's worth cost 20x the time at batch 16 (bundled target). A row
+    that runs into the context still fits (its limit is the context), and the output stays the
+    target's own greedy decoding."""
+    target, draft = tiny_pair(n_positions=96)
+    k, new = 3, 5
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 1]]
+    dec = Decoder(CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), k)
+    out = dec.run(prompts, new)
+    assert out.sequences == sk.autoregressive_generate(target, prompts, new).sequences
+    want = 7 + new + k + 2
+    assert dec.target.cache.key(0).shape[2] == want
+    assert dec.drafter.model.cache.key(0).shape[2] == want
+    long_ = [[(3 * i) % 11 for i in range(93)]]  # 3 positions left in the context
+    dec = Decoder(CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), k)
+    out = dec.run(long_, 10)
+    assert len(out.sequences[0]) == 96
+    assert out.sequences == sk.autoregressive_generate(target, long_, 10).sequences
+    assert dec.target.cache.key(0).shape[2] == 96 + k + 2
