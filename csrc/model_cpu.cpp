@@ -1484,6 +1484,45 @@ SPECDEC_AVX512 void attend_row_avx512(const float* qf, int64_t Dp, const E* k, i
         weigh_values_avx512<1>(score, keys, n, v + d, vs, inv, out + d);
   }
 }
+
+// The drafter's float32 layers (linear_rows_f32) on CPUs with AVX-512F: out[m * ld + r] =
+// dot(x[m], w[r]) for R input rows by NW weight rows of C elements (C a multiple of 16), each
+// one sixteen-lane FMA chain over the input in order, then its lanes' sum. No bitwise contract
+// (a draft's), but an element's arithmetic is the same whichever rows share the registers. A
+// one-row pass keeps eight weight rows' chains in flight where the AVX2 tile's two waited on
+// the FMA's latency: the bundled draft's chain, 23 -> 15 us a token (AMD EPYC, 1 thread).
+template <int R, int NW, typename W>
+SPECDEC_AVX512 inline void rows_avx512(const float* x, int64_t C, const W* w, float* out,
+                                       int64_t ld) {
+  __m512 acc[R][NW];
+  for (int i = 0; i < R; ++i)
+    for (int r = 0; r < NW; ++r) acc[i][r] = _mm512_setzero_ps();
+  for (int64_t c = 0; c < C; c += 16) {
+    __m512 xv[R];
+    for (int i = 0; i < R; ++i) xv[i] = _mm512_loadu_ps(x + i * C + c);
+    for (int r = 0; r < NW; ++r) {
+      const __m512 wv = load16x(w + r * C + c);
+      for (int i = 0; i < R; ++i) acc[i][r] = _mm512_fmadd_ps(xv[i], wv, acc[i][r]);
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int r = 0; r < NW; ++r) out[i * ld + r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+// Weight rows n0 .. n1 - 1 of w [N, C] against every row of x [M, C] into out [M, N].
+template <typename W>
+SPECDEC_AVX512 void linear_rows_avx512(const float* x, int64_t M, int64_t C, const W* w,
+                                       int64_t n0, int64_t n1, float* out, int64_t N) {
+  int64_t n = n0;
+  for (; n + 8 <= n1; n += 8) {
+    int64_t m = 0;
+    for (; m + 2 <= M; m += 2) rows_avx512<2, 8>(x + m * C, C, w + n * C, out + m * N + n, N);
+    if (m < M) rows_avx512<1, 8>(x + m * C, C, w + n * C, out + m * N + n, N);
+  }
+  for (; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) rows_avx512<1, 1>(x + m * C, C, w + n * C, out + m * N + n, N);
+}
+
 #endif
 
 template <typename S>
@@ -1609,6 +1648,20 @@ void linear_rows_f32(const float* x, int64_t M, int64_t C, const T* w, const T* 
                      float* out) {
   using W = std::conditional_t<std::is_same_v<T, float>, float, uint16_t>;
   const W* wp = reinterpret_cast<const W*>(w);
+#ifdef SPECDEC_HAVE_AVX2
+  if (avx512_kernels()) {  // threads over groups of eight weight rows
+    const int64_t groups = (N + 7) / 8;
+    const int64_t g = std::max<int64_t>(1, (int64_t{1} << 18) / std::max<int64_t>(1, M * C * 8));
+    at::parallel_for(0, groups, g, [&](int64_t lo, int64_t hi) {
+      const int64_t n0 = lo * 8, n1 = std::min(hi * 8, N);
+      linear_rows_avx512(x, M, C, wp, n0, n1, out, N);
+      if (bias != nullptr)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = n0; n < n1; ++n) out[m * N + n] += as_float(bias[n]);
+    });
+    return;
+  }
+#endif
   const bool avx2 = fma_kernels();
   const int64_t tiles = (N + kRows - 1) / kRows;
   const int64_t grain =
