@@ -363,6 +363,7 @@ class PassCosts:
     draft_step_ms: float | tuple[float, ...] = 0.0
     draft_fixed_ms: float | tuple[float, ...] = 0.0
     loop_batch: tuple[int, ...] = (1,)  # the batch sizes of the three above, when tuples
+    draft_prefill_ms: float = 0.0  # the draft's prefill, per prompt token (0: not measured)
 
     def __post_init__(self):
         for name in ("step_ms", "draft_step_ms", "draft_fixed_ms"):
@@ -523,14 +524,40 @@ class PassCosts:
         """
         if len(alpha) == 1:
             return self.one_row_k(alpha[0], max_k, margin)
+        total = sum(max(float(x), 1.0) for x in left)
+        best_k, best = 0, 0.0
+        for k, ms in enumerate(self.finish_ms(alpha, left, max_k)):
+            value = total / max(ms, 1e-12) * (1.0 + margin if k == 0 else 1.0)
+            if k == 0 or value > best:
+                best_k, best = k, value
+        return best_k
+
+    def finish_ms(self, alpha: list[float], left: list[float], max_k: int) -> list[float]:
+        """Milliseconds until the last row is done at ``K = 0 .. max_k`` drafts a step, from
+        host floats (``alpha`` and ``left``, one per row): :meth:`finish_rates`'s model, whose
+        tokens over these times are its rates; one row's steps are ``left`` over its expected
+        tokens a step.
+
+        >>> c = PassCosts.linear(cost_ratio=0.05, verify_cost=0.1, max_k=2)
+        >>> [round(t, 3) for t in c.finish_ms([0.5], [30.0], 2)]
+        [30.0, 23.0, 22.286]
+        """
         a = [min(max(float(x), 0.0), 1.0) for x in alpha]
         n = [max(float(x), 1.0) for x in left]
+        if len(a) == 1:
+            cost = _step_costs(self, 1, max_k)
+            out, tokens, p = [], 1.0, 1.0
+            for k in range(max_k + 1):
+                if k:
+                    p *= a[0]
+                    tokens += p  # expected_tokens(a, k)
+                out.append(n[0] * cost[k] / tokens)
+            return out
         table = _stretch_table(self, len(a), len(FINISH_QUANTILES), max_k)
-        total = sum(n)
         power = [1.0] * len(a)  # a**k
         mean = [0.0] * len(a)  # E[A] at this k (A: the accepted drafts)
         square = [0.0] * len(a)  # E[A^2]
-        best_k, best = 0, 0.0
+        out = []
         for k in range(max_k + 1):
             if k:
                 power = [p * x for p, x in zip(power, a)]
@@ -548,10 +575,8 @@ class PassCosts:
                 end = max(end, 1.0)
                 ms += (end - before) * cost
                 before = end
-            value = total / max(ms, 1e-12) * (1.0 + margin if k == 0 else 1.0)
-            if k == 0 or value > best:
-                best_k, best = k, value
-        return best_k
+            out.append(ms)
+        return out
 
     def ideal_speedup(self, alpha: float, batch: int, k: int) -> float:
         """The speedup over the target alone this model predicts for ``batch`` rows with
@@ -570,6 +595,7 @@ class PassCosts:
             draft_step_ms=list(self.draft_step_ms),
             draft_fixed_ms=list(self.draft_fixed_ms),
             loop_batch=list(self.loop_batch),
+            draft_prefill_ms=self.draft_prefill_ms,
         )
 
     @classmethod
@@ -583,6 +609,7 @@ class PassCosts:
             d.get("draft_step_ms", 0.0),
             d.get("draft_fixed_ms", 0.0),
             tuple(d.get("loop_batch", (1,))),
+            float(d.get("draft_prefill_ms", 0.0)),
         )
 
 
@@ -725,7 +752,7 @@ def measure_pass_costs(
     -------
     PassCosts
     """
-    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:shape"
+    key = _fingerprint(target, draft) + f":{max_k}:{max_batch}:{context}:prefill"
 
     def measure() -> PassCosts:
         # powers of two, and 3 (the demo's batch): a row more changes the pass there by more
@@ -777,6 +804,13 @@ def measure_pass_costs(
         draft_ms = tuple(itertools.accumulate(low[-1], max))
         p = next(target.parameters())
         step = _step_ms(1, min(max_k, 4), target.vocab_size, p.device, p.dtype, repeats)
-        return PassCosts(tuple(batch), tuple(tokens), target_ms, draft_ms, step)
+        # the draft's prefill, per prompt token: what "auto" weighs the gain of starting a
+        # draft against (the bundled draft's for 16 prompts of 64 tokens, ~3 ms, was more than
+        # drafting then saved in 32 new tokens a row at batch 16, AMD EPYC VM, 2 threads)
+        rows = min(4, max(batch))
+        prefill = pass_ms(draft, rows, context, 1, share) / (rows * context)
+        return PassCosts(
+            tuple(batch), tuple(tokens), target_ms, draft_ms, step, draft_prefill_ms=prefill
+        )
 
     return remembered(key, measure, dump=PassCosts.to_dict, load=PassCosts.from_dict, cache=cache)

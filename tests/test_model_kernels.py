@@ -1245,9 +1245,9 @@ def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkey
     calls = []
     real = core.Decoder._auto_k
 
-    def counted(self, tracker, left, margin=None, alpha=None):
+    def counted(self, tracker, left, margin=None, alpha=None, cold_tokens=0):
         calls.append(left.numel())
-        return real(self, tracker, left, margin, alpha)
+        return real(self, tracker, left, margin, alpha, cold_tokens)
 
     monkeypatch.setattr(core.Decoder, "_auto_k", counted)
     ids = sk.models.encode(heldout_text("tiny"))
@@ -1305,6 +1305,33 @@ def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
     wider = measure_pass_costs(target, draft, max_k=1, max_batch=8, repeats=1)
     assert wider.batch == (1, 2, 3, 4, 8)  # powers of two, and the demo's 3
     assert list(wider.draft_ms) == sorted(wider.draft_ms) and wider.draft_ms[0] > 0
+    # a prompt token of the draft's prefill costs less than a one-token pass of it
+    assert 0 < costs.draft_prefill_ms < costs.draft_ms[0]
+    assert PassCosts.from_dict(costs.to_dict()) == costs
+
+
+def test_auto_starts_a_draft_only_where_it_saves_more_than_its_prefill(pair_tiny):
+    """``"auto"`` starts the draft (at the first step, or again after the batch changes) only where
+    the time it is predicted to save until the last row is done exceeds the draft's prefill of
+    the tokens it must read (``PassCosts.draft_prefill_ms`` a token): with a prefill priced
+    above any saving the draft never runs, with a cheap one it does, and the output is the
+    target's own either way. The saving is ``finish_ms`` at ``K = 0`` less at ``K``."""
+    target, draft = pair_tiny
+    grid = dict(batch=(1, 4), tokens=(1, 5), target_ms=((1.0, 1.1), (1.2, 1.4)),
+                draft_ms=(0.01, 0.01))  # fmt: skip
+    ids = sk.models.encode(heldout_text("tiny"))
+    for prompts in ([ids[:20]], [ids[:20], ids[200:230], ids[400:410]]):
+        want = sk.autoregressive_generate(target, prompts, 40).sequences
+        saving = PassCosts(**grid).finish_ms([0.9] * len(prompts), [40.0] * len(prompts), 4)
+        assert saving[0] - saving[4] > 5.0  # a draft pays at the prior's acceptance
+        for per_token, drafts in ((0.0, True), (1e-4, True), (10.0, False)):
+            costs = PassCosts(**grid, draft_prefill_ms=per_token)
+            gen = sk.SpeculativeGenerator(
+                target, draft, "auto", costs=costs, max_speculative_tokens=4
+            )
+            out = gen.generate(prompts, 40)
+            assert out.sequences == want
+            assert (out.stats.draft_forwards > 0) == drafts, (prompts, per_token)
 
 
 def test_pass_grid_times_quick_rows_longer_and_keeps_each_rows_shape(monkeypatch):

@@ -554,7 +554,9 @@ class Decoder:
             # prior predicts any gain (PRIOR_MARGIN), so that the first steps measure it; the
             # rows priced at the prior's spread, as the batch waits for its slowest row
             left = st.limit - st.seq_len
-            st.num_draft = self._auto_k(tracker, left, PRIOR_MARGIN, tracker.prior_spread())
+            st.num_draft = self._auto_k(
+                tracker, left, PRIOR_MARGIN, tracker.prior_spread(), cold_tokens=sum(lens)
+            )
         self._probing = drafting = self.auto and bool(st.num_draft.any())  # see _step
         # the caches hold what the rows can reach (a row stops at its limit; a step writes up to
         # width tokens past it), not the model's whole context: a fresh cache is zero-filled, and
@@ -643,12 +645,20 @@ class Decoder:
                 # target alone where K = 4 measured 1.13x)
                 probe = self._probing and self._auto_taught < AUTO_EVERY
                 left = st.limit - st.seq_len
-                st.num_draft = self._auto_k(tracker, left, -1.0 if probe else None)
+                # the tokens a stopped draft would read first (on the CPU: no sync)
+                cpu = st.seq_len.device.type == "cpu"
+                cold = int(st.seq_len.sum()) if self._draft_cold and cpu else 0
+                st.num_draft = self._auto_k(tracker, left, -1.0 if probe else None, None, cold)
                 self._auto_rows, self._auto_age = rows, 0
         return n, k
 
     def _auto_k(
-        self, tracker, left: torch.Tensor, margin: float | None = None, alpha=None
+        self,
+        tracker,
+        left: torch.Tensor,
+        margin: float | None = None,
+        alpha=None,
+        cold_tokens: int = 0,
     ) -> torch.Tensor:
         """``[B]``: the batch's ``K`` for rows with ``left`` ``[B]`` tokens to go: the fastest
         to finish them all (:meth:`PassCosts.finish_rates`), on the device: the step's one
@@ -661,7 +671,12 @@ class Decoder:
         estimate unless it loses (gains under ``STOP_MARGIN``) even at the estimate's upper
         bound (``STOP_OPTIMISM`` deviations of the batch's mean estimate, each row's estimate
         raised by ``STOP_OPTIMISM / sqrt(B)`` of its own): the stop is final while the batch is
-        unchanged, and is not taken on an early run of rejections."""
+        unchanged, and is not taken on an early run of rejections.
+
+        A draft that is not running starts only where the time it is predicted to save over
+        the rows' ``left`` tokens exceeds its prefill of the ``cold_tokens`` it must read first
+        (:attr:`PassCosts.draft_prefill_ms` a token; on the CPU, where the choice is made from
+        host floats)."""
         running = self.drafter is not None and not self._draft_cold
         # on the CPU the estimate as host floats (one read of the counts, not a dozen small
         # tensor ops: a one-row loop renews its choice after every step)
@@ -669,13 +684,30 @@ class Decoder:
         estimate = tracker.host_alpha if host else tracker.alpha
         alpha = estimate() if alpha is None else alpha  # [B]
         if margin is not None or not running:
-            return self._choose_k(alpha, left, DRAFT_MARGIN if margin is None else margin)
+            k = self._choose_k(alpha, left, DRAFT_MARGIN if margin is None else margin)
+            if running or cold_tokens <= 0 or self.costs.draft_prefill_ms <= 0:
+                return k
+            return self._unless_prefill_costs_more(k, alpha, left, cold_tokens)
         # the bound of the batch's gain: its rows' estimates are independent, their mean has
         # 1 / sqrt(B) of one row's deviation (a row's own bound kept 16 rows drafting a loss)
         bound = estimate(STOP_OPTIMISM / math.sqrt(left.numel()))
         goes_on = self._choose_k(bound, left, STOP_MARGIN) > 0  # no sync
         k = self._choose_k(alpha, left, -1.0)
         return torch.where(goes_on, k, torch.zeros_like(k))
+
+    def _unless_prefill_costs_more(self, k, alpha, left, cold_tokens: int) -> torch.Tensor:
+        """``k`` ``[B]`` (one ``K`` for the batch), or zeros where starting the draft at that
+        ``K`` is predicted to save less time until the last row is done
+        (:meth:`PassCosts.finish_ms`) than its prefill of ``cold_tokens`` costs. Host floats
+        only: on a device the choice stands."""
+        kk = int(k.max()) if k.device.type == "cpu" else 0
+        if kk == 0:
+            return k
+        a = alpha if isinstance(alpha, list) else alpha.tolist()
+        times = self.costs.finish_ms(a, left.tolist(), kk)
+        if times[0] - times[kk] > self.costs.draft_prefill_ms * cold_tokens:
+            return k
+        return torch.zeros_like(k)
 
     def _choose_k(self, alpha, left: torch.Tensor, margin: float) -> torch.Tensor:
         """``[B]``: the one ``K`` of :meth:`PassCosts.finish_rates` for acceptance ``alpha``
