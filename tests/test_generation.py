@@ -141,9 +141,12 @@ def test_sampling_first_token_distribution_and_acceptance():
     with torch.no_grad():
         p = target(torch.tensor([prompt]))[0, -1].softmax(-1).double()
         q = draft(torch.tensor([prompt]))[0, -1].softmax(-1).double()
+    # two new tokens: a step drafts only what it can keep, so each row drafts once, in the
+    # first step (a rejected row's second step has one token to go and drafts nothing)
     out = sk.SpeculativeGenerator(target, draft, 1).generate(
-        [prompt] * N, max_new_tokens=1, temperature=1.0, seed=123
+        [prompt] * N, max_new_tokens=2, temperature=1.0, seed=123
     )
+    assert out.stats.drafted_tokens == N
     first = torch.tensor([s[len(prompt)] for s in out.sequences])
     counts = torch.bincount(first, minlength=11).double()
     expected = p * N
@@ -357,7 +360,48 @@ def test_stats_consistent(pair):
     assert s.acceptance_rate == pytest.approx(s.accepted_tokens / s.drafted_tokens)
     assert s.mean_accepted == pytest.approx(s.accepted_tokens / sum(s.accepted_histogram))
     assert s.generated_tokens == 48 and s.wall_seconds > 0 and s.tokens_per_second > 0
-    assert s.draft_forwards == 4 * s.target_forwards
+    # a step's width is the most any live row can keep (see the test below), at most K
+    assert s.drafted_tokens <= s.draft_forwards * len(prompts)
+    assert 0 < s.draft_forwards <= 4 * s.target_forwards
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_step_drafts_only_what_a_row_can_keep(pair, temperature):
+    """A step emits a row's accepted drafts and one token more, so drafts past the row's last
+    token but one are never kept: with one new token to go nothing is drafted, with two each
+    row drafts one token in the first step and none after; with more, no step drafts past
+    what is left. Greedy output stays the target's own."""
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    gen = sk.SpeculativeGenerator(target, draft, 4)
+    one = gen.generate(prompts, 1, temperature=temperature, seed=3)
+    assert one.stats.drafted_tokens == 0 and one.stats.draft_forwards == 0
+    assert one.stats.target_forwards == 1
+    two = gen.generate(prompts, 2, temperature=temperature, seed=3)
+    assert two.stats.drafted_tokens == len(prompts) and two.stats.draft_forwards == 1
+    drafted = []
+    from specdec_kernels.decoding import core
+
+    real = core.Decoder._step
+
+    def spy(self, st, tracker, k_loop, *a, **kw):
+        left = (st.limit - st.seq_len).tolist()
+        n, k = real(self, st, tracker, k_loop, *a, **kw)
+        drafted.append((left, k.tolist(), k_loop))
+        return n, k
+
+    core.Decoder._step = spy
+    try:
+        out = gen.generate(prompts, 7, temperature=temperature, seed=3)
+    finally:
+        core.Decoder._step = real
+    assert all(k <= max(n - 1, 0) for left, ks, _ in drafted for n, k in zip(left, ks))
+    assert all(k_loop == max(min(4, n - 1) for n in left) for left, _, k_loop in drafted)
+    assert any(k_loop < 4 for _, _, k_loop in drafted)  # the end was reached within a step
+    if temperature == 0.0:
+        for res in (one, two, out):
+            n = len(res.sequences[0]) - len(prompts[0])
+            assert res.sequences == sk.autoregressive_generate(target, prompts, n).sequences
 
 
 @pytest.mark.parametrize(

@@ -159,24 +159,25 @@ def bundled_prompts(rows, length=24):
 def test_block_accepts_at_least_as_many_as_token(bundled):
     """Block verification's expected accepted drafts per pass is never below token
     verification's (Sun et al. 2024, arXiv 2403.10444), and both give valid rows. On the bundled
-    pair at T = 1, K = 4, 24 rows x 48 tokens (about 430 passes per run), seeds 0..7 measured a
-    difference block - token of 0.22 +- 0.14 (mean +- standard deviation over seeds; every one
-    positive). The tolerance, block >= token - 0.15, is 2.6 standard deviations below that mean:
-    under that spread a seed fails with probability about 0.5%; the seed here is fixed, so the
-    test is deterministic. A rule 0.4 tokens per pass worse than token's would fail it for most
-    seeds."""
+    pair at T = 1, K = 4, 24 rows x 48 tokens (about 430 passes per run; a request's last steps
+    draft only what their rows can keep), seeds 0..7 measured a difference block - token of
+    0.12 +- 0.10 per run (mean +- standard deviation over seeds; 7 of 8 positive). Here the
+    mean over three seeds (11, 12, 13), whose standard deviation is ~0.056: the tolerance,
+    block >= token - 0.15, is 4.9 of them below the mean, a false failure under that spread
+    about 1e-6; the seeds are fixed, so the test is deterministic. A rule 0.3 tokens per pass
+    worse than token's would fail it with probability ~0.99."""
     target, draft = bundled
     prompts = bundled_prompts(24)
     gen = sk.SpeculativeGenerator(target, draft, 4, backend="reference")
-    outs = {
-        m: gen.generate(prompts, 48, 1.0, seed=11, verify_method=m, logprobs="processed")
-        for m in ("token", "block")
-    }
-    for out in outs.values():
-        assert_shapes(out, prompts, 0)
-        for new in generated(out, prompts):
-            assert len(new) == 48 and all(0 <= t < target.vocab_size for t in new)
-    token, block = (outs[m].stats.mean_accepted for m in ("token", "block"))
+    means = {"token": [], "block": []}
+    for seed in (11, 12, 13):
+        for m in means:
+            out = gen.generate(prompts, 48, 1.0, seed=seed, verify_method=m, logprobs="processed")
+            assert_shapes(out, prompts, 0)
+            for new in generated(out, prompts):
+                assert len(new) == 48 and all(0 <= t < target.vocab_size for t in new)
+            means[m].append(out.stats.mean_accepted)
+    token, block = (sum(means[m]) / 3 for m in ("token", "block"))
     assert block >= token - 0.15, (block, token)
 
 

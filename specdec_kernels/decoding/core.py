@@ -257,6 +257,15 @@ class _Rows:
         )
 
 
+def _useful(num_draft: torch.Tensor, st) -> torch.Tensor:
+    """``[B]``: the drafts a step of the rows ``st`` can keep, at most ``num_draft``: a step
+    emits a row's accepted drafts and one token more, so drafts past a row's last token but
+    one (its limit, ``max_new_tokens`` or the context) are never kept, and the last steps of a
+    request draft only what they can use (batch 1, 32 new tokens a prompt, AMD EPYC VM: ``K = 8``
+    sampling 3% faster, ``K = 4`` 1%)."""
+    return num_draft.minimum((st.limit - st.seq_len - 1).clamp_min(0))
+
+
 def swap_remove_order(done: list[bool]) -> list[int]:
     """Rows to keep, as an order in which each freed slot takes a kept row from the tail: only
     as many rows move as were removed.
@@ -469,7 +478,7 @@ class Decoder:
         kept = self._retire(st, tracker, (st.seq_len >= st.limit).tolist(), results, gs)
         # the first step drafts what the rows chose (with "auto" the prior's K, maybe 0), as
         # every later step does
-        k_loop = int(st.num_draft.max()) if self.max_k else 0
+        k_loop = int(_useful(st.num_draft, st).max()) if self.max_k else 0
         while kept is not None:
             st, tracker, _ = kept
             n, k = self._step(st, tracker, k_loop, sampling, eos_token_id, base_seed, on_step, gs)
@@ -482,7 +491,7 @@ class Decoder:
             dvalue = self.drafter.sync_value() if warm else None
             parts = [
                 st.seq_len >= st.limit,
-                st.num_draft,
+                _useful(st.num_draft, st),
                 st.seq_len - st.prompt_len,
                 self.target.sync_value(),
             ] + ([] if dvalue is None else [dvalue])
@@ -595,7 +604,7 @@ class Decoder:
             if ctx is None
             else st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))
         )
-        k = room.clamp(max=k_loop)  # [B]: tokens a path may add (chain length, tree depth)
+        k = _useful(room, st).clamp(max=k_loop)  # [B]: tokens a path may add (chain, depth)
         seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
         if self.drafter is not None and k_loop == 0:
             self._draft_cold = True  # "auto" chose the target alone: the draft stops following
