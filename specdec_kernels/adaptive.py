@@ -443,17 +443,7 @@ class PassCosts:
         >>> c.one_row_k(0.8, 8), c.one_row_k(0.01, 8)
         (5, 0)
         """
-        a = min(max(float(alpha), 0.0), 1.0)
-        cost = _step_costs(self, 1, max_k)
-        best_k, best = 0, (1.0 + margin) / max(cost[0], 1e-12)  # K = 0: one token a step
-        tokens, p = 1.0, 1.0
-        for k in range(1, max_k + 1):
-            p *= a
-            tokens += p  # expected_tokens(a, k): 1 + a + ... + a**k
-            value = tokens / max(cost[k], 1e-12)
-            if value > best:
-                best_k, best = k, value
-        return best_k
+        return pick_k_host(self.finish_values([alpha], [1.0], max_k), margin)
 
     def token_rates(self, alpha: torch.Tensor, max_k: int) -> torch.Tensor:
         """``[max_k + 1]``: the batch's expected tokens per millisecond at ``K = 0 .. max_k``,
@@ -522,15 +512,29 @@ class PassCosts:
         ...                                                      [32.0] * 4, 2, 0.0)
         (2, 0)
         """
-        if len(alpha) == 1:
-            return self.one_row_k(alpha[0], max_k, margin)
-        total = sum(max(float(x), 1.0) for x in left)
-        best_k, best = 0, 0.0
-        for k, ms in enumerate(self.finish_ms(alpha, left, max_k)):
-            value = total / max(ms, 1e-12) * (1.0 + margin if k == 0 else 1.0)
-            if k == 0 or value > best:
-                best_k, best = k, value
-        return best_k
+        return pick_k_host(self.finish_values(alpha, left, max_k), margin)
+
+    def finish_values(self, alpha: list[float], left: list[float], max_k: int) -> list[float]:
+        """What :meth:`finish_k` weighs, from host floats: at ``K = 0 .. max_k``, the rows'
+        tokens per millisecond until the last is done (one row: its expected tokens a step over
+        the step's cost, whatever ``left``). ``finish_k`` picks the first largest, ``K = 0``
+        unless another beats it by ``margin``.
+
+        >>> c = PassCosts.linear(cost_ratio=0.05, verify_cost=0.1, max_k=2)
+        >>> [round(v, 3) for v in c.finish_values([0.5], [30.0], 2)]
+        [1.0, 1.304, 1.346]
+        """
+        if len(alpha) > 1:
+            total = sum(max(float(x), 1.0) for x in left)
+            return [total / max(ms, 1e-12) for ms in self.finish_ms(alpha, left, max_k)]
+        a = min(max(float(alpha[0]), 0.0), 1.0)
+        cost = _step_costs(self, 1, max_k)
+        values, tokens, p = [1.0 / max(cost[0], 1e-12)], 1.0, 1.0  # K = 0: one token a step
+        for k in range(1, max_k + 1):
+            p *= a
+            tokens += p  # expected_tokens(a, k): 1 + a + ... + a**k
+            values.append(tokens / max(cost[k], 1e-12))
+        return values
 
     def finish_ms(self, alpha: list[float], left: list[float], max_k: int) -> list[float]:
         """Milliseconds until the last row is done at ``K = 0 .. max_k`` drafts a step, from
@@ -611,6 +615,20 @@ class PassCosts:
             tuple(d.get("loop_batch", (1,))),
             float(d.get("draft_prefill_ms", 0.0)),
         )
+
+
+def pick_k_host(values: list[float], margin: float) -> int:
+    """:func:`pick_k` from host floats: the ``K`` of the first largest of ``values`` (``K = 0
+    ..``), ``K = 0`` unless another beats it by ``margin`` (``-1``: the best ``K >= 1``).
+
+    >>> pick_k_host([1.0, 1.05, 1.2, 1.1], 0.1), pick_k_host([1.0, 1.05], 0.1)
+    (2, 0)
+    """
+    best_k, best = 0, values[0] * (1.0 + margin)
+    for k in range(1, len(values)):
+        if values[k] > best:
+            best_k, best = k, values[k]
+    return best_k
 
 
 @functools.lru_cache(maxsize=256)

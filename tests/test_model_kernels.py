@@ -1296,6 +1296,42 @@ def test_batch_choice_from_host_floats_is_the_tensor_paths():
     assert checked > 1900 and 100 < drafted < checked  # both kinds of choice exercised
 
 
+def test_a_running_drafts_choice_evaluates_the_bound_only_where_the_estimate_loses(pair_tiny):
+    """A running draft goes on with the best ``K >= 1`` at the rows' estimate unless drafting
+    loses (gains under ``STOP_MARGIN``) even at the estimate's upper bound. On the CPU the
+    bound is evaluated only where the estimate itself does not gain: the choice must be the
+    rule's, evaluated in full, over random cost grids, batches of 1-6 rows with random counts
+    and tokens to go; both outcomes (going on, stopping) occur, and the bound changes some."""
+    from specdec_kernels.adaptive import STOP_MARGIN, STOP_OPTIMISM, AcceptanceTracker
+
+    target, draft = pair_tiny
+    g = torch.Generator().manual_seed(12)
+    seen = {"go": 0, "stop": 0, "by_bound": 0}
+    for _ in range(30):
+        grid = {1: (1.0, 0.02), 2: (1.3, 0.03), 4: (1.9, 0.05), 8: (3.5, 0.09)}
+        costs = random_costs(g, grid)
+        gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs)
+        dec = gen._decoder()
+        dec._draft_cold = False  # a running draft
+        for _ in range(20):
+            b = int(torch.randint(1, 7, (1,), generator=g))
+            tracker = AcceptanceTracker.new(b, "cpu", prior=0.7)
+            tried = torch.randint(0, 30, (b,), generator=g).float()
+            tracker.tried += tried
+            tracker.accepted += (tried * torch.rand(b, generator=g)).floor()
+            left = torch.randint(1, 90, (b,), generator=g)
+            alpha, ahead = tracker.host_alpha(), left.tolist()
+            bound = tracker.host_alpha(STOP_OPTIMISM / b**0.5)
+            goes_on = costs.finish_k(bound, ahead, dec.max_k, STOP_MARGIN) > 0
+            want = costs.finish_k(alpha, ahead, dec.max_k, -1.0) if goes_on else 0
+            got = dec._auto_k(tracker, left)
+            assert got.tolist() == [want] * b, (alpha, ahead)
+            seen["go" if want else "stop"] += 1
+            at_estimate = costs.finish_k(alpha, ahead, dec.max_k, STOP_MARGIN)
+            seen["by_bound"] += want > 0 and at_estimate == 0
+    assert seen["go"] > 50 and seen["stop"] > 50 and seen["by_bound"] > 5, seen
+
+
 def test_measured_costs_are_cached(pair_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
     target, draft = pair_tiny

@@ -38,6 +38,7 @@ from specdec_kernels.adaptive import (
     AcceptanceTracker,
     PassCosts,
     pick_k,
+    pick_k_host,
 )
 from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.reference import rng
@@ -697,6 +698,18 @@ class Decoder:
             if running or cold_tokens <= 0 or self.costs.draft_prefill_ms <= 0:
                 return k
             return self._unless_prefill_costs_more(k, alpha, left, cold_tokens)
+        if host:  # one evaluation where the estimate itself gains STOP_MARGIN
+            rows, ahead = left.numel(), left.tolist()
+            values = self.costs.finish_values(alpha, ahead, self.max_k)
+            best = pick_k_host(values, -1.0)  # the best K >= 1 at the estimate
+            if values[best] <= values[0] * (1.0 + STOP_MARGIN):  # not at the estimate: the bound
+                bound = estimate(STOP_OPTIMISM / math.sqrt(rows))
+                if self.costs.finish_k(bound, ahead, self.max_k, STOP_MARGIN) == 0:
+                    best = 0
+            # (a gain at the estimate is a gain at its upper bound: each K >= 1 yields more
+            # tokens a step the higher the acceptance, at the same cost; the bound's evaluation,
+            # as long as the estimate's at batch 4, is skipped: ~0.07-0.3 ms a choice there)
+            return torch.full((rows,), best, dtype=torch.int64)
         # the bound of the batch's gain: its rows' estimates are independent, their mean has
         # 1 / sqrt(B) of one row's deviation (a row's own bound kept 16 rows drafting a loss)
         bound = estimate(STOP_OPTIMISM / math.sqrt(left.numel()))
