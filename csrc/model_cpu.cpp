@@ -1371,12 +1371,13 @@ SPECDEC_CLONES void attend_row_bf16(const float* qf, int64_t Dp, const uint16_t*
 
 
 #ifdef SPECDEC_HAVE_AVX2
-// The FMA kernels' softmax over a query's n >= 1 scores (max mx), in place: score[i] becomes
+// The FMA kernels' softmax over a query's n scores (max mx), in place: score[i] becomes
 // e^(score[i] - mx) by exp8 (relative error ~2e-7, a NaN stays NaN), eight keys at a time, the
 // last partial eight padded (each key's weight depends on its score alone); returns 1 / their
-// sum, summed in key order. std::exp one key at a time was about half of a 64-token prefill's
-// attention and a sixth of a 5-token pass's (AMD EPYC, AVX-512).
+// sum, summed in key order (0 for no key: the output is then zeros). std::exp one key at a
+// time was about half of a 64-token prefill's attention and a sixth of a 5-token pass's.
 SPECDEC_AVX2 inline float softmax_weights(float* score, int64_t n, float mx) {
+  if (n == 0) return 0.0f;  // no key attended: the weighted sum (zeros) times 0
   const __m256 m = _mm256_set1_ps(mx);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)
@@ -1429,11 +1430,7 @@ SPECDEC_AVX2 void attend_row_avx2(const float* qf, int64_t Dp, const E* k, int64
     score[n++] = sc;
     mx = sc > mx ? sc : mx;
   }
-  if (n == 0) {
-    for (int64_t d = 0; d < Dp; ++d) out[d] = 0.0f;
-    return;
-  }
-  const float inv = softmax_weights(score, n, mx);
+  const float inv = softmax_weights(score, n, mx);  // 0 without keys: the output is zeros
   switch (Dp) {
     case 16: return weigh_values<2>(score, keys, n, v, vs, inv, out);
     case 32: return weigh_values<4>(score, keys, n, v, vs, inv, out);
@@ -1482,11 +1479,7 @@ SPECDEC_AVX512 void attend_row_avx512(const float* qf, int64_t Dp, const E* k, i
     score[n++] = sc;
     mx = sc > mx ? sc : mx;
   }
-  if (n == 0) {
-    for (int64_t d = 0; d < Dp; ++d) out[d] = 0.0f;
-    return;
-  }
-  const float inv = softmax_weights(score, n, mx);
+  const float inv = softmax_weights(score, n, mx);  // 0 without keys: the output is zeros
   switch (Dp) {
     case 16: return weigh_values_avx512<1>(score, keys, n, v, vs, inv, out);
     case 32: return weigh_values_avx512<2>(score, keys, n, v, vs, inv, out);
