@@ -47,6 +47,8 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
   m.def("native_accept_tests_passed(Tensor draft_probs, Tensor draft_tokens, "
         "Tensor target_probs, Tensor seeds, Tensor after) -> Tensor");
+  m.def("native_expected_accepts(Tensor target_logits, Tensor draft_probs, Tensor num_accepted, "
+        "Tensor num_drafted, float temperature) -> Tensor");
   m.def("native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents, "
         "Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature, Tensor? top_k, "
         "Tensor? top_p, Tensor? seeds, Tensor? token_bitmask, bool greedy_only, "
@@ -80,6 +82,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_verify_ex", &specdec::native_verify_ex_cpu);
   m.impl("native_accept_reject", &specdec::native_accept_reject_cpu);
   m.impl("native_accept_tests_passed", &specdec::native_accept_tests_passed_cpu);
+  m.impl("native_expected_accepts", &specdec::native_expected_accepts_cpu);
   m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);
   m.impl("native_emitted_logprobs", &specdec::native_emitted_logprobs_cpu);
   m.impl("rowinv_linear", &specdec::rowinv_linear_cpu);

@@ -9,6 +9,8 @@
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
 //   native_accept_tests_passed(Tensor draft_probs, Tensor draft_tokens, Tensor target_probs,
 //                              Tensor seeds, Tensor after) -> Tensor
+//   native_expected_accepts(Tensor target_logits, Tensor draft_probs, Tensor num_accepted,
+//                           Tensor num_drafted, float temperature) -> Tensor
 //   native_verify_tree(Tensor target_logits, Tensor tree_tokens, Tensor parents,
 //                      Tensor? draft_probs, Tensor num_nodes, int mode, Tensor? temperature,
 //                      Tensor? top_k, Tensor? top_p, Tensor? seeds, Tensor? token_bitmask,
@@ -68,5 +70,9 @@ at::Tensor native_accept_tests_passed_cpu(const at::Tensor& draft_probs,
                                           const at::Tensor& draft_tokens,
                                           const at::Tensor& target_probs, const at::Tensor& seeds,
                                           const at::Tensor& after);
+at::Tensor native_expected_accepts_cpu(const at::Tensor& target_logits,
+                                       const at::Tensor& draft_probs,
+                                       const at::Tensor& num_accepted,
+                                       const at::Tensor& num_drafted, double temperature);
 
 }  // namespace specdec

@@ -8,6 +8,9 @@
 
 #include <ATen/Version.h>
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -434,6 +437,109 @@ at::Tensor native_accept_tests_passed_cpu(const at::Tensor& draft_probs,
       count += qx > 0.0f && u * qx < px;
     }
     op_out[b] = count;
+  }
+  return out;
+}
+
+namespace {
+
+// One position's values as float32 in `out` (V entries, the vocabulary stride 1).
+void load_row(const at::Tensor& t, int64_t b, int64_t i, float* out) {
+  const int64_t V = t.size(2), at_ = b * t.stride(0) + i * t.stride(1);
+  switch (t.scalar_type()) {
+    case at::kBFloat16: {
+      const at::BFloat16* r = t.const_data_ptr<at::BFloat16>() + at_;
+      for (int64_t x = 0; x < V; ++x) out[x] = static_cast<float>(r[x]);
+      break;
+    }
+    case at::kHalf: {
+      const at::Half* r = t.const_data_ptr<at::Half>() + at_;
+      for (int64_t x = 0; x < V; ++x) out[x] = static_cast<float>(r[x]);
+      break;
+    }
+    case at::kDouble: {
+      const double* r = t.const_data_ptr<double>() + at_;
+      for (int64_t x = 0; x < V; ++x) out[x] = static_cast<float>(r[x]);
+      break;
+    }
+    default: {
+      const float* r = t.const_data_ptr<float>() + at_;
+      std::copy(r, r + V, out);
+    }
+  }
+}
+
+}  // namespace
+
+// The decoding loop's acceptance estimate (specdec_kernels.adaptive.expected_accepts): per row
+// b, the sum over the positions i it tested (i < min(num_accepted[b] + 1, num_drafted[b], K))
+// of sum_x min(p_i(x), q_i(x)), p_i = softmax(target_logits[b, i] / temperature), q_i =
+// draft_probs[b, i]: the probability that position i's accept test passes, given its context
+// (Leviathan et al. 2023, section 3.1). A position whose p_i or sum cannot be formed (a
+// non-finite logit maximum or sum, a NaN in q) counts its outcome instead (1 if i <
+// num_accepted[b]). float32 [B].
+at::Tensor native_expected_accepts_cpu(const at::Tensor& target_logits,
+                                       const at::Tensor& draft_probs,
+                                       const at::Tensor& num_accepted,
+                                       const at::Tensor& num_drafted, double temperature) {
+  const char* op = "native_expected_accepts";
+  for (const auto& [name, t] : {std::pair<const char*, const at::Tensor*>{"target_logits", &target_logits},
+                                {"draft_probs", &draft_probs},
+                                {"num_accepted", &num_accepted},
+                                {"num_drafted", &num_drafted}})
+    check_cpu(op, name, *t);
+  TORCH_CHECK_VALUE(draft_probs.dim() == 3, op, ": draft_probs must be [B, K, V], got ",
+                    draft_probs.sizes());
+  const int64_t B = draft_probs.size(0), K = draft_probs.size(1), V = draft_probs.size(2);
+  TORCH_CHECK_VALUE(target_logits.dim() == 3 && target_logits.size(0) == B &&
+                        target_logits.size(1) >= K && target_logits.size(2) == V,
+                    op, ": target_logits must be [B, >= K, V] = [", B, ", >= ", K, ", ", V,
+                    "], got ", target_logits.sizes());
+  TORCH_CHECK_VALUE(num_accepted.sizes() == at::IntArrayRef({B}) &&
+                        num_drafted.sizes() == at::IntArrayRef({B}),
+                    op, ": num_accepted and num_drafted must be [B] = [", B, "], got ",
+                    num_accepted.sizes(), " and ", num_drafted.sizes());
+  check_int(op, "num_accepted", num_accepted);
+  check_int(op, "num_drafted", num_drafted);
+  float_kind("target_logits", target_logits);
+  TORCH_CHECK_TYPE(at::isFloatingType(draft_probs.scalar_type()), op,
+                   ": draft_probs must be floating, got ", draft_probs.scalar_type());
+  TORCH_CHECK_VALUE(temperature > 0.0 && std::isfinite(temperature), op,
+                    ": temperature must be finite and > 0, got ", temperature);
+  const at::Tensor l =
+      V > 1 && target_logits.stride(2) != 1 ? target_logits.contiguous() : target_logits;
+  const at::Tensor q = V > 1 && draft_probs.stride(2) != 1 ? draft_probs.contiguous() : draft_probs;
+  const at::Tensor na = num_accepted.to(at::kLong).contiguous();
+  const at::Tensor nd = num_drafted.to(at::kLong).contiguous();
+  const int64_t *ap = na.const_data_ptr<int64_t>(), *dp = nd.const_data_ptr<int64_t>();
+  at::Tensor out = at::empty({B}, target_logits.options().dtype(at::kFloat));
+  float* o = out.mutable_data_ptr<float>();
+  const float inv_t = static_cast<float>(1.0 / temperature);
+  std::vector<float> p(V), qr(V);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t tried = std::clamp<int64_t>(std::min(ap[b] + 1, dp[b]), 0, K);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < tried; ++i) {
+      load_row(l, b, i, p.data());
+      load_row(q, b, i, qr.data());
+      float m = -std::numeric_limits<float>::infinity();
+      for (int64_t x = 0; x < V; ++x) m = std::max(m, p[x] * inv_t);
+      float s = 0.0f;
+      if (std::isfinite(m))
+        for (int64_t x = 0; x < V; ++x) s += (p[x] = std::exp(p[x] * inv_t - m));
+      float a = std::numeric_limits<float>::quiet_NaN();
+      if (std::isfinite(m) && s > 0.0f && std::isfinite(s)) {
+        const float inv = 1.0f / s;
+        a = 0.0f;
+        for (int64_t x = 0; x < V; ++x) {
+          const float px = p[x] * inv;
+          a += std::isnan(qr[x]) || qr[x] < px ? qr[x] : px;  // a NaN in q makes `a` NaN
+        }
+      }
+      // NaN (in q, or no distribution): the position's outcome instead
+      sum += std::isnan(a) ? static_cast<float>(i < ap[b]) : std::clamp(a, 0.0f, 1.0f);
+    }
+    o[b] = sum;
   }
   return out;
 }

@@ -170,6 +170,12 @@ def _native_accept_tests(device):
     return _accept_tests("native")(device)[:5]
 
 
+def _native_expected_accepts(device):
+    logits = torch.randn(3, 3, 7).to(torch.bfloat16)
+    q = torch.softmax(torch.randn(3, 2, 7), -1)
+    return _on(device, logits, q, torch.tensor([0, 2, 1]), torch.tensor([2, 2, 0]), 0.7)
+
+
 def _native_accept_reject(device):
     return _accept_reject("native")(device)[:2]
 
@@ -325,6 +331,7 @@ def _cases() -> list[Case]:
     for label, args, needs in _backends(_accept_tests):
         cases.append(Case("accept_tests_passed", label, args, needs))
     cases.append(_native("native_accept_tests_passed", "", _native_accept_tests))
+    cases.append(_native("native_expected_accepts", "", _native_expected_accepts))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
         cases.append(Case("verify_tree_greedy", label, args, needs))
     for label, args, needs in _backends(_tree_sampling, triton="triton_slow"):

@@ -340,6 +340,121 @@ def test_acceptance_tracker_counts_tried_positions():
     assert t.alpha().tolist() == pytest.approx([2 / 3, 0.999])
 
 
+def _expected_inputs(b, k, v, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(b, k + 2, v, generator=g) * 3).to(dtype)[:, :-1]  # strided rows
+    q = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
+    n = torch.randint(0, k + 1, (b,), generator=g)
+    drafted = torch.maximum(n, torch.randint(0, k + 1, (b,), generator=g))
+    return logits, q, n, drafted
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("temperature", [1e-6, 0.7, 1.0, 1e4])
+def test_expected_accepts_kernel_is_the_reference(dtype, temperature):
+    """The native kernel against the PyTorch specification: ragged tries (0 .. K), strided
+    logits, every logits dtype; positions with no distribution (all -inf, a +inf or NaN logit, a
+    NaN in q) count their outcome in both."""
+    from specdec_kernels.adaptive import expected_accepts, expected_accepts_reference
+
+    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+        pytest.skip("the C++ extension is not built")
+    logits, q, n, drafted = _expected_inputs(9, 5, 257, dtype, seed=3)
+    logits = logits.clone()
+    logits[0, 0] = -math.inf
+    logits[1, 1, 7] = math.inf
+    logits[2, 0, 3] = math.nan
+    q[3, 0, 5] = math.nan
+    n[:4], drafted[:4] = 3, 5
+    ref = expected_accepts_reference(logits, q, n, drafted, temperature)
+    got = torch.ops.specdec.native_expected_accepts(logits, q, n, drafted, temperature)
+    assert torch.equal(expected_accepts(logits, q, n, drafted, temperature), got)
+    torch.testing.assert_close(got, ref, atol=2e-6, rtol=1e-5)
+    tried = torch.minimum(n + 1, drafted)
+    assert bool((got >= 0).all() and (got <= tried).all())
+    # the outcome at the special positions: row 0 position 0 (accepted), row 1 position 1, ...
+    plain = expected_accepts_reference(logits.nan_to_num(0.0, 0.0, 0.0), q.nan_to_num(0.0), n,
+                                       drafted, temperature)  # fmt: skip
+    assert not torch.equal(plain[:4], ref[:4])
+
+
+def test_expected_accepts_names_a_bad_argument():
+    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+        pytest.skip("the C++ extension is not built")
+    logits, q, n, drafted = _expected_inputs(2, 3, 11, torch.float32, seed=0)
+    op = torch.ops.specdec.native_expected_accepts
+    with pytest.raises(ValueError, match=r"target_logits must be \[B, >= K, V\]"):
+        op(logits[:, :, :10], q, n, drafted, 1.0)
+    with pytest.raises(ValueError, match="num_accepted and num_drafted must be"):
+        op(logits, q, n[:1], drafted, 1.0)
+    with pytest.raises(ValueError, match="temperature must be finite and > 0, got 0"):
+        op(logits, q, n, drafted, 0.0)
+    with pytest.raises(TypeError, match="num_accepted must be int32 or int64"):
+        op(logits, q, n.float(), drafted, 1.0)
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 3}, {"top_p": 0.8}])
+def test_expected_accepts_has_the_accepted_drafts_expectation(filters):
+    """Summed over 40,000 rows of one context (V = 11, K = 3), the expected passes of the tried
+    positions equal the accept tests that passed (sk.verify_sampling's num_accepted) within 5
+    standard deviations of the counts' difference (a bias of 2% of the mean accepted count is
+    ~10 deviations: it would fail), and have less spread (Rao-Blackwell: only the tries vary
+    here, not the tests' outcomes)."""
+    from specdec_kernels.adaptive import expected_accepts
+    from specdec_kernels.reference.verify_sampling import filtered_probs
+
+    rows, k, v = 40_000, 3, 11
+    g = torch.Generator().manual_seed(5)
+    logits = (torch.randn(1, k + 1, v, generator=g) * 1.5).expand(rows, -1, -1).contiguous()
+    near = logits[:1] + 0.8 * torch.randn(1, k + 1, v, generator=g)  # a draft near the target
+    p_draft = filtered_probs(
+        near,
+        torch.ones(1),
+        None if "top_k" not in filters else torch.tensor([filters["top_k"]]),
+        None if "top_p" not in filters else torch.tensor([filters["top_p"]]),
+    )[:, :k]
+    q = p_draft.expand(rows, -1, -1).contiguous()
+    drafts = torch.multinomial(q.reshape(-1, v), 1, generator=g).reshape(rows, k)
+    seeds = torch.arange(rows, dtype=torch.int64) * 7919 + 1
+    ver = sk.verify_sampling(logits, drafts, q, temperature=1.0, seed=seeds, **filters)
+    n = ver.num_accepted
+    drafted = torch.full((rows,), k)
+    e = expected_accepts(logits, q, n, drafted, 1.0, **filters)
+    diff = (e - n.float()).double()
+    assert abs(diff.mean().item()) < 5 * diff.std().item() / math.sqrt(rows)
+    assert e.double().std().item() < 0.75 * n.double().std().item()  # 0.57 here
+    assert 0.2 < n.float().mean().item() < k - 0.2  # neither all rejected nor all accepted
+
+
+def test_auto_counts_expected_accepts_of_sampled_token_level_steps(monkeypatch):
+    """The estimate of "auto" counts the accept tests' probabilities where a chain is verified by
+    token-level sampling, and the accepted drafts elsewhere (greedy, block verification)."""
+    from specdec_kernels.adaptive import PassCosts
+    from specdec_kernels.decoding import core
+
+    target, draft = tiny_pair()
+    calls = []
+    real = core.expected_accepts
+
+    def spy(*a, **kw):
+        calls.append(real(*a, **kw))
+        return calls[-1]
+
+    monkeypatch.setattr(core, "expected_accepts", spy)
+    costs = PassCosts.linear(cost_ratio=0.01, verify_cost=0.0, max_k=4)  # drafting pays
+    gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
+    prompts = ragged_prompts(2)
+    gen.generate(prompts, 8, temperature=0.0)
+    gen.generate(prompts, 8, temperature=1.0, seed=1, verify_method="block")
+    assert not calls
+    out = gen.generate(prompts, 8, temperature=1.0, seed=1, top_k=5)
+    assert calls and all(c.dim() == 1 and c.dtype == torch.float32 for c in calls)
+    assert [len(s) for s in out.sequences] == [len(p) + 8 for p in prompts]
+    calls.clear()
+    sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 8, temperature=1.0, seed=1)
+    assert not calls  # a fixed K has no estimate to keep
+
+
 def test_autoregressive_ragged_batch_near_the_context_limit():
     """A row at the context limit next to a short row: the attention span follows the longest
     live row instead of growing past the cache (used to raise a size mismatch)."""

@@ -37,6 +37,7 @@ from specdec_kernels.adaptive import (
     STOP_OPTIMISM,
     AcceptanceTracker,
     PassCosts,
+    expected_accepts,
     pick_k,
     pick_k_host,
 )
@@ -636,7 +637,8 @@ class Decoder:
         n, k = ver.num_accepted, prop.num_drafted  # [B], [B]
         rows = st.ids.numel()
         if k_loop > 0 or rows != self._auto_rows:  # a step without drafts teaches nothing:
-            tracker.update(n, k)  # the choice stands until the batch changes
+            # the choice stands until the batch changes
+            tracker.update(n, k, self._expected(logits, prop, sampling, n, ops, gs))
             self._auto_age += 1
             self._auto_taught += 1
             # a batch's choice (on the CPU PassCosts.finish_k: ~0.07 ms hot, ~0.3 ms right
@@ -661,6 +663,28 @@ class Decoder:
                 st.num_draft = self._auto_k(tracker, left, -1.0 if probe else None, None, cold)
                 self._auto_rows, self._auto_age = rows, 0
         return n, k
+
+    def _expected(self, logits, prop, sampling: Sampling, n, ops, gs):
+        """``[B]``: the step's expected passed accept tests over the positions it tested
+        (:func:`~specdec_kernels.adaptive.expected_accepts`), what ``"auto"``'s estimate
+        counts where a chain was verified by token-level rejection sampling of the full
+        vocabulary; ``None`` elsewhere (greedy steps, whose tests are not coins; block
+        verification, which passes more; trees; a grammar's masks; a vocabulary-sharded
+        target): the tracker counts the accepted drafts."""
+        plain = ops is None and gs is None and sampling.verify_method == "token"
+        if not self.auto or sampling.greedy or not plain or not isinstance(prop, ChainProposal):
+            return None
+        if prop.draft_probs is None:
+            return None
+        return expected_accepts(
+            logits,
+            prop.draft_probs,
+            n,
+            prop.num_draft,
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+        )
 
     def _auto_k(
         self,
