@@ -13,6 +13,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "adaptive.h"
 #include "kv_cache.h"
 #include "logprobs.h"
 #include "model.h"
@@ -57,6 +58,10 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
   m.def("native_emitted_logprobs(Tensor target_logits, Tensor rows, Tensor tokens, "
         "Tensor? token_bitmask, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "bool processed, int num_logprobs) -> (Tensor, Tensor, Tensor)");
+  // no tensor argument: one kernel for every dispatch key
+  m.def("native_finish_ms(float[] alpha, float[] left, float[] quantiles, float[] stretch_costs, "
+        "int max_k) -> float[]",
+        &specdec::native_finish_ms);
   m.def("rowinv_linear(Tensor x, Tensor weight, Tensor? bias, str? activation=None) -> Tensor");
   m.def("rowinv_attention(Tensor q, Tensor k, Tensor v, Tensor mask) -> Tensor");
   m.def("causal_lm_pass(Tensor input_ids, Tensor(a!) kv_cache, Tensor lengths, int kv_len, "

@@ -176,6 +176,17 @@ def _native_expected_accepts(device):
     return _on(device, logits, q, torch.tensor([0, 2, 1]), torch.tensor([2, 2, 0]), 0.7)
 
 
+def _native_finish_ms(device):
+    quantiles = (-1.15, -0.32, 0.32, 1.15)
+    return (
+        [0.8, 0.3],
+        [12.0, 5.0],
+        quantiles,
+        [float(j % 8 + k) for k in range(3) for j in range(8)],
+        2,
+    )
+
+
 def _native_accept_reject(device):
     return _accept_reject("native")(device)[:2]
 
@@ -332,6 +343,7 @@ def _cases() -> list[Case]:
         cases.append(Case("accept_tests_passed", label, args, needs))
     cases.append(_native("native_accept_tests_passed", "", _native_accept_tests))
     cases.append(_native("native_expected_accepts", "", _native_expected_accepts))
+    cases.append(_native("native_finish_ms", "", _native_finish_ms))
     for label, args, needs in _backends(_tree_greedy, triton="triton_slow"):
         cases.append(Case("verify_tree_greedy", label, args, needs))
     for label, args, needs in _backends(_tree_sampling, triton="triton_slow"):

@@ -426,6 +426,48 @@ def test_expected_accepts_has_the_accepted_drafts_expectation(filters):
     assert 0.2 < n.float().mean().item() < k - 0.2  # neither all rejected nor all accepted
 
 
+def test_native_finish_ms_is_the_python_model_bit_for_bit():
+    """``specdec::native_finish_ms`` (what ``"auto"`` evaluates at two rows or more on the CPU)
+    gives the Python model's bits: random grids, 2-17 rows, acceptance 0 and 1 among them, rows
+    with nothing left, every ``max_k`` 0-8; and it names a bad argument."""
+    import random
+
+    from specdec_kernels.adaptive import (
+        FINISH_QUANTILES,
+        PassCosts,
+        _finish_ms_host,
+        _stretch_table,
+    )
+
+    if not hasattr(torch.ops.specdec, "native_finish_ms"):
+        pytest.skip("the C++ extension is not built")
+    rnd = random.Random(7)
+    for trial in range(300):
+        tokens = (1, 3, 9)
+        grid = [[rnd.uniform(0.2, 1.0) for _ in tokens] for _ in range(3)]
+        costs = PassCosts(
+            batch=(1, 4, 16),
+            tokens=tokens,
+            target_ms=tuple(tuple(sorted(r)) for r in grid),
+            draft_ms=(0.02, 0.04, 0.1),
+            step_ms=rnd.uniform(0.0, 0.1),
+        )
+        b, max_k = rnd.randint(2, 17), rnd.randint(0, 8)
+        alpha = [rnd.choice([0.0, 1.0, rnd.random()]) for _ in range(b)]
+        left = [float(rnd.randint(0, 40)) for _ in range(b)]
+        want = _finish_ms_host(
+            _stretch_table(costs, b, len(FINISH_QUANTILES), max_k),
+            [min(max(x, 0.0), 1.0) for x in alpha],
+            [max(x, 1.0) for x in left],
+            max_k,
+        )
+        assert costs.finish_ms(alpha, left, max_k) == want, trial
+    with pytest.raises(ValueError, match="left must have one entry per row of alpha"):
+        torch.ops.specdec.native_finish_ms([0.5, 0.5], [1.0], FINISH_QUANTILES, [1.0] * 8, 0)
+    with pytest.raises(ValueError, match=r"stretch_costs must be \[max_k \+ 1\]\[B \* Q\]"):
+        torch.ops.specdec.native_finish_ms([0.5, 0.5], [1.0, 2.0], FINISH_QUANTILES, [1.0] * 9, 0)
+
+
 def test_auto_counts_expected_accepts_of_sampled_token_level_steps(monkeypatch):
     """The estimate of "auto" counts the accept tests' probabilities where a chain is verified by
     token-level sampling, and the accepted drafts elsewhere (greedy, block verification)."""
