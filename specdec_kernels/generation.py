@@ -299,16 +299,25 @@ class SpeculativeGenerator:
         return GenerationOutput.from_result(result)
 
 
+#: tries of the loop's calibration (:func:`with_loop_costs`), each every run once (~0.6 s for
+#: the default pair on a 2-core EPYC VM); a figure is the median over the tries, so a spell of
+#: the machine must last through half of them to move it. With 5, one fresh clone's
+#: calibration priced the loop's work per draft token at batch 4 at 0.136 ms (three
+#: calibrations in a row after it: 0, 0.013, 0 ms) and "auto" drafted ~2 tokens at batch 4
+#: greedy, 0.93x of ``K = 4``.
+LOOP_TRIES = 9
+
+
 def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> PassCosts:
     """``costs`` with the decoding loop's own work measured in: per step (verification,
     commit, the one host sync: ``step_ms``), per drafting step (``draft_fixed_ms``) and per
     draft token (drawing and feeding it: ``draft_step_ms``; the two apart from runs at K = 1
     and K = 4), at batch sizes 1, 4 and the grid's largest (``loop_batch``), from short greedy
     runs of the loop (the difference of two lengths, so the prefill cancels; every run of a
-    try back to back, the drafting steps priced at the median of five tries' ratios to their
-    K = 0 step), minus the model passes ``costs`` prices: the loop's steps at each batch size
-    are then priced as the loop ran them, whatever the passes' figures (taken apart, in a
-    spell that may have been slower or faster) say. Measured once per pair like the pass
+    try back to back, the drafting steps priced at the median of :data:`LOOP_TRIES` tries'
+    ratios to their K = 0 step), minus the model passes ``costs`` prices: the loop's steps at
+    each batch size are then priced as the loop ran them, whatever the passes' figures (taken
+    apart, in a spell that may have been slower or faster) say. Measured once per pair like the pass
     costs, before any generation."""
     import json
 
@@ -345,7 +354,7 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
         res = Decoder(adapter_for(target), drafter, max(k, 1) if k else 4).run([prompt] * b, n)
         return res.stats.wall_seconds * 1e3, res.stats.target_forwards  # equal rows: one end
 
-    # every run of a try back to back, five tries. A batch size's step at K = 1 and hi is
+    # every run of a try back to back, LOOP_TRIES tries. A batch size's step at K = 1 and hi is
     # priced at the median over the tries of its ratio to the same try's K = 0 step (a batch
     # size's six runs follow one another, in one spell of the machine), the K = 0 step at
     # the median of the tries': on a shared VM whose passes take 0.6 ms in one minute and
@@ -358,7 +367,7 @@ def _measure_loop_costs(costs: PassCosts, target, draft) -> PassCosts:
     for b, k, n in keys[::2]:
         run(b, k, n)
     tries = []
-    for _ in range(5):
+    for _ in range(LOOP_TRIES):
         walls = {key: run(*key) for key in keys}  # (wall ms, steps): the steps never vary
         tries.append(
             {
