@@ -495,6 +495,20 @@ def test_auto_counts_expected_accepts_of_sampled_token_level_steps(monkeypatch):
     calls.clear()
     sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 8, temperature=1.0, seed=1)
     assert not calls  # a fixed K has no estimate to keep
+    # off the CPU it would be the reference's [B, K, V] softmax: the tracker counts instead
+    from specdec_kernels.decoding.core import Sampling
+
+    dec = gen._decoder()
+    n = torch.tensor([1])
+    for device in ("cpu", "meta"):
+        logits = torch.zeros(1, 3, 11, device=device)
+        prop = core.ChainProposal(
+            torch.zeros(1, 2, dtype=torch.int64, device=device),
+            torch.tensor([2], device=device),
+            torch.full((1, 2, 11), 1 / 11, device=device),
+        )
+        got = dec._expected(logits, prop, Sampling(temperature=1.0), n.to(device), None, None)
+        assert (got is None) == (device == "meta")
 
 
 def test_autoregressive_ragged_batch_near_the_context_limit():

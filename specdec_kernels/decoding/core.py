@@ -667,11 +667,14 @@ class Decoder:
     def _expected(self, logits, prop, sampling: Sampling, n, ops, gs):
         """``[B]``: the step's expected passed accept tests over the positions it tested
         (:func:`~specdec_kernels.adaptive.expected_accepts`), what ``"auto"``'s estimate
-        counts where a chain was verified by token-level rejection sampling of the full
-        vocabulary; ``None`` elsewhere (greedy steps, whose tests are not coins; block
+        counts where a chain was verified on the CPU by token-level rejection sampling of the
+        full vocabulary; ``None`` elsewhere (greedy steps, whose tests are not coins; block
         verification, which passes more; trees; a grammar's masks; a vocabulary-sharded
-        target): the tracker counts the accepted drafts."""
+        target; a device, where it would be the reference's ``[B, K, V]`` softmax in PyTorch
+        ops, the materialisation the verification kernels avoid): the tracker counts the
+        accepted drafts."""
         plain = ops is None and gs is None and sampling.verify_method == "token"
+        plain = plain and logits.device.type == "cpu"
         if not self.auto or sampling.greedy or not plain or not isinstance(prop, ChainProposal):
             return None
         if prop.draft_probs is None:
