@@ -444,28 +444,19 @@ at::Tensor native_accept_tests_passed_cpu(const at::Tensor& draft_probs,
 namespace {
 
 // One position's values as float32 in `out` (V entries, the vocabulary stride 1).
+template <typename T>
 void load_row(const at::Tensor& t, int64_t b, int64_t i, float* out) {
-  const int64_t V = t.size(2), at_ = b * t.stride(0) + i * t.stride(1);
+  const T* r = t.const_data_ptr<T>() + b * t.stride(0) + i * t.stride(1);
+  const int64_t V = t.size(2);
+  for (int64_t x = 0; x < V; ++x) out[x] = static_cast<float>(r[x]);
+}
+
+void load_row(const at::Tensor& t, int64_t b, int64_t i, float* out) {
   switch (t.scalar_type()) {
-    case at::kBFloat16: {
-      const at::BFloat16* r = t.const_data_ptr<at::BFloat16>() + at_;
-      for (int64_t x = 0; x < V; ++x) out[x] = static_cast<float>(r[x]);
-      break;
-    }
-    case at::kHalf: {
-      const at::Half* r = t.const_data_ptr<at::Half>() + at_;
-      for (int64_t x = 0; x < V; ++x) out[x] = static_cast<float>(r[x]);
-      break;
-    }
-    case at::kDouble: {
-      const double* r = t.const_data_ptr<double>() + at_;
-      for (int64_t x = 0; x < V; ++x) out[x] = static_cast<float>(r[x]);
-      break;
-    }
-    default: {
-      const float* r = t.const_data_ptr<float>() + at_;
-      std::copy(r, r + V, out);
-    }
+    case at::kBFloat16: return load_row<at::BFloat16>(t, b, i, out);
+    case at::kHalf: return load_row<at::Half>(t, b, i, out);
+    case at::kDouble: return load_row<double>(t, b, i, out);
+    default: return load_row<float>(t, b, i, out);
   }
 }
 
@@ -501,9 +492,13 @@ at::Tensor native_expected_accepts_cpu(const at::Tensor& target_logits,
                     num_accepted.sizes(), " and ", num_drafted.sizes());
   check_int(op, "num_accepted", num_accepted);
   check_int(op, "num_drafted", num_drafted);
-  float_kind("target_logits", target_logits);
-  TORCH_CHECK_TYPE(at::isFloatingType(draft_probs.scalar_type()), op,
-                   ": draft_probs must be floating, got ", draft_probs.scalar_type());
+  const auto dtype = target_logits.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf, op,
+                   ": target_logits must be float32, bfloat16 or float16, got ", dtype);
+  const auto qtype = draft_probs.scalar_type();
+  TORCH_CHECK_TYPE(qtype == at::kFloat || qtype == at::kBFloat16 || qtype == at::kHalf ||
+                       qtype == at::kDouble,
+                   op, ": draft_probs must be float32, bfloat16, float16 or float64, got ", qtype);
   TORCH_CHECK_VALUE(temperature > 0.0 && std::isfinite(temperature), op,
                     ": temperature must be finite and > 0, got ", temperature);
   const at::Tensor l =

@@ -315,17 +315,16 @@ def expected_accepts(
     >>> expected_accepts(logits, q, torch.tensor([1]), torch.tensor([2]), 1.0)  # 1/2 + 3/4
     tensor([1.2500])
     """
+    op = _native_op("native_expected_accepts")
     native = (
-        top_k is None
+        op is not None
+        and top_k is None
         and top_p is None
         and target_logits.device.type == "cpu"
         and target_logits.dtype in (torch.float32, torch.bfloat16, torch.float16)
-        and _native_op("native_expected_accepts") is not None
     )
     if native:
-        return _native_op("native_expected_accepts")(
-            target_logits, draft_probs, num_accepted, num_drafted, float(temperature)
-        )
+        return op(target_logits, draft_probs, num_accepted, num_drafted, float(temperature))
     return expected_accepts_reference(
         target_logits, draft_probs, num_accepted, num_drafted, temperature, top_k, top_p
     )
@@ -653,15 +652,8 @@ class PassCosts:
         """
         a = [min(max(float(x), 0.0), 1.0) for x in alpha]
         n = [max(float(x), 1.0) for x in left]
-        if len(a) == 1:
-            cost = _step_costs(self, 1, max_k)
-            out, tokens, p = [], 1.0, 1.0
-            for k in range(max_k + 1):
-                if k:
-                    p *= a[0]
-                    tokens += p  # expected_tokens(a, k)
-                out.append(n[0] * cost[k] / tokens)
-            return out
+        if len(a) == 1:  # its tokens over its tokens a millisecond
+            return [n[0] / max(v, 1e-12) for v in self.finish_values(a, n, max_k)]
         q = len(FINISH_QUANTILES)
         native = _native_op("native_finish_ms")
         if native is not None:  # the same operations in C++ (~5 instead of ~45 us at batch 4)

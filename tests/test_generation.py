@@ -391,6 +391,8 @@ def test_expected_accepts_names_a_bad_argument():
         op(logits, q, n, drafted, 0.0)
     with pytest.raises(TypeError, match="num_accepted must be int32 or int64"):
         op(logits, q, n.float(), drafted, 1.0)
+    with pytest.raises(TypeError, match="native_expected_accepts: target_logits must be float32"):
+        op(logits.double(), q, n, drafted, 1.0)
 
 
 @pytest.mark.parametrize("filters", [{}, {"top_k": 3}, {"top_p": 0.8}])

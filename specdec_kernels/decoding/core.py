@@ -673,11 +673,17 @@ class Decoder:
         target; a device, where it would be the reference's ``[B, K, V]`` softmax in PyTorch
         ops, the materialisation the verification kernels avoid): the tracker counts the
         accepted drafts."""
-        plain = ops is None and gs is None and sampling.verify_method == "token"
-        plain = plain and logits.device.type == "cpu"
-        if not self.auto or sampling.greedy or not plain or not isinstance(prop, ChainProposal):
-            return None
-        if prop.draft_probs is None:
+        counted = (
+            self.auto
+            and not sampling.greedy
+            and sampling.verify_method == "token"
+            and ops is None
+            and gs is None
+            and logits.device.type == "cpu"
+            and isinstance(prop, ChainProposal)
+            and prop.draft_probs is not None
+        )
+        if not counted:
             return None
         return expected_accepts(
             logits,
