@@ -1822,7 +1822,7 @@ int64_t argmax_row(const float* logits, int64_t V) {
 // probabilities (reference/verify_sampling.filtered_probs: x = logits / T; top-k keeps every x
 // at least the k-th largest; top-p then the tokens whose strictly-larger kept mass is below
 // top_p of the kept total; exp(x - max x) over the kept tokens, normalised), written to q [V],
-// and the token argmax(q / E) over q > 0 (the first if none), E = max(-log u, 2**-25) the
+// and the token argmax(q / E) over q > 0 (the first if none), E = counter_rng::exponential the
 // drafter's exponentials of (seed, position) (rng.draft_exponentials). The Python drafter's
 // draw up to float rounding (another summation order, std::exp and std::log): a draft needs no
 // bitwise contract, only to come from the q it reports.
@@ -1869,7 +1869,7 @@ struct DraftSampler {
     int64_t best = 0;
     float top = -2.0f;
     for (int64_t v = 0; v < V; ++v) {
-      const float e = std::max(-std::log(uniform(stream, static_cast<uint32_t>(v))), EXP_FLOOR);
+      const float e = exponential(uniform(stream, static_cast<uint32_t>(v)));
       const float r = q[v] > 0.0f ? q[v] / e : -1.0f;
       if (r > top) top = r, best = v;
     }

@@ -2,7 +2,8 @@
 
 Regression tests of the uniform that could be exactly 1.0 (``float32(2**24 - 1) + 0.5`` rounds up),
 which made ``-log(u) = -0`` and ``0 / -0 = NaN`` win the reference's race (seed 858079 hit it at
-token 2 of position 0), and of the NaN-safe race comparisons.
+token 2 of position 0), and of the NaN-safe race comparisons. The uniforms' resolution near 0
+(the race's far tail) is tested statistically in ``test_tail.py``.
 """
 
 import pytest
@@ -20,36 +21,58 @@ BACKENDS = ALL_BACKENDS
 SEED = 858079  # its race uniform for token 2 at position 0 was exactly 1.0 with 24-bit uniforms
 
 
-def _all_top_bits(low: int) -> torch.Tensor:
-    """Every 32-bit draw whose low 9 bits equal ``low``: all 2**23 values the mapping can see."""
-    return (torch.arange(2**23, dtype=torch.int64) << 9) | low
+def _draws(region: str) -> torch.Tensor:
+    """32-bit draws covering every output value of the mapping: all ``2**23`` draws of the fine
+    region (``r < 2**23``), or the smallest and largest draw of each coarse cell."""
+    if region == "fine":
+        return torch.arange(2**23, dtype=torch.int64)
+    cells = torch.arange(2**14, 2**23, dtype=torch.int64) << 9
+    return torch.cat([cells, cells | 511])
 
 
-def test_reference_uniforms_strictly_inside_exhaustively():
-    for low in (0, 511):  # the smallest and largest draw of each output value
-        u = rng.unit_interval(_all_top_bits(low))
-        assert float(u.min()) == 2.0**-24 and float(u.max()) == 1 - 2.0**-24
-        assert bool((u > 0).all() and (u < 1).all())
-        assert u.unique().numel() == 2**23  # exact: no two draws collapse into one value
-    e = rng.exponential(rng.unit_interval(_all_top_bits(511)))
-    assert bool((e > 0).all() and torch.isfinite(e).all())
+def _exact_uniforms(r: torch.Tensor) -> torch.Tensor:
+    """The mapping in float64 arithmetic, for comparison."""
+    fine = (r.double() + 0.5) * 2.0**-32
+    coarse = ((r >> 9).double() + 0.5) * 2.0**-23
+    return torch.where(r < 2**23, fine, coarse)
+
+
+@pytest.mark.parametrize("region", ["fine", "coarse"])
+def test_reference_uniforms_strictly_inside_exhaustively(region):
+    r = _draws(region)
+    u = rng.unit_interval(r)
+    assert torch.equal(u.double(), _exact_uniforms(r))  # every step exact in float32
+    assert bool((u > 0).all() and (u < 1).all())
+    if region == "fine":  # resolution 2**-32 down to the smallest value
+        assert float(u.min()) == 2.0**-33 and u.unique().numel() == 2**23
+    else:
+        assert float(u.max()) == 1 - 2.0**-24 and u.unique().numel() == 2**23 - 2**14
+    e = rng.exponential(u)
+    assert bool((e > 0).all() and torch.isfinite(e).all() and (e >= u).all())
+    exact = -torch.log1p(-u.double())  # full relative precision at both ends
+    assert float(((e.double() - exact) / exact).abs().max()) < 4e-7
 
 
 @triton.jit
-def _unit_kernel(r_ptr, out_ptr, BLOCK: tl.constexpr):
+def _unit_kernel(r_ptr, out_ptr, exp_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    r = tl.load(r_ptr + offs).to(tl.uint32)
-    tl.store(out_ptr + offs, _common.unit_interval(r))
+    r = tl.load(r_ptr + offs, mask=offs < n, other=0).to(tl.uint32)
+    u = _common.unit_interval(r)
+    tl.store(out_ptr + offs, u, mask=offs < n)
+    tl.store(exp_ptr + offs, _common.exponential(u), mask=offs < n)
 
 
-@pytest.mark.parametrize("low", [0, 511])
-def test_kernel_uniforms_equal_reference_exhaustively(low):
-    r = _all_top_bits(low)
+@pytest.mark.parametrize("region", ["fine", "coarse"])
+def test_kernel_uniforms_equal_reference_exhaustively(region):
+    r = _draws(region)
     out = torch.empty(r.shape, dtype=torch.float32)
+    e = torch.empty(r.shape, dtype=torch.float32)
     block = 2**20
-    _unit_kernel[(r.numel() // block,)](r.to(torch.int32), out, BLOCK=block)
+    grid = (triton.cdiv(r.numel(), block),)
+    _unit_kernel[grid](r.to(torch.int32), out, e, r.numel(), BLOCK=block)
     assert_same(out, rng.unit_interval(r), "unit_interval")
     assert bool((out > 0).all() and (out < 1).all())
+    torch.testing.assert_close(e, rng.exponential(out), rtol=4e-7, atol=0)  # logs: ~1 ulp
 
 
 def _k0(logits_row, **kw):

@@ -359,18 +359,28 @@ inline Filter thresholds(std::vector<float>& cand, const Stats& st, bool topk_on
 }
 
 // --- the exponential race ---------------------------------------------------------------------
-// The uniforms u of W consecutive tokens and floor(log2(1 - u)) (1 - u is exact: 24 bits).
-inline void uniforms(uint32_t stream, int64_t first, float* u, float* log2_one_minus_u) {
+// The uniforms v of W consecutive tokens (counter_rng::unit_interval) and floor(log2 v), read off
+// v's exponent bits (v >= 2**-33 is a normal float).
+inline void uniforms(uint32_t stream, int64_t first, float* v, float* log2_v) {
   for (int64_t l = 0; l < W; ++l) {
-    const uint32_t index = static_cast<uint32_t>(first + l);
-    const uint32_t r = fmix32(fmix32(stream ^ (index * INDEX_MULT)) + stream) >> 9;
-    u[l] = (static_cast<float>(r) + 0.5f) * UNIFORM_SCALE;
-    const float om = (static_cast<float>(0x7FFFFFu - r) + 0.5f) * UNIFORM_SCALE;
+    const float u = unit_interval(draw(stream, static_cast<uint32_t>(first + l)));
+    v[l] = u;
     uint32_t bits;
-    std::memcpy(&bits, &om, sizeof(bits));  // std::bit_cast, C++17-compatible
-    log2_one_minus_u[l] = static_cast<float>(static_cast<int32_t>(bits >> 23) - 127);
+    std::memcpy(&bits, &u, sizeof(bits));  // std::bit_cast, C++17-compatible
+    log2_v[l] = static_cast<float>(static_cast<int32_t>(bits >> 23) - 127);
   }
 }
+
+// The race's exponentials E = -log(1 - v) of W uniforms (counter_rng::exponential, vectorised):
+// the series v (1 + v (1/2 + v/3)) below 2**-9, else -log of the exact 1 - v.
+inline Vec exponentials(const float* v) {
+  const Vec vv = Vec::loadu(v), one(1.0f);
+  const Vec series = vv * (one + vv * (Vec(0.5f) + vv * Vec(1.0f / 3.0f)));
+  return Vec::blendv((one - vv).log().neg(), series, vv < Vec(SERIES_LIMIT));
+}
+
+// The smallest uniform is 2**-33, so no exponential is below 2**-33: the whole-vector skip bound.
+constexpr float kMinLog2Uniform = -33.0f;
 
 enum class RaceKind { kResidual, kPlain };
 
@@ -378,10 +388,10 @@ constexpr float LN2 = 0.69314718f;
 
 // A running race: the best score S so far and its token, plus the bound that lets a token be
 // skipped without its exp, log and division when it provably scores below S. With
-// E = -log u >= 1 - u >= 2**floor(log2(1 - u)) and w <= p = exp(x - m) / z, a token with
-// x - m < log(S z) + ln 2 * floor(log2(1 - u)) - 0.01 scores w / E < 0.99 S (the 1% covers every
-// rounding of the float arithmetic and of Sleef's exp / log), and since 1 - u >= 2**-24 a whole
-// vector with x - m < log(S z) - 24 ln 2 - 0.01 is skipped before its uniforms are drawn.
+// E = -log(1 - v) >= v >= 2**floor(log2 v) and w <= p = exp(x - m) / z, a token with
+// x - m < log(S z) + ln 2 * floor(log2 v) - 0.01 scores w / E < 0.99 S (the 1% covers every
+// rounding of the float arithmetic and of Sleef's exp / log), and since v >= 2**-33 a whole
+// vector with x - m < log(S z) - 33 ln 2 - 0.01 is skipped before its uniforms are drawn.
 // Skipped tokens score strictly below an earlier token, so the winner (first index on ties) is
 // exactly the full race's.
 struct RaceState {
@@ -410,8 +420,8 @@ struct RaceState {
   }
 };
 
-// The race of one chunk over x = src[0, n) / temp: argmax of w / E with E = max(-log u, 2**-25)
-// and w = max(0, scale p - q) (residual; scale = 1 for token verification, the weight p_tau
+// The race of one chunk over x = src[0, n) / temp: argmax of w / E with E = -log(1 - v)
+// (exponentials) and w = max(0, scale p - q) (residual; scale = 1 for token verification, the weight p_tau
 // <= 1 at a block's stop) or p (plain); zero (or NaN) weights never score. q comes from q_src
 // [n] or, when q_src is nullptr, is one-hot at chunk-local `draft_local` (-1: q = 0).
 template <RaceKind KIND, typename T, typename Q>
@@ -420,7 +430,7 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
                        int64_t draft_local, int64_t n, const XMap& xm, int64_t base, float m,
                        const Filter& f, uint32_t stream, float scale) {
   const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), one(1.0f), ln2(LN2);
-  const Vec floor(EXP_FLOOR), draft(static_cast<float>(draft_local));
+  const Vec draft(static_cast<float>(draft_local));
   const int full = (1 << W) - 1;
   alignas(64) float u[W];
   alignas(64) float lg[W];
@@ -429,7 +439,7 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
     const Vec xv = load_logits(src, i, n, xm);
     const Vec keep = xv >= kappa;
     const Vec d = xv - shift;
-    if ((keep & (d >= Vec(rs.log_sz - 24.0f * LN2))).zero_mask() == full) continue;
+    if ((keep & (d >= Vec(rs.log_sz + kMinLog2Uniform * LN2))).zero_mask() == full) continue;
     uniforms(stream, base + i, u, lg);
     if ((keep & (d >= Vec(rs.log_sz) + ln2 * Vec::loadu(lg))).zero_mask() == full) continue;
     const Vec p = Vec::blendv(zero, d.exp() / z, keep);
@@ -440,7 +450,7 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
                                       : Vec::blendv(zero, one, idx == draft);
       w = (scale != 1.0f ? Vec(scale) * p : p) - qv;
     }
-    const Vec e = at::vec::maximum(Vec::loadu(u).log().neg(), floor);
+    const Vec e = exponentials(u);
     const Vec score = KIND == RaceKind::kResidual ? Vec::blendv(zero, w / e, w > zero)
                                                   : Vec::blendv(Vec(-1.0f), w / e, w > zero);
     score.store(lanes);

@@ -31,7 +31,6 @@ inline void chunk_race_weights(RaceState& rs, const T* src,  // [n]
                                int64_t n, const XMap& xm, int64_t base, float m, const Filter& f,
                                uint32_t stream, const WeightFn& weight) {
   const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), ln2(LN2);
-  const Vec floor(EXP_FLOOR);
   const int full = (1 << W) - 1;
   alignas(64) float u[W];
   alignas(64) float lg[W];
@@ -40,12 +39,12 @@ inline void chunk_race_weights(RaceState& rs, const T* src,  // [n]
     const Vec xv = load_logits(src, i, n, xm);
     const Vec keep = xv >= kappa;
     const Vec d = xv - shift;
-    if ((keep & (d >= Vec(rs.log_sz - 24.0f * LN2))).zero_mask() == full) continue;
+    if ((keep & (d >= Vec(rs.log_sz + kMinLog2Uniform * LN2))).zero_mask() == full) continue;
     uniforms(stream, base + i, u, lg);
     if ((keep & (d >= Vec(rs.log_sz) + ln2 * Vec::loadu(lg))).zero_mask() == full) continue;
     const Vec p = Vec::blendv(zero, d.exp() / z, keep);
     const Vec w = weight(i, p);
-    const Vec e = at::vec::maximum(Vec::loadu(u).log().neg(), floor);
+    const Vec e = exponentials(u);
     Vec::blendv(zero, w / e, w > zero).store(lanes);
     for (int64_t l = 0; l < W && i + l < n; ++l) rs.offer(lanes[l], base + i + l);
   }

@@ -34,9 +34,13 @@ KEY_FLOOR = tl.constexpr(-2147483649)  # below every float key: "keep everything
 # Rounds that always finish a threshold search over 32-bit keys with 16 pivots a round
 # (the range shrinks to at most ceil(range / 17) per round: 2**32 + 1 -> 1 in 8; one spare).
 SEARCH_ROUNDS = tl.constexpr(9)
-UNIFORM_SHIFT = tl.constexpr(9)  # u = ((r >> 9) + 0.5) * 2**-23: exact, in [2**-24, 1 - 2**-24]
+# Uniforms (reference.rng.unit_interval): v = (r + 0.5) * 2**-32 below r = 2**23, else
+# ((r >> 9) + 0.5) * 2**-23; exact, in [2**-33, 1 - 2**-24]: fine near 0 for the race's tail.
+UNIFORM_SHIFT = tl.constexpr(9)
 UNIFORM_SCALE = tl.constexpr(2.0**-23)
-EXP_FLOOR = tl.constexpr(2.0**-25)
+FINE_LIMIT = tl.constexpr(0x800000)
+FINE_SCALE = tl.constexpr(2.0**-32)
+SERIES_LIMIT = tl.constexpr(2.0**-9)  # E = -log(1 - v) by its series below it
 TILES_PER_CHUNK = 4
 NUM_PIVOTS = 16
 # No FMA contraction: every kernel then rounds the shared chunk arithmetic the same way, which the
@@ -137,8 +141,18 @@ def stream_key(key, position, PURPOSE: tl.constexpr):
 
 @triton.jit
 def unit_interval(r):
-    """uint32 draws to float32 ``((r >> 9) + 0.5) * 2**-23``: exact, in ``[2**-24, 1 - 2**-24]``."""
-    return ((r >> UNIFORM_SHIFT).to(tl.float32) + 0.5) * UNIFORM_SCALE
+    """uint32 draws to float32 uniforms in ``[2**-33, 1 - 2**-24]``, fine near 0 (exact)."""
+    fine = (r.to(tl.float32) + 0.5) * FINE_SCALE  # exact where kept (r < 2**23)
+    coarse = ((r >> UNIFORM_SHIFT).to(tl.float32) + 0.5) * UNIFORM_SCALE
+    return tl.where(r < FINE_LIMIT, fine, coarse)
+
+
+@triton.jit
+def exponential(v):
+    """The race's Exp(1) draw ``-log(1 - v)``: its series below ``v = 2**-9`` (``1 - v`` would
+    round), else the logarithm of the exact ``1 - v``. Finite and ``>= v > 0``."""
+    series = v * (1.0 + v * (0.5 + v * (1.0 / 3.0)))
+    return tl.where(v < SERIES_LIMIT, series, -tl.log(1.0 - v))
 
 
 @triton.jit
@@ -148,7 +162,7 @@ def _unit(r, stream):
 
 @triton.jit
 def uniform(stream, index):
-    """Float32 uniforms in ``[2**-24, 1 - 2**-24]`` of ``stream`` at integer tensor ``index``."""
+    """Float32 uniforms in ``[2**-33, 1 - 2**-24]`` of ``stream`` at integer tensor ``index``."""
     return _unit(fmix32(stream ^ (index.to(tl.uint32) * INDEX_MULT)), stream)
 
 
@@ -530,7 +544,7 @@ def chunk_race(row_ptr,  # [V] one logits row
     ``p`` (``weight`` is 1 but for block verification's weighted residual).
 
     Returns ``(residual_best, residual_index, plain_best, plain_index)``; the sample is the
-    argmax of ``w(x) / E_x`` with ``E_x = -log(u_x)``, first index on ties. ``q`` is read at
+    argmax of ``w(x) / E_x`` with ``E_x = exponential(u_x)``, first index on ties. ``q`` is read at
     indices below ``q_len`` only: ``V`` at a draft position, 0 at the bonus one.
     """
     offs = tl.arange(0, BLOCK)
@@ -543,15 +557,15 @@ def chunk_race(row_ptr,  # [V] one logits row
         mask = idx < V
         p, q = _chunk_pq(row_ptr, q_ptr, draft, idx, V, temp, m, z, kappa, q_len, HAS_Q, LOG_X,
                          bits_row, HAS_MASK)  # fmt: skip
-        exponential = tl.maximum(-tl.log(uniform(stream, idx)), EXP_FLOOR)
+        e = exponential(uniform(stream, idx))
         residual = weight * p - q
         # Zero (or NaN) weights score 0 / -1 and never beat the initial values: a token with no
         # mass cannot win, whatever the inputs.
         r_best, r_idx = merge_best(
-            r_best, r_idx, tl.where(residual > 0.0, residual / exponential, 0.0), idx
+            r_best, r_idx, tl.where(residual > 0.0, residual / e, 0.0), idx
         )
         p_best, p_idx = merge_best(
-            p_best, p_idx, tl.where(mask & (p > 0.0), p / exponential, -1.0), idx
+            p_best, p_idx, tl.where(mask & (p > 0.0), p / e, -1.0), idx
         )
     rb = tl.max(r_best, axis=0)
     ri = tl.min(tl.where(r_best == rb, r_idx, 2147483647), axis=0)

@@ -22,10 +22,10 @@ import triton
 import triton.language as tl
 
 from specdec_kernels.ops._common import (
-    EXP_FLOOR,
     PURPOSE_ACCEPT,
     PURPOSE_SAMPLE,
     WALK_COMPILE,
+    exponential,
     launch,
     launch_config,
     load_x,
@@ -129,12 +129,10 @@ def _race(row_ptr,  # [V] logits row of the stop node
             else:
                 r = tl.load(ws_row + idx, mask=mask, other=0.0)
             r = tl.where(sib > 0, r, 0.0)
-            exponential = tl.maximum(-tl.log(uniform(stream, idx)), EXP_FLOOR)
-            rb_vec, ri_vec = merge_best(
-                rb_vec, ri_vec, tl.where(r > 0.0, r / exponential, 0.0), idx
-            )
+            e = exponential(uniform(stream, idx))
+            rb_vec, ri_vec = merge_best(rb_vec, ri_vec, tl.where(r > 0.0, r / e, 0.0), idx)
             pb_vec, pi_vec = merge_best(
-                pb_vec, pi_vec, tl.where(mask & (p > 0.0), p / exponential, -1.0), idx
+                pb_vec, pi_vec, tl.where(mask & (p > 0.0), p / e, -1.0), idx
             )
         rb = tl.max(rb_vec, axis=0)
         ri = tl.min(tl.where(rb_vec == rb, ri_vec, 2147483647), axis=0)

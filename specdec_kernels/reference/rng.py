@@ -11,18 +11,26 @@ batch index, on the launch grid or on a global generator, so
 * a row's result depends only on its own seed (batch invariance);
 * no state is advanced, so nothing synchronises with the host.
 
-The mixer is MurmurHash3's 32-bit finaliser (``fmix32``), a bijection with full avalanche, applied
-to the key words in sequence. Uniforms take the top 23 bits of the 32-bit draw ``r``:
+The mixer is MurmurHash3's 32-bit finaliser (``fmix32``), applied to the key words in sequence.
+Every 32-bit draw ``r`` becomes a float32 uniform ``v`` that is fine near 0, where the race needs
+it (:func:`unit_interval`):
 
-    u = ((r >> 9) + 0.5) * 2**-23,   so   2**-24 <= u <= 1 - 2**-24.
+    v = (r + 0.5) * 2**-32          if r < 2**23      (v < 2**-9: steps of 2**-32)
+    v = ((r >> 9) + 0.5) * 2**-23   otherwise         (steps of 2**-23)
 
-``(r >> 9) + 0.5`` needs at most 24 significant bits, so every step is exact in float32 and ``u``
-lies strictly inside ``(0, 1)`` on every backend. (Keeping 24 bits, ``((r >> 8) + 0.5) / 2**24``,
-is *not* exact: ``2**24 - 1 + 0.5`` rounds to ``2**24`` and ``u`` becomes exactly 1.)
+Both are exact in float32 (at most 24 significant bits before a power-of-two scale), so every
+backend draws the same bits, and ``2**-33 <= v <= 1 - 2**-24``: strictly inside ``(0, 1)``.
+It is a uniform quantised to the cell midpoints of a grid that is 512 times finer below
+``2**-9``.
 
-The exponential of the resampling race is ``E = max(-log(u), EXP_FLOOR)``: with a correctly
-rounded ``log`` the floor never binds (``-log(1 - 2**-24) ~ 5.96e-8``); it keeps ``E > 0`` under
-approximate GPU logarithms.
+The exponential of the resampling race is ``E = -log(1 - v)`` (:func:`exponential`): for
+``v < 2**-9`` its series ``v (1 + v (1/2 + v/3))`` (the next term is below float32's rounding),
+else ``-log(1 - v)`` with ``1 - v`` exact. The smallest exponential is ``~2**-33``, so a token
+``g`` nats below the winner can win while ``g < ~23 + log E_winner``. A race token beats one
+with ``e**g`` times its probability only when its ``E`` is ``e**g`` times smaller; with 23-bit
+uniforms (``E >= 6e-8``) tokens more than ~16.6 nats down were starved, and beyond ~19.4 never
+won, which on a 128k vocabulary loses a visible part of the tail's mass
+(``tests/test_tail.py``). ``E > 0`` always, and is finite.
 """
 
 from __future__ import annotations
@@ -37,9 +45,11 @@ POS_MULT = 0x85EBCA77  # position multiplier
 PURPOSE_MULT = 0xC2B2AE3D  # purpose multiplier
 INDEX_MULT = 0x27D4EB2F  # vocabulary-index multiplier
 
-UNIFORM_SHIFT = 9  # keep the top 32 - 9 = 23 bits
+UNIFORM_SHIFT = 9  # coarse cells: the top 32 - 9 = 23 bits
 UNIFORM_SCALE = 2.0**-23
-EXP_FLOOR = 2.0**-25  # lower bound of the race's exponentials
+FINE_LIMIT = 2**23  # draws below it keep all 32 bits (v < 2**-9)
+FINE_SCALE = 2.0**-32
+SERIES_LIMIT = 2.0**-9  # E = -log(1 - v) by its series below it
 
 PURPOSE_ACCEPT = 0  # the uniform of the accept test at position j
 PURPOSE_SAMPLE = 1  # the per-token uniforms of the exponential race at position j
@@ -85,7 +95,7 @@ def stream_key(key: torch.Tensor, position: torch.Tensor | int, purpose: int) ->
 
 
 def uniform(stream: torch.Tensor, index: torch.Tensor | int) -> torch.Tensor:
-    """Float32 uniforms in ``[2**-24, 1 - 2**-24]`` for ``index`` (broadcast against ``stream``)."""
+    """Float32 uniforms in ``[2**-33, 1 - 2**-24]`` for ``index`` (broadcast against ``stream``)."""
     index = torch.as_tensor(index, dtype=torch.int64, device=stream.device)
     r = fmix32(stream ^ mul32(index & MASK32, INDEX_MULT))
     r += stream  # r is fmix32's own tensor
@@ -102,13 +112,20 @@ def accept_uniforms(seeds: torch.Tensor, num_positions: int) -> torch.Tensor:
 
 
 def unit_interval(r: torch.Tensor) -> torch.Tensor:
-    """Map 32-bit draws ``r`` (int64 holding uint32) to float32 ``((r >> 9) + 0.5) * 2**-23``."""
-    return ((r >> UNIFORM_SHIFT).to(torch.float32) + 0.5) * UNIFORM_SCALE
+    """Map 32-bit draws ``r`` (int64 holding uint32) to float32 uniforms in
+    ``[2**-33, 1 - 2**-24]``: ``(r + 0.5) * 2**-32`` below ``2**23``, else
+    ``((r >> 9) + 0.5) * 2**-23`` (exact)."""
+    fine = (r.to(torch.float32) + 0.5) * FINE_SCALE  # exact where it is kept (r < 2**23)
+    coarse = ((r >> UNIFORM_SHIFT).to(torch.float32) + 0.5) * UNIFORM_SCALE
+    return torch.where(r < FINE_LIMIT, fine, coarse)
 
 
-def exponential(u: torch.Tensor) -> torch.Tensor:
-    """The race's Exp(1) draws ``max(-log(u), EXP_FLOOR)``: always finite and ``> 0``."""
-    return (-torch.log(u)).clamp(min=EXP_FLOOR)
+def exponential(v: torch.Tensor) -> torch.Tensor:
+    """The race's Exp(1) draws ``-log(1 - v)`` of uniforms ``v`` (float32): the series
+    ``v (1 + v (1/2 + v/3))`` for ``v < 2**-9``, else ``-log(1 - v)`` (``1 - v`` is exact there).
+    Always finite and ``>= v > 0``, with full relative precision down to ``v = 2**-33``."""
+    series = v * (1.0 + v * (0.5 + v * (1.0 / 3.0)))
+    return torch.where(v < SERIES_LIMIT, series, -torch.log(1.0 - v))
 
 
 def draft_exponentials(seeds: torch.Tensor, position: int, shape) -> torch.Tensor:

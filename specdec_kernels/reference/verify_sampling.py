@@ -104,7 +104,7 @@ def verify_sampling(
     Draft token ``x_j`` is accepted when ``u_j * q_j(x_j) < p_j(x_j)`` with ``u_j`` the accept
     uniform of ``(seed, j)``: probability ``min(1, p/q)``, and never when ``p`` or ``q`` is 0.
     At the first rejection ``J`` the recovered token is ``argmax_x w(x) / E_x`` with
-    ``w = max(0, p_J - q_J)`` and ``E_x = -log(u_x)`` exponential (:func:`rng.exponential`):
+    ``w = max(0, p_J - q_J)`` and ``E_x = -log(1 - u_x)`` exponential (:func:`rng.exponential`):
     the exponential race, which samples ``x`` with probability ``w(x) / sum w``. If ``w`` has
     no mass, ``w = p_J``. After ``k_b`` acceptances ``w = p_{k_b}`` (the bonus token).
     """
