@@ -189,7 +189,13 @@ def probs_tolerance(dtype: torch.dtype) -> float:
 def check_logit_values(target_logits: torch.Tensor) -> None:
     """NaN and ``+inf`` logits are bad values, and so is a row with no finite entry; ``-inf``
     marks a masked token (transformers' warpers produce them) and is valid. Any layout
-    (``[B, K+1, V]``, flat ``[R, V]``): the message names the first bad entry's index."""
+    (``[B, K+1, V]``, flat ``[R, V]``): the message names the first bad entry's index.
+
+    One reduction when the logits are fine: a row's max is finite exactly when the row has no
+    NaN (``amax`` propagates it), no ``+inf`` and a finite entry; only a bad call pays for the
+    elementwise search that names the entry."""
+    if target_logits.numel() == 0 or bool(torch.isfinite(target_logits.amax(dim=-1)).all()):
+        return
     bad = torch.isnan(target_logits) | (target_logits == float("inf"))
     if bool(bad.any()):
         index = first_index(bad)
@@ -210,10 +216,15 @@ def check_temperature_range(target_logits: torch.Tensor, temperature: torch.Tens
     """Reject a temperature so small that ``logits / temperature`` overflows float32.
 
     The kernels compute ``x = logit / T`` in float32; where that is ``+-inf`` the max and the
-    filters are meaningless. ``T = 0`` is the greedy row and always fine.
+    filters are meaningless. ``T = 0`` is the greedy row and always fine. The logits have
+    passed :func:`check_logit_values` (no NaN, no ``+inf``).
     """
-    finite = torch.isfinite(target_logits)
-    biggest = torch.where(finite, target_logits.float().abs(), 0.0).amax(dim=(1, 2))  # [B]
+    low = target_logits.amin(dim=(1, 2)).float()  # [B]
+    if bool(torch.isfinite(low).all()):  # no -inf: max |x| from two reductions, no copy
+        biggest = torch.maximum(target_logits.amax(dim=(1, 2)).float().abs(), low.abs())
+    else:  # masked tokens: max |x| over the finite entries
+        finite = torch.isfinite(target_logits)
+        biggest = torch.where(finite, target_logits.float().abs(), 0.0).amax(dim=(1, 2))
     temp = temperature.float()
     overflow = (temp > 0) & torch.isinf(biggest / torch.where(temp > 0, temp, 1.0))
     if bool(overflow.any()):
