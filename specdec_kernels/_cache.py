@@ -6,12 +6,14 @@ nothing of the package), shared by :mod:`specdec_kernels.adaptive` (pass costs),
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import platform
 import sys
 import time
+import warnings
 
 import torch
 
@@ -87,15 +89,54 @@ def read_json(path: str) -> dict:
 
 
 def write_json(path: str, data: dict) -> None:
-    """Replace ``path`` with ``data`` atomically; silently nothing where it cannot be written."""
+    """Replace ``path`` with ``data`` atomically; silently nothing where it cannot be written
+    (``OSError``); ``TypeError`` / ``ValueError`` where JSON cannot hold ``data``. The
+    temporary file beside it is gone afterwards either way."""
+    tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w") as fh:
             json.dump(data, fh)
         os.replace(tmp, path)
     except OSError:
         pass  # a read-only home: the in-process cache still holds it
+    finally:
+        with contextlib.suppress(OSError):  # after os.replace there is none
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
+def locked(path: str):
+    """Hold an exclusive ``fcntl.flock`` on ``path + ".lock"`` for the block: the
+    read-modify-write of ``path`` by several processes at once, one after the other (without
+    it, four processes storing different keys at once lost 9 of 40). No lock where there is
+    no ``fcntl`` (Windows) or the lock file cannot be made (a read-only home: nothing is
+    written there either)."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fh = open(f"{path}.lock", "a") if fcntl is not None else None
+    except OSError:
+        fh = None
+    if fh is None:
+        yield
+        return
+    with fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # released when fh closes
+        yield
+
+
+def update_json(path: str, key: str, value) -> None:
+    """Set ``key`` of the JSON object at ``path`` to ``value``, keeping every other key, as
+    one read-modify-write under :func:`locked`: processes storing other keys meanwhile keep
+    theirs. Silently nothing where ``path`` cannot be written."""
+    with locked(path):
+        stored = read_json(path)
+        stored[key] = value
+        write_json(path, stored)
 
 
 def pass_ms(
@@ -195,22 +236,30 @@ _MEMORY: dict[str, object] = {}
 def remembered(key: str, measure, *, dump=lambda v: v, load=lambda v: v, cache: bool = True):
     """``measure()``'s result for ``key``, measured at most once: kept in this process, and in
     :func:`cache_path` (through ``dump`` / ``load`` to and from JSON) unless ``cache=False``.
-    A stored value that ``load`` rejects (``KeyError``, ``TypeError``, ``ValueError``) is
-    measured again."""
+
+    ``load`` checks what it reads: a stored value it rejects (``KeyError``, ``TypeError``,
+    ``ValueError``, ``IndexError``) is dropped and measured again, with a ``RuntimeWarning``
+    naming the file. The new value is merged into the file under :func:`locked`, so that
+    processes measuring other keys at once keep theirs."""
     if key in _MEMORY:
         return _MEMORY[key]
+    path = cache_path()
     if cache:
-        stored = read_json(cache_path())
+        stored = read_json(path)
         if key in stored:
             try:
                 _MEMORY[key] = load(stored[key])
                 return _MEMORY[key]
-            except (KeyError, TypeError, ValueError):
-                pass
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                name = key if len(key) <= 60 else key[:57] + "..."
+                warnings.warn(
+                    f"specdec_kernels: dropped an invalid entry of the measurement cache {path} "
+                    f"({name!r}: {type(exc).__name__}: {exc}); measuring it again",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
     value = measure()
     _MEMORY[key] = value
     if cache:
-        stored = read_json(cache_path())
-        stored[key] = dump(value)
-        write_json(cache_path(), stored)
+        update_json(path, key, dump(value))
     return value

@@ -682,17 +682,74 @@ class PassCosts:
 
     @classmethod
     def from_dict(cls, d: dict) -> PassCosts:
+        """The costs :meth:`to_dict` wrote, checked: what :func:`measure_pass_costs` reads back
+        from its cache file, where any process (or person) may have written.
+
+        Raises
+        ------
+        ValueError
+            Naming the field: a grid (``batch``, ``tokens``, ``loop_batch``) that is empty or
+            not increasing positive ints, a row whose length is not its grid's, a pass cost
+            (``target_ms``, ``draft_ms``) that is not a finite number above 0, a loop
+            correction (``step_ms``, ``draft_step_ms``, ``draft_fixed_ms``: negative where the
+            loop runs faster than the passes' prices) or ``draft_prefill_ms`` (at least 0)
+            that is not finite.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"PassCosts needs a dict of its fields, got {type(d).__name__}")
+        batch, tokens = _grid(d["batch"], "batch"), _grid(d["tokens"], "tokens")
+        loop_batch = _grid(d.get("loop_batch", [1]), "loop_batch")
+        rows = _figures(d["target_ms"], "target_ms", len(batch), check=lambda row, _: row)
+        n = len(loop_batch)
         return cls(
-            tuple(d["batch"]),
-            tuple(d["tokens"]),
-            tuple(tuple(r) for r in d["target_ms"]),
-            tuple(d["draft_ms"]),
-            d["step_ms"],
-            d.get("draft_step_ms", 0.0),
-            d.get("draft_fixed_ms", 0.0),
-            tuple(d.get("loop_batch", (1,))),
-            float(d.get("draft_prefill_ms", 0.0)),
+            batch,
+            tokens,
+            tuple(_figures(r, f"target_ms[{i}]", len(tokens)) for i, r in enumerate(rows)),
+            _figures(d["draft_ms"], "draft_ms", len(batch)),
+            _correction(d["step_ms"], "step_ms", n),
+            _correction(d.get("draft_step_ms", 0.0), "draft_step_ms", n),
+            _correction(d.get("draft_fixed_ms", 0.0), "draft_fixed_ms", n),
+            loop_batch,
+            _ms(d.get("draft_prefill_ms", 0.0), "draft_prefill_ms", least=0.0, strict=False),
         )
+
+
+def _ms(x, name: str, least: float = 0.0, strict: bool = True) -> float:
+    """``x`` as a float: a finite number above ``least`` (``strict=False``: at least), else
+    ``ValueError`` naming ``name`` (a bool or a string is no number here)."""
+    number = isinstance(x, (int, float)) and not isinstance(x, bool)
+    if not (number and math.isfinite(x) and (x > least if strict else x >= least)):
+        bound = f" {'above' if strict else 'at least'} {least:g}" if least > -math.inf else ""
+        raise ValueError(f"{name} must be a finite number of milliseconds{bound}, got {x!r}")
+    return float(x)
+
+
+def _correction(x, name: str, n: int) -> float | tuple[float, ...]:
+    """A loop correction of :class:`PassCosts` (``step_ms``, ...): one finite number, of any
+    sign, or a list of ``n`` (one per ``loop_batch`` size)."""
+    if isinstance(x, (list, tuple)):
+        return _figures(x, name, n, check=lambda v, at: _ms(v, at, least=-math.inf))
+    return _ms(x, name, least=-math.inf)
+
+
+def _figures(xs, name: str, n: int, check=_ms) -> tuple:
+    """``xs``: a list of ``n`` entries, each passed through ``check(x, f"{name}[{i}]")``, as
+    a tuple; ``ValueError`` naming ``name`` where it is not a list of ``n``."""
+    if not isinstance(xs, (list, tuple)) or len(xs) != n:
+        got = f"{len(xs)}" if isinstance(xs, (list, tuple)) else repr(xs)
+        raise ValueError(f"{name} must be a list of {n} entries (one per grid point), got {got}")
+    return tuple(check(x, f"{name}[{i}]") for i, x in enumerate(xs))
+
+
+def _grid(xs, name: str) -> tuple[int, ...]:
+    """``xs``: the points of a :class:`PassCosts` grid, increasing positive ints, as a tuple;
+    ``ValueError`` naming ``name`` otherwise (an empty grid, or equal points, would index or
+    divide by nothing when a cost is interpolated)."""
+    ok = isinstance(xs, (list, tuple)) and len(xs) > 0
+    ok = ok and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in xs)
+    if not (ok and all(a < b for a, b in zip(xs, xs[1:]))):
+        raise ValueError(f"{name} must be a non-empty list of increasing positive ints, got {xs!r}")
+    return tuple(xs)
 
 
 def _finish_ms_host(table, a: list[float], n: list[float], max_k: int) -> list[float]:

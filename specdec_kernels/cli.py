@@ -6,6 +6,8 @@ benchmarks."""
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 
@@ -128,8 +130,6 @@ def demo(args) -> int:
 
 
 def _torchrun_world() -> int:
-    import os
-
     return int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
 
 
@@ -140,8 +140,6 @@ def _demo_rank(rank: int, world_size: int, args) -> int:
 
 def _demo_in_group(args) -> int:
     """One rank under ``torchrun``: NCCL with a GPU per rank, gloo on CPUs."""
-    import os
-
     import torch
     import torch.distributed as dist
 
@@ -356,17 +354,114 @@ def _alone(sk, target):
     return run
 
 
+# ``specdec demo``'s argument types: a bad value is argparse's one-line ``error:`` naming the
+# option and the value (exit code 2), before anything is loaded or run
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {text!r}")
+    return int(text)
+
+
+def _num_speculative_tokens(text: str) -> int | str:
+    """``-k``: a positive int or ``"auto"``."""
+    if text != "auto" and (not text.isdigit() or int(text) < 1):
+        raise argparse.ArgumentTypeError(f"must be a positive int or 'auto', got {text!r}")
+    return text if text == "auto" else int(text)
+
+
+def _finite(text: str, least: float, strict: bool) -> float:
+    """``text`` as a finite float above ``least`` (``strict=False``: at least)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = math.nan
+    if not (math.isfinite(x) and (x > least if strict else x >= least)):
+        bound = f"{'>' if strict else '>='} {least:g}"
+        raise argparse.ArgumentTypeError(f"must be a finite number {bound}, got {text!r}")
+    return x
+
+
+def _temperature(text: str) -> float:
+    """``-t``: a finite float ``>= 0`` (0: greedy)."""
+    return _finite(text, 0.0, strict=False)
+
+
+def _seconds(text: str) -> float:
+    """``--tp-timeout``: finite seconds ``> 0``."""
+    return _finite(text, 0.0, strict=True)
+
+
+def _threads(text: str) -> int | str:
+    """``--threads``: ``"auto"``, 0 (torch's default) or a count of at most ``os.cpu_count()``
+    (torch crashed on 100000)."""
+    cores = os.cpu_count() or 1
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) > cores:
+        raise argparse.ArgumentTypeError(
+            f"must be 'auto', 0 (torch's default) or a thread count of 1 .. {cores} (this "
+            f"machine's cores), got {text!r}"
+        )
+    return int(text)
+
+
+def _prompt(text: str) -> str:
+    if not text:
+        raise argparse.ArgumentTypeError("a prompt must not be empty")
+    return text
+
+
+def _record(text: str) -> str:
+    """``--record``: a JSON file the figures can be appended to, checked before the demo runs
+    (after it, a bad path lost them behind a traceback): not a directory; where it exists, a
+    readable JSON list of rows and writable; where not, in a folder that can be made and
+    written. ``""``: no record."""
+    if not text:
+        return text
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is a directory, not a JSON file")
+    if os.path.exists(text):
+        from specdec_kernels.benchmarks.results import load_rows
+
+        try:
+            load_rows(text)
+        except (OSError, ValueError) as exc:  # unreadable, not JSON, not a list of rows
+            raise argparse.ArgumentTypeError(
+                f"cannot append to {text!r}: {type(exc).__name__}: {exc}"
+            ) from None
+        if not os.access(text, os.W_OK):
+            raise argparse.ArgumentTypeError(f"cannot append to {text!r}: it is not writable")
+        return text
+    folder = os.path.dirname(os.path.abspath(text))
+    while not os.path.exists(folder):  # append_rows makes the missing folders
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"cannot create {text!r}: {folder!r} is not a writable directory"
+        )
+    return text
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="speculative generation with the bundled draft/target pair")
-    d.add_argument("prompt", nargs="*", help="prompts (default: three lines of Python)")
     d.add_argument(
-        "-n", "--max-new-tokens", type=int, default=None, help="default 64 (96 with --json)"
+        "prompt", nargs="*", type=_prompt, help="prompts (default: three lines of Python)"
+    )
+    d.add_argument(
+        "-n",
+        "--max-new-tokens",
+        type=_positive_int,
+        default=None,
+        help="default 64 (96 with --json)",
     )
     d.add_argument(
         "-k",
         "--num-speculative-tokens",
+        type=_num_speculative_tokens,
         default="auto",
         help="an int or 'auto' (default: the K that the measured pass costs say pays most, "
         "chosen before each step for the live batch, 0 when no K pays)",
@@ -392,17 +487,22 @@ def main(argv=None) -> int:
     d.add_argument(
         "--grammar", default=None, help="decode under this EBNF grammar file (xgrammar's GBNF)"
     )
-    d.add_argument("--record", default="", help="append the figures to this JSON file")
+    d.add_argument(
+        "--record",
+        type=_record,
+        default="",
+        help="append the figures to this JSON file (a JSON list of rows; checked before the run)",
+    )
     d.add_argument(
         "--batched-only",
         action="store_true",
         help="skip the interactive case (each prompt alone); time only the batch",
     )
-    d.add_argument("-t", "--temperature", type=float, default=0.0)
+    d.add_argument("-t", "--temperature", type=_temperature, default=0.0, help="0: greedy")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument(
         "--repeats",
-        type=int,
+        type=_positive_int,
         default=7,
         help="timed runs of each decoder, interleaved; the fastest is reported (default 7: on a "
         "shared 2-core VM three runs of the same choices had given 0.99x and 1.28x)",
@@ -417,20 +517,22 @@ def main(argv=None) -> int:
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument(
         "--threads",
+        type=_threads,
         default="auto",
-        help="torch threads (default auto: one or every core, whichever runs the target's "
-        "passes faster here, measured once; 0 keeps torch's default)",
+        help="torch threads, at most os.cpu_count() (default auto: one or every core, "
+        "whichever runs the target's passes faster here, measured once; 0 keeps torch's "
+        "default)",
     )
     d.add_argument(
         "--tp",
-        type=int,
+        type=_positive_int,
         default=1,
         help="tensor-parallel ranks: spawn a gloo group of this size on this machine "
         "(under torchrun the launcher's group is used instead)",
     )
     d.add_argument(
         "--tp-timeout",
-        type=float,
+        type=_seconds,
         default=600.0,
         help="seconds before a --tp run is stopped (default 600)",
     )
@@ -455,17 +557,6 @@ def main(argv=None) -> int:
                 f"--json takes no file now (it decodes JSON under a grammar); {stale[0]!r} "
                 "would be a prompt: to append the figures to a file use --record PATH"
             )
-        k = args.num_speculative_tokens
-        if k != "auto" and not k.isdigit():
-            parser.error(f"--num-speculative-tokens must be an int or 'auto', got {k!r}")
-        if args.max_new_tokens <= 0:
-            parser.error("--max-new-tokens must be positive")
-        if args.repeats <= 0:
-            parser.error("--repeats must be positive")
-        if args.tp < 1:
-            parser.error("--tp must be >= 1")
-        if args.threads != "auto" and not str(args.threads).isdigit():
-            parser.error(f"--threads must be a non-negative int or 'auto', got {args.threads!r}")
     return args.func(args)
 
 

@@ -88,6 +88,78 @@ def test_demo_bad_arguments():
         main(["demo", "-n", "0"])
 
 
+@pytest.fixture
+def no_demo(monkeypatch):
+    """``specdec demo`` parses its arguments but runs nothing: the list of the parsed
+    arguments of each run it would have made."""
+    from specdec_kernels import cli
+
+    runs = []
+    monkeypatch.setattr(cli, "demo", lambda args: runs.append(args) or 0)
+    return runs
+
+
+def _not_a_json_list(tmp_path):
+    path = tmp_path / "figures.json"
+    path.write_text('[{"case": "batched"')  # cut short
+    return str(path)
+
+
+def _a_folder(tmp_path):
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "argv, option, value",
+    [
+        (["-k", "0"], "-k/--num-speculative-tokens", "'0'"),
+        (["-k", "-2"], "-k/--num-speculative-tokens", "'-2'"),
+        (["-t", "-1"], "-t/--temperature", "'-1'"),
+        (["-t", "nan"], "-t/--temperature", "'nan'"),
+        (["-t", "inf"], "-t/--temperature", "'inf'"),
+        (["--tp-timeout", "0"], "--tp-timeout", "'0'"),
+        (["--threads", "100000"], "--threads", "'100000'"),
+        (["--threads", "-1"], "--threads", "'-1'"),
+        ([""], "prompt", "empty"),
+        (["-n", "0"], "-n/--max-new-tokens", "'0'"),
+        (["--repeats", "0"], "--repeats", "'0'"),
+        (["--tp", "0"], "--tp", "'0'"),
+        (["--record", _a_folder], "--record", "is a directory"),
+        (["--record", _not_a_json_list], "--record", "cannot append to"),
+    ],
+)
+def test_demo_refuses_bad_arguments_up_front(no_demo, capsys, tmp_path, argv, option, value):
+    """A bad value is argparse's one-line error naming the option and the value, exit code
+    2, before the demo runs (``-k 0``, ``-t nan``, ``--tp-timeout 0``, an empty prompt ended
+    in tracebacks from the run; ``--threads 100000`` in SIGSEGV; a bad ``--record`` path in a
+    traceback after the whole demo, its figures lost)."""
+    argv = [a(tmp_path) if callable(a) else a for a in argv]
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    (line,) = [ln for ln in err.splitlines() if "error:" in ln]
+    assert f"argument {option}: " in line and value in line, err
+    assert "Traceback" not in err
+    assert not no_demo  # nothing ran
+
+
+def test_demo_takes_good_arguments_at_their_bounds(no_demo, tmp_path):
+    """The checks refuse only what cannot run: every core, temperature 0, a record file that
+    does not exist yet (in a folder still to be made) or holds a JSON list of rows."""
+    cores = str(os.cpu_count())
+    assert main(["demo", "--threads", cores, "-t", "0", "-k", "1", "--tp-timeout", "0.5"]) == 0
+    args = no_demo[-1]
+    assert (args.threads, args.temperature, args.num_speculative_tokens) == (int(cores), 0.0, 1)
+    assert main(["demo", "--threads", "0", "-k", "auto", "x = "]) == 0
+    assert (no_demo[-1].threads, no_demo[-1].num_speculative_tokens) == (0, "auto")
+    new = str(tmp_path / "runs" / "demo.json")
+    assert main(["demo", "--record", new]) == 0 and no_demo[-1].record == new
+    rows = tmp_path / "rows.json"
+    rows.write_text('[{"case": "batched"}]')
+    assert main(["demo", "--record", str(rows)]) == 0 and no_demo[-1].record == str(rows)
+
+
 def test_python_m_entry_point():
     """``python -m specdec_kernels demo`` (what the ``specdec`` script runs) in a subprocess."""
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}

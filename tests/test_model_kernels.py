@@ -1589,3 +1589,45 @@ def test_auto_prices_the_start_at_the_priors_spread(pair_tiny):
         hook.remove()
     alone = sk.autoregressive_generate(target, [prompt] * 16, max_new_tokens=8)
     assert many.sequences == alone.sequences
+
+
+def _plain_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens of ``model`` from full uncached passes on its PyTorch path (the
+    argmax of the last position each time): what any generation of it must give."""
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        for _ in range(n):
+            ids = torch.cat([ids, model(ids)[:, -1].argmax(-1, keepdim=True)], 1)
+    return ids[0].tolist()
+
+
+@pytest.mark.parametrize("convert", ["double", "half"])
+def test_a_model_converted_after_loading_falls_back_to_pytorch_and_back(convert):
+    """``load_bundled`` turns the row-invariant kernels on; ``.double()`` / ``.half()`` after it
+    made every generation fail inside the native kernel (``x must be float32 or bfloat16, got
+    Double``). The model now runs as one that never had the kernels (one warning), with the
+    PyTorch path's tokens, and ``.float()`` turns the kernels back on."""
+    target, draft = sk.models.load_bundled("tiny")
+    want32 = sk.autoregressive_generate(target, [sk.models.encode("def f(x):\n")], 6).sequences
+    plain, _ = sk.models.load_bundled("tiny", row_invariant=False)
+    plain = getattr(plain, convert)()
+    target, draft = getattr(target, convert)(), getattr(draft, convert)()
+    prompt = sk.models.encode("def f(x):\n")
+    dtype = {"double": "float64", "half": "float16"}[convert]
+    with pytest.warns(RuntimeWarning, match=f"row_invariant.*{dtype}.*PyTorch path") as seen:
+        alone = sk.autoregressive_generate(target, [prompt], 6).sequences
+        spec = sk.SpeculativeGenerator(target, draft, 3).generate([prompt], 6).sequences
+        sk.autoregressive_generate(target, [prompt], 2)  # no second warning for either model
+    messages = [str(w.message) for w in seen if "row_invariant" in str(w.message)]
+    assert len(messages) == 2, messages  # one for the target, one for the draft
+    assert not target.row_invariant and not draft.row_invariant
+    assert alone == spec == [_plain_greedy(plain, prompt, 6)]
+    target, draft = target.float(), draft.float()
+    assert target.row_invariant and draft.row_invariant
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the native path again, silently
+        again = sk.autoregressive_generate(target, [prompt], 6).sequences
+    if convert == "double":  # float16 weights on disk: float32 -> float64 -> float32 is exact
+        assert again == want32
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        target.to(torch.float64).row_invariant = True  # asking for them explicitly still raises

@@ -155,6 +155,9 @@ class TensorParallelCausalLM(nn.Module):
     def _one_op_pass(self, cache) -> bool:
         return False  # its layers are split over the ranks: the Python ops and their all-reduces
 
+    def _kernels_on(self, warn: bool = True) -> bool:
+        return False  # the row-invariant kernels neither: CausalLM.forward asks every pass
+
     def __init__(self, model: CausalLM, group=None):
         super().__init__()
         c = self.config = model.config

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -215,8 +216,13 @@ class CausalLM(nn.Module):
         the target's own greedy decoding in the same dtype. CPU, float32 or bfloat16, and the
         C++ extension only (``ValueError`` otherwise); ``specdec_kernels.models.load_bundled``
         turns it on for the bundled pairs there.
+
+        A model converted after it was turned on (``.double()``, ``.half()``, ``.to("cuda")``)
+        runs its passes on the PyTorch path, as a model that never had the kernels does, with
+        one ``RuntimeWarning``, and reads ``False`` here; converted back (``.float()``,
+        ``.bfloat16()`` on the CPU) it runs on the kernels again.
         """
-        return self._row_invariant
+        return self._kernels_on(warn=False)
 
     @row_invariant.setter
     def row_invariant(self, on: bool) -> None:
@@ -225,9 +231,38 @@ class CausalLM(nn.Module):
         if problem is not None:
             raise ValueError(f"row_invariant: {problem}")
         self._row_invariant = on
+        self._kernels_state = None  # checked again at the next pass
+        self._flag_submodules(on)
+
+    def _flag_submodules(self, on: bool) -> None:
         for m in self.modules():
             if hasattr(m, "row_invariant") and m is not self:
                 m.row_invariant = on
+
+    def _kernels_on(self, warn: bool = True) -> bool:
+        """Whether a pass runs on the row-invariant kernels now: :attr:`row_invariant` was
+        turned on and the weights' dtype and device still fit them. Checked again whenever the
+        weights' dtype or device differs from the last check's (a ``.to(dtype)`` after the flag
+        was set), the submodules' flags following; where they no longer fit, the passes run on
+        the PyTorch path, with one ``RuntimeWarning`` (``warn``) for each such conversion."""
+        if not getattr(self, "_row_invariant", False):
+            return False
+        p = self.lm_head.weight
+        where = (p.dtype, p.device)
+        state = getattr(self, "_kernels_state", None)  # [(dtype, device), problem, warned]
+        if state is None or state[0] != where:
+            state = self._kernels_state = [where, self.row_invariant_problem(), False]
+            self._flag_submodules(state[1] is None)
+        if state[1] is not None and warn and not state[2]:
+            state[2] = True
+            warnings.warn(
+                f"CausalLM: row_invariant was turned on, but its native kernels {state[1]}: this "
+                "model's passes run on the PyTorch path (as a model without the kernels) until "
+                "it is converted back (.float() or .bfloat16(), on the CPU)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return state[1] is None
 
     def row_invariant_problem(self) -> str | None:
         """Why :attr:`row_invariant` cannot be turned on here, or ``None`` if it can."""
@@ -291,6 +326,7 @@ class CausalLM(nn.Module):
                 mask = tree_key_mask(tree, cache.lengths, kv_len)  # [B, 1, T, L]
         # padding past the context is garbage by construction; clamp it into the table
         x = wte(input_ids) + wpe(pos.clamp(max=self.config.n_positions - 1))  # [B, T, C]
+        self._kernels_on()  # the blocks read their own flags, which this keeps in step
         for block in self.transformer.h:
             x = block(x, cache, mask, kv_len, validate)
         return self.transformer.ln_f(x)
@@ -335,7 +371,7 @@ class CausalLM(nn.Module):
                     if logits_index.dim() == 1
                     else h[rows[:, None], logits_index]
                 )
-            return linear(h, self.lm_head, getattr(self, "_row_invariant", False))
+            return linear(h, self.lm_head, self._kernels_on())
 
     def greedy_chain(
         self,
@@ -444,7 +480,7 @@ class CausalLM(nn.Module):
         its ~15 dispatched ops per layer (half the bundled draft's pass)."""
         from specdec_kernels.kv_cache import KVCache
 
-        if not self._row_invariant or type(cache) is not KVCache:
+        if type(cache) is not KVCache or not self._kernels_on():
             return False
         if torch.is_grad_enabled() and any(w.requires_grad for w in self._pass_weights()):
             return False  # the op has no backward: autograd records the Python ops
