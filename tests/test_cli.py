@@ -252,3 +252,21 @@ def test_load_bundled_dtype_names():
     ):
         with pytest.raises(ValueError, match=f"^{kw} must be a floating torch.dtype.*got {bad!r}"):
             load_bundled("tiny", **{kw: bad})
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "e2e", "--threads", "100000"],
+        ["bench", "ops", "--threads", "100000"],
+        ["bench", "ops", "--threads", "auto"],
+    ],
+)
+def test_bench_refuses_more_threads_than_cores(capsys, argv):
+    """``specdec bench --threads`` is bounded by the cores like the demo's (torch crashed on
+    100000), and the kernel benchmark, which sets a count, refuses ``auto``."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --threads: " in err and argv[-1] in err and "Traceback" not in err

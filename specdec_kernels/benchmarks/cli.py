@@ -76,7 +76,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     o.add_argument("--budget", type=float, default=0.3, help="seconds of timing per provider")
     o.add_argument(
         "--threads",
-        type=int,
+        type=_thread_count,
         default=1,
         help="torch threads for CPU runs (default 1: on a shared machine, OpenMP "
         "threads waiting for a descheduled sibling turn microseconds into 8 ms "
@@ -333,12 +333,19 @@ def _distributed(args) -> int:
 
 
 def _threads(text: str) -> int | str:
-    """``--threads``: a non-negative int or ``"auto"``."""
-    if text == "auto":
-        return text
-    if not text.isdigit():
-        raise argparse.ArgumentTypeError(f"must be a non-negative int or 'auto', got {text!r}")
-    return int(text)
+    """``--threads``: as ``specdec demo``'s, ``"auto"``, 0 (torch's default) or a count of at
+    most ``os.cpu_count()``."""
+    from specdec_kernels.cli import _threads as demo_threads
+
+    return demo_threads(text)
+
+
+def _thread_count(text: str) -> int:
+    """``--threads`` of the kernel benchmark: 0 (torch's default) or 1 .. ``os.cpu_count()``."""
+    value = _threads(text)
+    if value == "auto":
+        raise argparse.ArgumentTypeError("must be a thread count, got 'auto'")
+    return value
 
 
 def _e2e(args) -> int:
