@@ -2,6 +2,7 @@
 the models on them: a token's logits must be bitwise the same whatever else shares the pass, so
 that speculative greedy output is exactly the target's own greedy decoding."""
 
+import math
 import os
 import warnings
 
@@ -710,6 +711,68 @@ def test_sample_chain_drafts_follow_their_q():
     if expected[-1] == 0:  # every kept token is frequent enough
         observed, expected = observed[:-1], expected[:-1]
     assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+WIDE_V = 129_280  # a large vocabulary (DeepSeek-V3's): its tail outweighs float32's last bit
+
+
+def _constant_logits_model(logits: torch.Tensor) -> CausalLM:
+    """A row-invariant ``CausalLM`` whose logits are ``logits`` ``[V]`` at every position:
+    ``ln_f`` scales by 0 and adds the unit vector ``e_0``, and ``lm_head``'s column 0 is
+    ``logits`` (each logit one exact product; the tied embeddings do not reach the head)."""
+    cfg = CausalLMConfig(vocab_size=logits.numel(), n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    model = CausalLM(cfg).eval()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, 0] = logits
+    model.row_invariant = True
+    return model
+
+
+@pytest.mark.parametrize("top_p", [None, 0.995])
+def test_sample_chain_normalises_q_over_a_wide_peaked_vocabulary(top_p):
+    """A peaked row of 129,280 logits (token 0 at 0, token 1 at -100, the rest at -16.65): each
+    of the 129,278 tail terms ``exp(-16.65) ~ 5.9e-8`` is below half an ulp of a float32 running
+    sum at 1, so a float32 sum drops them all. The chain then reported ``q(0) = 1`` (0.992462
+    exact), a ``q`` summing to 1.0076 while its drafts follow the exact ``q`` (the race
+    ``argmax(q / E)`` does not see a scale), and rejection sampling with the scaled ``q`` is not
+    lossless: the first token's law of a step against a target with ``p(0) = 0.99``, ``p(1) =
+    0.01`` gave ``P(0) = 0.9825`` (issue 56, 3.1; 0.9828 over 10,000 loop rows). With top-p 0.995
+    the float32 total (1, not 1.0076) kept token 0 alone. ``q`` must be the float64 softmax of
+    the kept tokens to float32 rounding (the reference's filter keeps every tail token, a tie).
+
+    No sampled loop here: that bias (0.0072 of P(0)) needs ~7,400 rows for a 4-sigma test with
+    power 0.99, ~0.5 MB of ``q`` and a 129k-token race each; the law below is that test's
+    expectation, computed exactly."""
+    from specdec_kernels.decoding.core import Sampling
+
+    v = WIDE_V
+    logits = torch.full((v,), -16.65)
+    logits[0], logits[1] = 0.0, -100.0
+    draft = _constant_logits_model(logits)
+    with torch.inference_mode():
+        cache = draft.new_cache(1, 8)
+        one = torch.ones(1, dtype=torch.long)
+        _, q = draft.sample_chain(torch.tensor([[3]]), cache, one, 1, 1, one * 5, 1.0, None, top_p)
+    q = q[0, 0].double()
+    kept = torch.ones(v, dtype=torch.bool) if top_p is None else logits > -100
+    exact = torch.softmax(logits.double().masked_fill(~kept, -math.inf), -1)  # the drafts' law
+    assert abs(q.sum().item() - 1.0) < 1e-6, q.sum().item()
+    assert abs(q[0].item() / exact[0].item() - 1.0) < 1e-6, q[0].item()
+    # every entry to float32 rounding (q(1) = exp(-100) / z is subnormal: its own ulp)
+    torch.testing.assert_close(q, exact, rtol=1e-6, atol=1e-44)
+    want = Sampling(temperature=1.0, top_p=top_p).probs(logits[None]).double()[0]
+    torch.testing.assert_close(q, want, rtol=1e-5, atol=1e-44)  # the reference's filter
+    # the first token's law of one step: drafts from `exact`, accept tests with the q reported
+    target = torch.full((v,), 0.0, dtype=torch.float64)
+    target[0], target[1] = 0.99, 0.01
+    accept = torch.where(q > 0, exact * torch.clamp(target / q, max=1.0), 0.0)
+    residual = (target - q).clamp(min=0.0)
+    law = accept + (1.0 - accept.sum()) * residual / residual.sum()
+    assert abs(law[0].item() - 0.99) < 1e-6, law[0].item()
 
 
 def test_sample_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was():
