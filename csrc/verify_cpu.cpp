@@ -428,7 +428,9 @@ at::Tensor native_accept_tests_passed_cpu(const at::Tensor& draft_probs,
   for (int64_t b = 0; b < B; ++b) {
     const uint32_t key = counter_rng::row_key(sp[b]);
     int64_t count = 0;
-    for (int64_t i = std::max<int64_t>(ap[b] + 1, 0); i < n; ++i) {
+    // the positions after ap[b], without the overflow of INT64_MAX + 1
+    const int64_t first = ap[b] < 0 ? 0 : (ap[b] < n ? ap[b] + 1 : n);
+    for (int64_t i = first; i < n; ++i) {
       const int64_t tok = xp[b * n + i];
       if (tok < 0 || tok >= V) continue;
       const float qx = prob_at(q, b, i, tok), px = prob_at(p, b, i, tok);
@@ -512,7 +514,8 @@ at::Tensor native_expected_accepts_cpu(const at::Tensor& target_logits,
   const float inv_t = static_cast<float>(1.0 / temperature);
   std::vector<float> p(V), qr(V);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t tried = std::clamp<int64_t>(std::min(ap[b] + 1, dp[b]), 0, K);
+    // min(num_accepted + 1, num_drafted) without the overflow of INT64_MAX + 1
+    const int64_t tried = std::clamp<int64_t>(ap[b] < dp[b] ? ap[b] + 1 : dp[b], 0, K);
     float sum = 0.0f;
     for (int64_t i = 0; i < tried; ++i) {
       load_row(l, b, i, p.data());

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(
 op = torch.ops.specdec
 
 DTYPES = [(torch.float32, 2e-5, 1e-5), (torch.bfloat16, 0.0, 1.6e-2)]
+I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
 
 
 @pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
@@ -852,6 +853,78 @@ def test_greedy_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was(name):
     python_only.row_invariant = False
     cache = python_only.new_cache(2, 16)
     assert python_only.greedy_chain(ids, cache, torch.tensor([1, 1]), 2, 4) is None
+
+
+CHAINS = ["causal_lm_greedy_chain", "causal_lm_draft_chain", "causal_lm_draft_sample_chain"]
+
+
+def _chain_call(name, model, ids, kv, lengths, num_valid, kv_len, num_tokens):
+    """``specdec::<name>`` on ``model``'s weights (the sampled chain at T = 1, no filter)."""
+    weights = [w.detach() for w in model._pass_weights()]
+    args = (ids, kv, lengths, num_valid, kv_len, num_tokens, weights, 2, 1e-5)
+    if name == "causal_lm_draft_sample_chain":
+        args += (torch.arange(ids.shape[0]), 1.0, 0, 1.0)
+    return getattr(op, name)(*args)
+
+
+@pytest.mark.parametrize("name", CHAINS)
+def test_chains_refuse_a_num_tokens_near_int64_max_and_leave_the_cache(name):
+    """The fit test ``lengths + num_valid + num_tokens - 1 <= S`` overflowed at ``num_tokens =
+    2**63 - 1`` (and at a length near it): the greedy chain wrote its passes until the cache ran
+    out, then raised, the cache changed against the chain's promise; the float32 chains wrote
+    past the cache; with no rows the draft chain looped ~2**63 times (issue 56, 3.2). Each call
+    must raise, naming the values, before anything is written."""
+    model = _model(torch.float32)
+    cache = model.new_cache(2, 16)
+    cache.advance(torch.tensor([3, 12]))
+    kv, lengths = cache.kv.clone(), cache.lengths.clone()
+    ids, one = torch.tensor([[1, 2], [4, 5]]), torch.tensor([1, 1])
+
+    def chain(num_tokens, kv_len=14, lengths=cache.lengths, num_valid=one, ids=ids, kv=cache.kv):
+        return _chain_call(name, model, ids, kv, lengths, num_valid, kv_len, num_tokens)
+
+    big = I64_MAX - 1
+    with pytest.raises(ValueError, match=rf"row 0: 1 \+ {big} tokens at length 3 do not fit"):
+        chain(I64_MAX)
+    with pytest.raises(ValueError, match=rf"row 0: 2 \+ {2**62 - 1} tokens at length 3"):
+        chain(2**62, num_valid=torch.tensor([2, 1]))
+    at_max = torch.tensor([I64_MAX, 3])
+    with pytest.raises(ValueError, match=rf"row 0: 1 \+ 0 tokens at length {I64_MAX} do not"):
+        chain(1, lengths=at_max)
+    with pytest.raises(ValueError, match=rf"row 0: 1 \+ 0 tokens at length {I64_MIN} do not"):
+        chain(1, lengths=torch.tensor([I64_MIN, 3]))
+    with pytest.raises(ValueError, match=rf"kv_len = {I64_MAX} \+ 1 later passes exceeds"):
+        chain(2, kv_len=I64_MAX, lengths=torch.tensor([0, 0]))
+    assert torch.equal(cache.kv, kv) and torch.equal(cache.lengths, lengths)
+    empty = model.new_cache(1, 16).kv[:, :, :0]  # no rows: only kv_len bounds the passes
+    none = torch.zeros(0, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"kv_len = 2 \+ {big} later passes exceeds"):
+        chain(I64_MAX, kv_len=2, lengths=none, num_valid=none, ids=ids[:0], kv=empty)
+    assert chain(15, kv_len=2, lengths=none, num_valid=none, ids=ids[:0], kv=empty) is not None
+
+
+@pytest.mark.parametrize("name", ["causal_lm_pass", "causal_lm_draft_pass", *CHAINS])
+@pytest.mark.parametrize("heads, head_dim", [(2, 0), (0, 16)])
+def test_model_ops_refuse_a_zero_hidden_size(name, heads, head_dim):
+    """A hidden size ``C = num_heads * head_dim`` of 0: the float32 kernels indexed an empty
+    activation vector (issue 56, 3.2: the draft pass returned zeros; the bitwise pass failed in
+    a reshape). Every op refuses it by name, before any write."""
+    v, s = 7, 8
+    w = [torch.randn(v, 0), torch.randn(s, 0)]
+    w += [torch.ones(0), torch.zeros(0), torch.randn(0, 0), torch.zeros(0), torch.randn(0, 0)]
+    w += [torch.zeros(0), torch.ones(0), torch.zeros(0), torch.randn(16, 0), torch.zeros(16)]
+    w += [torch.randn(0, 16), torch.zeros(0), torch.ones(0), torch.zeros(0), torch.randn(v, 0)]
+    kv = torch.zeros(1, 2, 1, heads, s, head_dim)
+    ids, zero = torch.tensor([[1, 2]]), torch.tensor([0])
+    message = rf"hidden size num_heads \* head_dim must be >= 1, got {heads} \* {head_dim}"
+    with pytest.raises(ValueError, match=message):
+        if name in CHAINS:
+            args = (ids, kv, zero, torch.tensor([2]), 2, 2, w, heads, 1e-5)
+            if name == "causal_lm_draft_sample_chain":
+                args += (torch.tensor([1]), 1.0, 0, 1.0)
+            getattr(op, name)(*args)
+        else:
+            getattr(op, name)(ids, kv, zero, 2, torch.tensor([1]), w, heads, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
