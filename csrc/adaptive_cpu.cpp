@@ -18,10 +18,11 @@ std::vector<double> native_finish_ms(at::ArrayRef<double> alpha, at::ArrayRef<do
   TORCH_CHECK_VALUE(B >= 1 && Q >= 1 && max_k >= 0, op,
                     ": needs a row, a quantile and max_k >= 0, got ", B, " rows, ", Q,
                     " quantiles, max_k ", max_k);
-  const int64_t n = B * Q;
-  TORCH_CHECK_VALUE(static_cast<int64_t>(stretch_costs.size()) == (max_k + 1) * n, op,
-                    ": stretch_costs must be [max_k + 1][B * Q] = [", max_k + 1, "][", n,
-                    "] flattened, got ", stretch_costs.size(), " values");
+  const int64_t n = B * Q, size = static_cast<int64_t>(stretch_costs.size());
+  // size == (max_k + 1) * n, tested by division: the product overflows for a max_k near 2**63
+  TORCH_CHECK_VALUE(size % n == 0 && size / n - 1 == max_k, op,
+                    ": stretch_costs must be [max_k + 1][B * Q] flattened with max_k = ", max_k,
+                    " and B * Q = ", n, ", got ", size, " values");
   std::vector<double> a(B), rows(B), power(B, 1.0), mean(B, 0.0), square(B, 0.0), ends(n);
   for (int64_t b = 0; b < B; ++b) {
     a[b] = std::min(std::max(alpha[b], 0.0), 1.0);

@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -74,7 +75,16 @@ at::Tensor check_pass(const char* op, const at::Tensor& input_ids, const at::Ten
                     op, ": kv_cache must be [L, 2, B, H, S, D] with L = ", layers, ", B = ", B,
                     ", H = ", num_heads, ", got ", kv_cache.sizes());
   const at::Tensor& wte = weights[0];
-  const int64_t C = num_heads * kv_cache.size(5), S = kv_cache.size(4);
+  const int64_t D = kv_cache.size(5), S = kv_cache.size(4);
+  // the float32 kernels index the activations [rows, C]: an empty one is no model (a cache with
+  // no elements may still have huge sizes, hence the product's own bound)
+  TORCH_CHECK_VALUE(num_heads >= 1 && D >= 1, op,
+                    ": the hidden size num_heads * head_dim must be >= 1, got ", num_heads, " * ",
+                    D, " (num_heads * kv_cache.size(5))");
+  TORCH_CHECK_VALUE(num_heads <= std::numeric_limits<int64_t>::max() / D, op,
+                    ": the hidden size num_heads * head_dim overflows int64, got ", num_heads,
+                    " * ", D);
+  const int64_t C = num_heads * D;
   TORCH_CHECK_VALUE(wte.dim() == 2 && wte.size(1) == C, op, ": wte must be [V, ", C,
                     "] (H * D of the cache), got ", wte.sizes());
   TORCH_CHECK_TYPE(kv_cache.scalar_type() == wte.scalar_type(), op, ": kv_cache (",
@@ -98,7 +108,9 @@ at::Tensor check_pass(const char* op, const at::Tensor& input_ids, const at::Ten
 }
 
 // The checks of a chain beyond its first pass's: num_tokens, num_valid, and room in the cache for
-// every later pass, so that a failing call leaves the cache as it was.
+// every later pass, so that a failing call leaves the cache as it was. The room is tested by
+// subtraction from S, each term's sign checked first: lengths + num_valid + num_tokens - 1
+// overflows for a num_tokens (or a length) near INT64_MAX, and the chain then ran its passes.
 void check_chain(const char* op, const at::Tensor& input_ids, const at::Tensor& kv_cache,
                  const at::Tensor& lengths, const at::Tensor& num_valid, int64_t kv_len,
                  int64_t num_tokens) {
@@ -123,12 +135,15 @@ void check_chain(const char* op, const at::Tensor& input_ids, const at::Tensor& 
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK_VALUE(1 <= np[b] && np[b] <= W, op, ": num_valid[", b, "] = ", np[b],
                       " must be in [1, ", W, "]");
-    TORCH_CHECK_VALUE(lp[b] + np[b] + num_tokens - 1 <= S, op, ": row ", b, ": ", np[b], " + ",
-                      num_tokens - 1, " tokens at length ", lp[b], " do not fit a cache of ", S,
-                      " slots");
+    // lp[b] + np[b] + num_tokens - 1 <= S (np[b] >= 1, num_tokens >= 1, S >= 0)
+    const bool fits = 0 <= lp[b] && lp[b] <= S - np[b] && num_tokens - 1 <= S - np[b] - lp[b];
+    TORCH_CHECK_VALUE(fits, op, ": row ", b, ": ", np[b], " + ", num_tokens - 1,
+                      " tokens at length ", lp[b], " do not fit a cache of ", S, " slots");
   }
-  TORCH_CHECK_VALUE(kv_len + num_tokens - 1 <= S, op, ": kv_len = ", kv_len, " + ",
-                    num_tokens - 1, " later passes exceeds max_seq_len = ", S);
+  // kv_len + num_tokens - 1 <= S (a negative kv_len is check_pass's to refuse)
+  TORCH_CHECK_VALUE(kv_len <= S && (kv_len < 0 || num_tokens - 1 <= S - kv_len), op,
+                    ": kv_len = ", kv_len, " + ", num_tokens - 1,
+                    " later passes exceeds max_seq_len = ", S);
 }
 
 at::Tensor causal_lm_pass_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,

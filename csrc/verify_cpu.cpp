@@ -428,7 +428,9 @@ at::Tensor native_accept_tests_passed_cpu(const at::Tensor& draft_probs,
   for (int64_t b = 0; b < B; ++b) {
     const uint32_t key = counter_rng::row_key(sp[b]);
     int64_t count = 0;
-    for (int64_t i = std::max<int64_t>(ap[b] + 1, 0); i < n; ++i) {
+    // the positions after ap[b], without the overflow of INT64_MAX + 1
+    const int64_t first = ap[b] < 0 ? 0 : (ap[b] < n ? ap[b] + 1 : n);
+    for (int64_t i = first; i < n; ++i) {
       const int64_t tok = xp[b * n + i];
       if (tok < 0 || tok >= V) continue;
       const float qx = prob_at(q, b, i, tok), px = prob_at(p, b, i, tok);
@@ -512,27 +514,31 @@ at::Tensor native_expected_accepts_cpu(const at::Tensor& target_logits,
   const float inv_t = static_cast<float>(1.0 / temperature);
   std::vector<float> p(V), qr(V);
   for (int64_t b = 0; b < B; ++b) {
-    const int64_t tried = std::clamp<int64_t>(std::min(ap[b] + 1, dp[b]), 0, K);
+    // min(num_accepted + 1, num_drafted) without the overflow of INT64_MAX + 1
+    const int64_t tried = std::clamp<int64_t>(ap[b] < dp[b] ? ap[b] + 1 : dp[b], 0, K);
     float sum = 0.0f;
     for (int64_t i = 0; i < tried; ++i) {
       load_row(l, b, i, p.data());
       load_row(q, b, i, qr.data());
       float m = -std::numeric_limits<float>::infinity();
       for (int64_t x = 0; x < V; ++x) m = std::max(m, p[x] * inv_t);
-      float s = 0.0f;
+      // both sums over V in double: a float32 running sum drops every term below half its ulp
+      // (a peaked row of V = 129280: the tail's mass, 0.76% of the normaliser, vanished)
+      double s = 0.0;
       if (std::isfinite(m))
         for (int64_t x = 0; x < V; ++x) s += (p[x] = std::exp(p[x] * inv_t - m));
-      float a = std::numeric_limits<float>::quiet_NaN();
-      if (std::isfinite(m) && s > 0.0f && std::isfinite(s)) {
-        const float inv = 1.0f / s;
-        a = 0.0f;
+      double a = std::numeric_limits<double>::quiet_NaN();
+      if (std::isfinite(m) && s > 0.0 && std::isfinite(s)) {
+        const double inv = 1.0 / s;
+        a = 0.0;
         for (int64_t x = 0; x < V; ++x) {
-          const float px = p[x] * inv;
-          a += std::isnan(qr[x]) || qr[x] < px ? qr[x] : px;  // a NaN in q makes `a` NaN
+          const double px = p[x] * inv, qx = qr[x];
+          a += std::isnan(qx) || qx < px ? qx : px;  // a NaN in q makes `a` NaN
         }
       }
       // NaN (in q, or no distribution): the position's outcome instead
-      sum += std::isnan(a) ? static_cast<float>(i < ap[b]) : std::clamp(a, 0.0f, 1.0f);
+      sum += std::isnan(a) ? static_cast<float>(i < ap[b])
+                           : static_cast<float>(std::clamp(a, 0.0, 1.0));
     }
     o[b] = sum;
   }

@@ -1,7 +1,8 @@
 """Fuzz the native C++ ops with garbage: every call must return or raise a Python exception.
 
 Calls the extension's ops (``torch.ops.specdec.native_*``: the KV-cache ops, the verification
-ops, the logprob op; and the model kernels), the public KV ops that route to them, and the cache
+ops, the accept-test count and estimate, the cost model, the logprob op; and the model kernels,
+passes and draft chains), the public KV ops that route to them, and the cache
 classes' verbs with ``validate=False``, with random small shapes and garbage values: positions and
 counts near ``INT64_MAX`` / ``INT64_MIN``, ``-1``, out-of-range token ids, block ids and parents,
 NaN / inf logits and probabilities, wrong dtypes, shapes and strides. Nothing is compared: the
@@ -286,6 +287,46 @@ def accept_reject(z: Garbage) -> None:
     torch.ops.specdec.native_accept_reject(d, v)
 
 
+def accept_tests_passed(z: Garbage) -> None:
+    B, n, V = z.size(0, 4), z.size(0, 6), z.size(0, 20)
+    q = z.probs(z.maybe_wrong_shape([B, n, V]), z.r.choice(FLOAT_DTYPES + [torch.float64]))
+    p = z.probs(z.maybe_wrong_shape([B, n + z.size(0, 1), V]))
+    drafts = z.ints(
+        z.maybe_wrong_shape([B, n]), -2, V + 2, dtype=z.r.choice([torch.int64, torch.int32])
+    )
+    after = z.ints(z.maybe_wrong_shape([B]), *z.span(-1, n))  # INT64_MAX: after + 1 overflowed
+    seeds = z.ints(z.maybe_wrong_shape([B]), -5, 10**6)
+    torch.ops.specdec.native_accept_tests_passed(q, drafts, p, seeds, after)
+
+
+def expected_accepts(z: Garbage) -> None:
+    B, K, V = z.size(0, 4), z.size(0, 6), z.size(0, 40)
+    logits = z.floats(z.maybe_wrong_shape([B, K + z.size(0, 1), V]))
+    q = z.probs(z.maybe_wrong_shape([B, K, V]), z.r.choice(FLOAT_DTYPES + [torch.float64]))
+    accepted = z.ints(
+        z.maybe_wrong_shape([B]), *z.span(0, K), dtype=z.r.choice([torch.int64, torch.int32])
+    )
+    drafted = z.ints(z.maybe_wrong_shape([B]), *z.span(0, K))
+    temperature = z.r.choice(
+        [1.0, 0.7, 1e-6, 1e4] + ([0.0, -1.0, float("nan"), float("inf")] if z.wild else [])
+    )
+    torch.ops.specdec.native_expected_accepts(logits, q, accepted, drafted, temperature)
+
+
+def finish_ms(z: Garbage) -> None:
+    B, Q = z.size(0 if z.wild else 1, 5), z.size(0 if z.wild else 1, 4)
+    alpha = [z.r.choice([0.0, 1.0, z.r.random(), *(FLOATS if z.wild else [])]) for _ in range(B)]
+    left = [
+        float(z.int_value(0, 40))
+        for _ in range(B + (z.r.choice([-1, 1]) if z.wild and z.chance(0.1) else 0))
+    ]
+    quantiles = [z.r.choice([-1.5, 0.0, 1.5, *(FLOATS if z.wild else [])]) for _ in range(Q)]
+    max_k = z.int_value(*z.span(0, 8))  # near INT64_MAX: (max_k + 1) * B * Q overflowed
+    rows = max_k + 1 if 0 <= max_k <= 8 and not (z.wild and z.chance(0.2)) else z.size(0, 10)
+    costs = [z.r.random() for _ in range(rows * B * Q)]
+    torch.ops.specdec.native_finish_ms(alpha, left, quantiles, costs, max_k)
+
+
 def rowinv_linear(z: Garbage) -> None:
     M, C, N = z.size(0, 9), z.size(0, 70), z.size(0, 40)
     dtype = z.r.choice([torch.float32, torch.bfloat16, torch.float16, torch.float64])
@@ -311,7 +352,9 @@ def rowinv_attention(z: Garbage) -> None:
     torch.ops.specdec.rowinv_attention(q, k, v, mask)
 
 
-def causal_lm_pass(z: Garbage) -> None:
+def _causal_lm(z: Garbage, room: int = 0) -> tuple:
+    """A causal LM's garbage: ``(input_ids [B, T], kv_cache, lengths [B], weights, H, B, T,
+    S)``, the lengths mostly leaving ``room`` slots after the T tokens."""
     layers, B, T, H = z.size(0, 2), z.size(0, 3), z.size(0, 5), z.size(0, 2)
     D, S, V, P = z.r.choice([16, 32, 8, 0]), z.size(0, 24), z.size(1, 20), z.size(0, 24)
     C = H * D
@@ -330,10 +373,37 @@ def causal_lm_pass(z: Garbage) -> None:
         weights = weights[: z.size(0, len(weights))]
     kv = z.floats(z.maybe_wrong_shape([layers, 2, B, H, S, D]), dtype)
     ids = z.ints(z.maybe_wrong_shape([B, T]), *z.span(0, V - 1))
-    lengths = z.ints(z.maybe_wrong_shape([B]), *z.span(0, S - T))
-    index = z.ints(z.maybe_wrong_shape([B]), *z.span(-T, T - 1)) if z.chance(0.5) else None
+    lengths = z.ints(z.maybe_wrong_shape([B]), *z.span(0, S - T - room))
+    return ids, kv, lengths, weights, H, B, T, S
+
+
+def causal_lm_pass(z: Garbage, name: str = "causal_lm_pass") -> None:
+    """``specdec::causal_lm_pass`` or ``causal_lm_draft_pass`` (whose logits_index is not
+    optional)."""
+    ids, kv, lengths, weights, H, B, T, S = _causal_lm(z)
+    index = z.ints(z.maybe_wrong_shape([B]), *z.span(-T, T - 1))
+    if name == "causal_lm_pass" and z.chance(0.5):
+        index = None
     kv_len = z.int_value(*z.span(S, S))
-    torch.ops.specdec.causal_lm_pass(ids, kv, lengths, kv_len, index, weights, H, 1e-5)
+    getattr(torch.ops.specdec, name)(ids, kv, lengths, kv_len, index, weights, H, 1e-5)
+
+
+def causal_lm_chain(z: Garbage, name: str) -> None:
+    """A chain of passes: num_tokens near INT64_MAX once overflowed the fit test
+    ``lengths + num_valid + num_tokens - 1 <= S`` (and, with no rows, looped ~2**63 times)."""
+    num_tokens = z.int_value(*z.span(1, 3))
+    room = min(max(num_tokens - 1, 0), 3)
+    ids, kv, lengths, weights, H, B, T, S = _causal_lm(z, room)
+    num_valid = z.ints(z.maybe_wrong_shape([B]), *z.span(1, max(T, 1)))
+    kv_len = z.int_value(*z.span(S - room, S - room))
+    args = (ids, kv, lengths, num_valid, kv_len, num_tokens, weights, H, 1e-5)
+    if name == "causal_lm_draft_sample_chain":
+        wild = [0.0, -1.0, float("nan"), float("inf")] if z.wild else []
+        temperature = z.r.choice([1.0, 0.7, 1e-6, 1e4, *wild])
+        top_k = z.int_value(0, 25)
+        top_p = z.r.choice([1.0, 0.9, 1e-9, *wild])
+        args += (z.ints(z.maybe_wrong_shape([B]), -5, 10**6), temperature, top_k, top_p)
+    getattr(torch.ops.specdec, name)(*args)
 
 
 CALLS = {
@@ -351,7 +421,14 @@ CALLS = {
     "native_emitted_logprobs": emitted_logprobs,
     "rowinv_linear": rowinv_linear,
     "rowinv_attention": rowinv_attention,
+    "native_accept_tests_passed": accept_tests_passed,
+    "native_expected_accepts": expected_accepts,
+    "native_finish_ms": finish_ms,
     "causal_lm_pass": causal_lm_pass,
+    "causal_lm_draft_pass": lambda z: causal_lm_pass(z, "causal_lm_draft_pass"),
+    "causal_lm_greedy_chain": lambda z: causal_lm_chain(z, "causal_lm_greedy_chain"),
+    "causal_lm_draft_chain": lambda z: causal_lm_chain(z, "causal_lm_draft_chain"),
+    "causal_lm_draft_sample_chain": lambda z: causal_lm_chain(z, "causal_lm_draft_sample_chain"),
 }
 
 

@@ -378,6 +378,34 @@ def test_expected_accepts_kernel_is_the_reference(dtype, temperature):
     assert not torch.equal(plain[:4], ref[:4])
 
 
+def test_expected_accepts_kernel_sums_a_wide_peaked_row_exactly():
+    """A peaked row of 129,280 target logits (token 0 at 0, the rest at -16.65): each tail
+    term ``exp(-16.65) ~ 5.9e-8`` is below half an ulp of a float32 running sum at 1, so a
+    float32 normaliser drops the tail (1 where 1.0076 is exact) and every ``p`` comes out
+    0.76% high. Position 0's ``q`` is uniform off token 0 (``sum_x min(p, q)`` = the tail's
+    mass, 0.0075), position 1's halfway between ``p`` and that (~0.504): the kernel must be the
+    float64 sum to float32 rounding (issue 56, 3.1: the float32 sums gave +0.67% on position 0,
+    the estimate +0.62% on a peaked row)."""
+    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+        pytest.skip("the C++ extension is not built")
+    v = 129_280
+    logits = torch.full((1, 3, v), -16.65)
+    logits[:, :, 0] = 0.0
+    p = torch.softmax(logits[0, :2].double(), -1)  # [2, V]
+    off = torch.full((v,), 1.0 / (v - 1), dtype=torch.float64)
+    off[0] = 0.0
+    q = torch.stack([off, (p[1] + off) / 2]).float()[None]  # [1, 2, V]
+    want = torch.minimum(p, q[0].double()).sum(-1)  # [2]
+    got = torch.ops.specdec.native_expected_accepts(
+        logits, q, torch.tensor([1]), torch.tensor([2]), 1.0
+    )
+    assert abs(got.item() / want.sum().item() - 1.0) < 1e-6, (got.item(), want.tolist())
+    only_first = torch.ops.specdec.native_expected_accepts(
+        logits, q, torch.tensor([0]), torch.tensor([1]), 1.0
+    )
+    assert abs(only_first.item() / want[0].item() - 1.0) < 1e-6, (only_first.item(), want[0])
+
+
 def test_expected_accepts_names_a_bad_argument():
     if not hasattr(torch.ops.specdec, "native_expected_accepts"):
         pytest.skip("the C++ extension is not built")

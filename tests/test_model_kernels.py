@@ -2,6 +2,7 @@
 the models on them: a token's logits must be bitwise the same whatever else shares the pass, so
 that speculative greedy output is exactly the target's own greedy decoding."""
 
+import math
 import os
 import warnings
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.skipif(
 op = torch.ops.specdec
 
 DTYPES = [(torch.float32, 2e-5, 1e-5), (torch.bfloat16, 0.0, 1.6e-2)]
+I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
 
 
 @pytest.mark.parametrize("dtype, atol, rtol", DTYPES)
@@ -712,6 +714,68 @@ def test_sample_chain_drafts_follow_their_q():
     assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
 
 
+WIDE_V = 129_280  # a large vocabulary (DeepSeek-V3's): its tail outweighs float32's last bit
+
+
+def _constant_logits_model(logits: torch.Tensor) -> CausalLM:
+    """A row-invariant ``CausalLM`` whose logits are ``logits`` ``[V]`` at every position:
+    ``ln_f`` scales by 0 and adds the unit vector ``e_0``, and ``lm_head``'s column 0 is
+    ``logits`` (each logit one exact product; the tied embeddings do not reach the head)."""
+    cfg = CausalLMConfig(vocab_size=logits.numel(), n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    model = CausalLM(cfg).eval()
+    with torch.no_grad():
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.zero_()
+        model.transformer.ln_f.bias[0] = 1.0
+        model.lm_head.weight.zero_()
+        model.lm_head.weight[:, 0] = logits
+    model.row_invariant = True
+    return model
+
+
+@pytest.mark.parametrize("top_p", [None, 0.995])
+def test_sample_chain_normalises_q_over_a_wide_peaked_vocabulary(top_p):
+    """A peaked row of 129,280 logits (token 0 at 0, token 1 at -100, the rest at -16.65): each
+    of the 129,278 tail terms ``exp(-16.65) ~ 5.9e-8`` is below half an ulp of a float32 running
+    sum at 1, so a float32 sum drops them all. The chain then reported ``q(0) = 1`` (0.992462
+    exact), a ``q`` summing to 1.0076 while its drafts follow the exact ``q`` (the race
+    ``argmax(q / E)`` does not see a scale), and rejection sampling with the scaled ``q`` is not
+    lossless: the first token's law of a step against a target with ``p(0) = 0.99``, ``p(1) =
+    0.01`` gave ``P(0) = 0.9825`` (issue 56, 3.1; 0.9828 over 10,000 loop rows). With top-p 0.995
+    the float32 total (1, not 1.0076) kept token 0 alone. ``q`` must be the float64 softmax of
+    the kept tokens to float32 rounding (the reference's filter keeps every tail token, a tie).
+
+    No sampled loop here: that bias (0.0072 of P(0)) needs ~7,400 rows for a 4-sigma test with
+    power 0.99, ~0.5 MB of ``q`` and a 129k-token race each; the law below is that test's
+    expectation, computed exactly."""
+    from specdec_kernels.decoding.core import Sampling
+
+    v = WIDE_V
+    logits = torch.full((v,), -16.65)
+    logits[0], logits[1] = 0.0, -100.0
+    draft = _constant_logits_model(logits)
+    with torch.inference_mode():
+        cache = draft.new_cache(1, 8)
+        one = torch.ones(1, dtype=torch.long)
+        _, q = draft.sample_chain(torch.tensor([[3]]), cache, one, 1, 1, one * 5, 1.0, None, top_p)
+    q = q[0, 0].double()
+    kept = torch.ones(v, dtype=torch.bool) if top_p is None else logits > -100
+    exact = torch.softmax(logits.double().masked_fill(~kept, -math.inf), -1)  # the drafts' law
+    assert abs(q.sum().item() - 1.0) < 1e-6, q.sum().item()
+    assert abs(q[0].item() / exact[0].item() - 1.0) < 1e-6, q[0].item()
+    # every entry to float32 rounding (q(1) = exp(-100) / z is subnormal: its own ulp)
+    torch.testing.assert_close(q, exact, rtol=1e-6, atol=1e-44)
+    want = Sampling(temperature=1.0, top_p=top_p).probs(logits[None]).double()[0]
+    torch.testing.assert_close(q, want, rtol=1e-5, atol=1e-44)  # the reference's filter
+    # the first token's law of one step: drafts from `exact`, accept tests with the q reported
+    target = torch.full((v,), 0.0, dtype=torch.float64)
+    target[0], target[1] = 0.99, 0.01
+    accept = torch.where(q > 0, exact * torch.clamp(target / q, max=1.0), 0.0)
+    residual = (target - q).clamp(min=0.0)
+    law = accept + (1.0 - accept.sum()) * residual / residual.sum()
+    assert abs(law[0].item() - 0.99) < 1e-6, law[0].item()
+
+
 def test_sample_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was():
     model = _model(torch.float32)
     cache = model.new_cache(2, 16)
@@ -789,6 +853,78 @@ def test_greedy_chain_refuses_bad_calls_and_leaves_the_cache_as_it_was(name):
     python_only.row_invariant = False
     cache = python_only.new_cache(2, 16)
     assert python_only.greedy_chain(ids, cache, torch.tensor([1, 1]), 2, 4) is None
+
+
+CHAINS = ["causal_lm_greedy_chain", "causal_lm_draft_chain", "causal_lm_draft_sample_chain"]
+
+
+def _chain_call(name, model, ids, kv, lengths, num_valid, kv_len, num_tokens):
+    """``specdec::<name>`` on ``model``'s weights (the sampled chain at T = 1, no filter)."""
+    weights = [w.detach() for w in model._pass_weights()]
+    args = (ids, kv, lengths, num_valid, kv_len, num_tokens, weights, 2, 1e-5)
+    if name == "causal_lm_draft_sample_chain":
+        args += (torch.arange(ids.shape[0]), 1.0, 0, 1.0)
+    return getattr(op, name)(*args)
+
+
+@pytest.mark.parametrize("name", CHAINS)
+def test_chains_refuse_a_num_tokens_near_int64_max_and_leave_the_cache(name):
+    """The fit test ``lengths + num_valid + num_tokens - 1 <= S`` overflowed at ``num_tokens =
+    2**63 - 1`` (and at a length near it): the greedy chain wrote its passes until the cache ran
+    out, then raised, the cache changed against the chain's promise; the float32 chains wrote
+    past the cache; with no rows the draft chain looped ~2**63 times (issue 56, 3.2). Each call
+    must raise, naming the values, before anything is written."""
+    model = _model(torch.float32)
+    cache = model.new_cache(2, 16)
+    cache.advance(torch.tensor([3, 12]))
+    kv, lengths = cache.kv.clone(), cache.lengths.clone()
+    ids, one = torch.tensor([[1, 2], [4, 5]]), torch.tensor([1, 1])
+
+    def chain(num_tokens, kv_len=14, lengths=cache.lengths, num_valid=one, ids=ids, kv=cache.kv):
+        return _chain_call(name, model, ids, kv, lengths, num_valid, kv_len, num_tokens)
+
+    big = I64_MAX - 1
+    with pytest.raises(ValueError, match=rf"row 0: 1 \+ {big} tokens at length 3 do not fit"):
+        chain(I64_MAX)
+    with pytest.raises(ValueError, match=rf"row 0: 2 \+ {2**62 - 1} tokens at length 3"):
+        chain(2**62, num_valid=torch.tensor([2, 1]))
+    at_max = torch.tensor([I64_MAX, 3])
+    with pytest.raises(ValueError, match=rf"row 0: 1 \+ 0 tokens at length {I64_MAX} do not"):
+        chain(1, lengths=at_max)
+    with pytest.raises(ValueError, match=rf"row 0: 1 \+ 0 tokens at length {I64_MIN} do not"):
+        chain(1, lengths=torch.tensor([I64_MIN, 3]))
+    with pytest.raises(ValueError, match=rf"kv_len = {I64_MAX} \+ 1 later passes exceeds"):
+        chain(2, kv_len=I64_MAX, lengths=torch.tensor([0, 0]))
+    assert torch.equal(cache.kv, kv) and torch.equal(cache.lengths, lengths)
+    empty = model.new_cache(1, 16).kv[:, :, :0]  # no rows: only kv_len bounds the passes
+    none = torch.zeros(0, dtype=torch.long)
+    with pytest.raises(ValueError, match=rf"kv_len = 2 \+ {big} later passes exceeds"):
+        chain(I64_MAX, kv_len=2, lengths=none, num_valid=none, ids=ids[:0], kv=empty)
+    assert chain(15, kv_len=2, lengths=none, num_valid=none, ids=ids[:0], kv=empty) is not None
+
+
+@pytest.mark.parametrize("name", ["causal_lm_pass", "causal_lm_draft_pass", *CHAINS])
+@pytest.mark.parametrize("heads, head_dim", [(2, 0), (0, 16)])
+def test_model_ops_refuse_a_zero_hidden_size(name, heads, head_dim):
+    """A hidden size ``C = num_heads * head_dim`` of 0: the float32 kernels indexed an empty
+    activation vector (issue 56, 3.2: the draft pass returned zeros; the bitwise pass failed in
+    a reshape). Every op refuses it by name, before any write."""
+    v, s = 7, 8
+    w = [torch.randn(v, 0), torch.randn(s, 0)]
+    w += [torch.ones(0), torch.zeros(0), torch.randn(0, 0), torch.zeros(0), torch.randn(0, 0)]
+    w += [torch.zeros(0), torch.ones(0), torch.zeros(0), torch.randn(16, 0), torch.zeros(16)]
+    w += [torch.randn(0, 16), torch.zeros(0), torch.ones(0), torch.zeros(0), torch.randn(v, 0)]
+    kv = torch.zeros(1, 2, 1, heads, s, head_dim)
+    ids, zero = torch.tensor([[1, 2]]), torch.tensor([0])
+    message = rf"hidden size num_heads \* head_dim must be >= 1, got {heads} \* {head_dim}"
+    with pytest.raises(ValueError, match=message):
+        if name in CHAINS:
+            args = (ids, kv, zero, torch.tensor([2]), 2, 2, w, heads, 1e-5)
+            if name == "causal_lm_draft_sample_chain":
+                args += (torch.tensor([1]), 1.0, 0, 1.0)
+            getattr(op, name)(*args)
+        else:
+            getattr(op, name)(ids, kv, zero, 2, torch.tensor([1]), w, heads, 1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -315,3 +315,47 @@ def test_low_precision_softmax_rows_are_valid_draft_probs(dtype):
     q[3, 1] *= 1.05
     with pytest.raises(ValueError, match=r"draft_probs\[3, 1\] does not sum to 1"):
         sk.verify_sampling(logits, drafts, q, seed=0)
+
+
+I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
+native_counts = pytest.mark.skipif(
+    not hasattr(torch.ops.specdec, "native_finish_ms"), reason="the C++ extension is not built"
+)
+
+
+@native_counts
+def test_accept_tests_passed_counts_nothing_after_int64_max():
+    """``after = INT64_MAX`` leaves no position to test: ``after + 1`` overflowed (UBSan aborts;
+    a release build wrapped to INT64_MIN and counted every test from position 0, 3 here)."""
+    q = torch.full((1, 3, 5), 0.2)  # u * 0.2 < 0.2: every test passes
+    drafts, seeds = torch.zeros(1, 3, dtype=torch.long), torch.tensor([1])
+    count = torch.ops.specdec.native_accept_tests_passed
+    for after, want in [(-1, 3), (I64_MIN, 3), (1, 1), (2, 0), (I64_MAX - 1, 0), (I64_MAX, 0)]:
+        assert count(q, drafts, q, seeds, torch.tensor([after])).tolist() == [want], after
+
+
+@native_counts
+def test_expected_accepts_takes_num_accepted_at_int64_max():
+    """``num_accepted = INT64_MAX`` tries every drafted position (``min(num_accepted + 1,
+    num_drafted)``, 3 here, each test sure to pass): ``+ 1`` overflowed (a release build tried
+    none and gave 0)."""
+    logits, q = torch.zeros(1, 3, 5), torch.full((1, 3, 5), 0.2)  # p = q: each passes surely
+    drafted = torch.tensor([3])
+    expected = torch.ops.specdec.native_expected_accepts
+    for accepted, want in [(2, 3.0), (5, 3.0), (I64_MAX, 3.0), (-1, 0.0), (I64_MIN, 0.0)]:
+        got = expected(logits, q, torch.tensor([accepted]), drafted, 1.0)
+        assert got.tolist() == [want], accepted
+
+
+@native_counts
+@pytest.mark.parametrize("max_k", [2**62 - 1, 2**62, I64_MAX])
+def test_finish_ms_refuses_a_max_k_whose_table_overflows(max_k):
+    """``(max_k + 1) * B * Q`` overflowed: at ``max_k = 2**62 - 1`` and 4 rows-quantiles it
+    wrapped to 0, an empty table passed the size test, and the op went on to allocate 2**62
+    results. The table's size is tested by division instead, and named."""
+    finish = torch.ops.specdec.native_finish_ms
+    with pytest.raises(ValueError, match=rf"stretch_costs must be .*max_k = {max_k}"):
+        finish([0.5, 0.5], [1.0, 2.0], [0.25, 0.75], [], max_k)
+    with pytest.raises(ValueError, match=rf"stretch_costs must be .*max_k = {max_k}"):
+        finish([0.5, 0.5], [1.0, 2.0], [0.25, 0.75], [1.0] * 8, max_k)
+    assert len(finish([0.5, 0.5], [1.0, 2.0], [0.25, 0.75], [1.0] * 8, 1)) == 2
