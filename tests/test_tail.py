@@ -85,16 +85,20 @@ def test_race_emits_the_tail_mass(backend, mode, method):
 
 
 def test_backends_give_the_native_tokens_on_tail_rows():
-    """Rows where the native race emitted a far-tail token (gap 17: 5.3e-3 of the mass) give
-    the same token on the reference and the interpreted Triton kernels, in both races."""
-    seeds = torch.arange(3000) + 11_000_000
+    """Rows where the native race emitted a far-tail token give the same token on the
+    reference and the interpreted Triton kernels, in both races. V = 8192 keeps the interpreter
+    quick; at a gap of 17 a tail token wins only with an exponential below ~e**-17 ~ 2**-24.5,
+    beyond the 23-bit uniforms' reach: the fine cells are what is compared (3.4e-4 of the mass:
+    ~13 tail rows in 40,000)."""
+    v = 8192
+    seeds = torch.arange(40_000) + 11_000_000
     for mode in ("bonus", "recovered"):
-        native = _first_tokens("native", 17.0, seeds, mode)
+        native = _first_tokens("native", 17.0, seeds, mode, v=v)
         hit = (native != 0).nonzero().flatten()
-        assert hit.numel() >= 3, f"{mode}: {hit.numel()} tail tokens in 3000 rows (16 expected)"
-        rows = torch.cat([hit[:6], (native == 0).nonzero().flatten()[:6]])
+        assert hit.numel() >= 3, f"{mode}: {hit.numel()} tail tokens in 40,000 rows (13 expected)"
+        rows = torch.cat([hit[:4], (native == 0).nonzero().flatten()[:4]])
         for backend in available(["reference", "triton"]):
-            got = _first_tokens(backend, 17.0, seeds[rows], mode)
+            got = _first_tokens(backend, 17.0, seeds[rows], mode, v=v)
             assert torch.equal(got, native[rows]), (mode, backend, got, native[rows])
 
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 
 namespace specdec {
 namespace {
@@ -18,10 +19,10 @@ constexpr uint32_t PURPOSE_MULT = 0xC2B2AE3Du;
 constexpr uint32_t INDEX_MULT = 0x27D4EB2Fu;
 // what a number is for: the accept test, the resampling race, the drafter's race
 constexpr uint32_t PURPOSE_ACCEPT = 0, PURPOSE_SAMPLE = 1, PURPOSE_DRAFT = 2;
-constexpr float UNIFORM_SCALE = 1.0f / 8388608.0f;  // 2**-23: the coarse cells
-constexpr uint32_t FINE_LIMIT = 1u << 23;            // draws below it keep all 32 bits
-constexpr float FINE_SCALE = 1.0f / 4294967296.0f;  // 2**-32
-constexpr float SERIES_LIMIT = 1.0f / 512.0f;       // 2**-9: E by its series below it
+// uniforms: cells of 2**-32 for draws below 2**23, else of 2**-23 (the scales' float bits)
+constexpr uint32_t FINE_SCALE_BITS = 0x2F800000u;    // 2**-32
+constexpr uint32_t COARSE_SCALE_BITS = 0x34000000u;  // 2**-23
+constexpr float SERIES_LIMIT = 1.0f / 512.0f;        // 2**-9: E by its series below it
 
 inline uint32_t fmix32(uint32_t h) {
   h ^= h >> 16;
@@ -47,9 +48,16 @@ inline uint32_t draw(uint32_t stream, uint32_t index) {
 
 // A draw as a uniform that is fine near 0: (r + 0.5) * 2**-32 below 2**23, else
 // ((r >> 9) + 0.5) * 2**-23. Exact in float32, in [2**-33, 1 - 2**-24] (rng.unit_interval).
+// Branch-free integer selection (the compiler vectorises loops over it; a ternary on floats
+// kept them scalar): the cell index is r (fine) or r >> 9 (coarse), both below 2**23 and so
+// converted exactly as signed ints, and the scale 2**-32 or 2**-23 is picked by its bits.
 inline float unit_interval(uint32_t r) {
-  return r < FINE_LIMIT ? (static_cast<float>(r) + 0.5f) * FINE_SCALE
-                        : (static_cast<float>(r >> 9) + 0.5f) * UNIFORM_SCALE;
+  const uint32_t fine = 0u - static_cast<uint32_t>((r >> 23) == 0);  // all ones when fine
+  const uint32_t cell = (r & fine) | ((r >> 9) & ~fine);
+  const uint32_t scale_bits = (FINE_SCALE_BITS & fine) | (COARSE_SCALE_BITS & ~fine);
+  float scale;
+  std::memcpy(&scale, &scale_bits, sizeof(scale));
+  return (static_cast<float>(static_cast<int32_t>(cell)) + 0.5f) * scale;
 }
 
 inline float uniform(uint32_t stream, uint32_t index) {

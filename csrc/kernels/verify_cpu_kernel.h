@@ -279,6 +279,7 @@ struct Candidates {
 struct Filter {
   float kappa = kNegInf;
   float z = 0.0f;
+  int64_t kept = -1;  // tokens the filter keeps (-1: no filter, every token)
 };
 
 // exp(v - shift) for every v in vals (vectorised, the reference's rounding).
@@ -355,6 +356,7 @@ inline Filter thresholds(std::vector<float>& cand, const Stats& st, bool topk_on
   float z = 0.0f;
   for (size_t i = 0; i < kept; ++i) z += e[i];
   f.z = z;
+  f.kept = static_cast<int64_t>(kept);
   return f;
 }
 
@@ -461,9 +463,23 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
 // --- one position -----------------------------------------------------------------------------
 // Runs fn(c0, c1) over the chunks [0, nchunks): inline (row strategy; also what a nested
 // at::parallel_for does) or split across threads.
+//
+// Splitting pays only for a pass with enough tokens to work on: waking the pool costs tens of
+// microseconds, a chunk of 4096 tokens a few. `work` is the tokens a pass really works on (a
+// race under a top-k / top-p filter skips every other token a vector at a time: the kept ones);
+// below kSplitMinTokens the pass runs inline. On an AMD EPYC (Zen 3, 2 threads, GNU OpenMP) a
+// second thread made B = 1, V = 8000 calls 4-14% slower and sped V = 32000 up by 2-23%
+// (tests/../bench: /tmp/s56/threads.py in the issue-56 note); an Intel Xeon saw V = 32000
+// filtered calls take 1.95x longer on two threads, where only the filtered race was tiny. The
+// chunking, and so the result, is the same either way.
+constexpr int64_t kSplitMinTokens = 16384;
+
+// The tokens a race works on: the kept ones under a filter.
+inline int64_t race_work(const Filter& f, int64_t V) { return f.kept >= 0 ? f.kept : V; }
+
 template <typename F>
-inline void for_chunks(int64_t nchunks, bool split, const F& fn) {
-  if (!split || nchunks == 1) {
+inline void for_chunks(int64_t nchunks, bool split, const F& fn, int64_t work) {
+  if (!split || nchunks == 1 || work < kSplitMinTokens) {
     fn(0, nchunks);
   } else {
     at::parallel_for(0, nchunks, 1, fn);
@@ -487,7 +503,7 @@ inline Stats position_stats(const T* row,  // [V]
       parts[c] = chunk_stats(row + c * CHUNK, n, cm, c * CHUNK, need_sum);
       if (mine) mine->add(row + c * CHUNK, n, cm, parts[c].m);
     }
-  });
+  }, V);
   Stats st;
   for (const Stats& p : parts) merge_stats(st, p);
   cand.clear();
@@ -516,7 +532,7 @@ inline RaceState position_race(const T* row,    // [V]
       chunk_race<KIND>(rs, row + base, qp, draft_local, n, xm.at(base), base, m, f, stream,
                        scale);
     }
-  });
+  }, race_work(f, V));
   RaceState best(KIND, f.z);
   for (int64_t c = 0; c < nchunks; ++c) {
     if (used[c]) best.merge(parts[c]);
@@ -597,7 +613,7 @@ inline float residual_mass(const T* row,    // [V]
       for (int64_t l = 0; l < W; ++l) sum += lanes[l];
       parts[c] = sum;
     }
-  });
+  }, V);
   float total = 0.0f;
   for (float v : parts) total += v;
   return total;

@@ -208,7 +208,7 @@ struct TreeWalk {
                                return Vec::loadu(lanes);
                              });
         }
-      });
+      }, race_work(f, V));
       for (int64_t c = 0; c < nchunks; ++c) {
         if (used[c]) best.merge(parts[c]);
       }

@@ -333,11 +333,18 @@ def _distributed(args) -> int:
 
 
 def _threads(text: str) -> int | str:
-    """``--threads``: as ``specdec demo``'s, ``"auto"``, 0 (torch's default) or a count of at
-    most ``os.cpu_count()``."""
-    from specdec_kernels.cli import _threads as demo_threads
-
-    return demo_threads(text)
+    """``--threads``: ``"auto"`` or a non-negative int of at most ``os.cpu_count()`` (torch
+    crashed on 100000; 0 keeps torch's default)."""
+    if text == "auto":
+        return text
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a non-negative int or 'auto', got {text!r}")
+    cores = os.cpu_count() or 1
+    if int(text) > cores:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {cores} (this machine's cores), got {text!r}"
+        )
+    return int(text)
 
 
 def _thread_count(text: str) -> int:
