@@ -468,10 +468,10 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
 // microseconds, a chunk of 4096 tokens a few. `work` is the tokens a pass really works on (a
 // race under a top-k / top-p filter skips every other token a vector at a time: the kept ones);
 // below kSplitMinTokens the pass runs inline. On an AMD EPYC (Zen 3, 2 threads, GNU OpenMP) a
-// second thread made B = 1, V = 8000 calls 4-14% slower and sped V = 32000 up by 2-23%
-// (tests/../bench: /tmp/s56/threads.py in the issue-56 note); an Intel Xeon saw V = 32000
-// filtered calls take 1.95x longer on two threads, where only the filtered race was tiny. The
-// chunking, and so the result, is the same either way.
+// second thread made B = 1, V = 8000 calls 0-14% slower and sped V = 32000 ones up by 2-23%
+// (medians of 31 interleaved calls); an Intel Xeon saw filtered V = 32000 calls take 1.95x
+// longer on two threads, where the filtered race has almost nothing to do. The chunking, and so
+// the result, is the same either way.
 constexpr int64_t kSplitMinTokens = 16384;
 
 // The tokens a race works on: the kept ones under a filter.
