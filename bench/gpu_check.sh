@@ -33,12 +33,23 @@ unset TRITON_INTERPRET  # compiled kernels on the GPU, never the interpreter
 
 status=0
 STEPS="${STEPS:-all}"
+# The whole check fits one device call of under 8 minutes: every step's limit is cut to what is
+# left of TOTAL_SECONDS, and a step with under 15 s left is skipped (logged). The steps run in
+# order of importance: build, the ops table and its targets first.
+TOTAL_SECONDS="${TOTAL_SECONDS:-450}"
 step() {  # step NAME SECONDS CMD...: run with a time limit, log it, remember a failure
   local name="$1" secs="$2"; shift 2
   if [[ "${STEPS}" != all && ",${STEPS}," != *",${name},"* ]]; then
     echo "=== ${name}: not in STEPS" | tee -a "${LOG}"
     return 0
   fi
+  local left=$((TOTAL_SECONDS - SECONDS))
+  if (( left < 15 )); then
+    echo "=== ${name}: skipped, ${left} s left of TOTAL_SECONDS=${TOTAL_SECONDS}" | tee -a "${LOG}"
+    status=1
+    return 0
+  fi
+  (( secs > left )) && secs=${left}
   echo "=== ${name} (limit ${secs} s): $*" | tee -a "${LOG}"
   local t0=$SECONDS
   timeout --kill-after=10 "${secs}" "$@" 2>&1 | tee -a "${LOG}"
@@ -56,6 +67,21 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log it, remember a 
 
 step build "${BUILD_SECONDS}" env MAX_JOBS="${MAX_JOBS:-16}" "${PYTHON}" setup.py build_ext --inplace
 step extension "30" "${PYTHON}" -c "import specdec_kernels as sk, torch; print('extension', sk.extension_available()); assert sk.extension_available(); print(torch.ops.specdec.kv_compact_)"
+# The ops table first (issue 52's figures): per case the package's kernel, the reference and its
+# torch.compile, the bandwidth limits measured in the same run, and the targets against the
+# baseline run of bench/results/gpu/ops.json (commit af49e27).
+step bench_ops "${BENCH_SECONDS}" "${PYTHON}" -m specdec_kernels.benchmarks ops --grid gpu --device cuda \
+  --ops verify_greedy,verify_sampling,accept_reject,kv_compact_ --budget 0.05 --max-seconds "$((BENCH_SECONDS - 30))" \
+  --json "${OUT}/ops_gpu.json" --plot "${OUT}/ops_gpu.png"
+step targets "60" "${PYTHON}" - "${OUT}/ops_gpu.json" <<'PY'
+import sys
+from specdec_kernels.benchmarks import ops, results
+rows = results.latest_run(results.load_rows(sys.argv[1]), "ops")
+print(f"run {rows[0]['run_id']} on {rows[0]['machine'].get('gpu')}, commit {rows[0]['commit']}, "
+      f"copy bandwidth {rows[0].get('copy_bandwidth_gbs')} GB/s")
+for line in ops.check_gpu_targets(rows, baseline=results.load_rows("bench/results/gpu/ops.json")):
+    print(line)
+PY
 # every failure, each with its one-line error (-x once stopped at two and hid the rest)
 step tests "${TEST_SECONDS}" "${PYTHON}" -m pytest tests -q -m "not slow" -k "cuda" -p no:cacheprovider \
   --tb=line -rf
@@ -81,18 +107,6 @@ graph.replay()
 torch.cuda.synchronize()
 assert torch.equal(got.tokens, want.tokens), "graph replay differs from the eager call"
 print("CUDA graph capture and replay of verify_sampling (top-k + top-p): ok")
-PY
-step bench_ops "${BENCH_SECONDS}" "${PYTHON}" -m specdec_kernels.benchmarks ops --grid gpu --device cuda \
-  --ops verify_greedy,verify_sampling,accept_reject,kv_compact_ --budget 0.05 --max-seconds "$((BENCH_SECONDS - 30))" \
-  --json "${OUT}/ops_gpu.json" --plot "${OUT}/ops_gpu.png"
-step targets "60" "${PYTHON}" - "${OUT}/ops_gpu.json" <<'PY'
-import sys
-from specdec_kernels.benchmarks import ops, results
-rows = results.latest_run(results.load_rows(sys.argv[1]), "ops")
-print(f"run {rows[0]['run_id']} on {rows[0]['machine'].get('gpu')}, commit {rows[0]['commit']}, "
-      f"copy bandwidth {rows[0].get('copy_bandwidth_gbs')} GB/s")
-for line in ops.check_gpu_targets(rows):
-    print(line)
 PY
 # Tree verification (issue 12): the compiled kernel against the reference on the device (every
 # draft mode, filters, ragged trees), a CUDA-graph capture, then tree vs chain timings at the same

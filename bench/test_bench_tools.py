@@ -100,10 +100,19 @@ def _fake_ops_rows():
 
 
 def test_gpu_target_checker():
-    lines = ops.check_gpu_targets(_fake_ops_rows())
-    assert any("PASS" in ln and "4.00x vs torch.compile" in ln for ln in lines)
-    assert any(ln.startswith("PASS") and "1.20x the time" in ln for ln in lines)
-    assert any("MISS" in ln and "of copy bandwidth" in ln for ln in lines)  # 3333/4800 < 70%
+    rows = _fake_ops_rows()
+    slow = [dict(r, median_ms=r["median_ms"] * 10, commit="old") for r in rows]
+    lines = ops.check_gpu_targets(rows, baseline=slow)
+    assert any("PASS 4.00x vs torch.compile" in ln for ln in lines)
+    assert any("PASS 1.20x the time without" in ln for ln in lines)
+    # 4000 GB/s over 4800 GB/s of copy bandwidth (no read figure recorded): 83% >= 60%
+    assert any("PASS 4000 GB/s = 83% of the copy bandwidth" in ln for ln in lines)
+    assert any("was 10 ms (old)" in ln for ln in lines)
+    rows = [dict(r, read_bandwidth_gbs=8000.0) for r in rows]  # 50% of the read bandwidth
+    lines = ops.check_gpu_targets(rows)
+    assert any("MISS 4000 GB/s = 50% of the read bandwidth" in ln for ln in lines)
+    b1 = [dict(r, B=1, median_ms=0.05) for r in rows if r["top_k_top_p"]]
+    assert any("MISS 50.0 us at B = 1" in ln for ln in ops.check_gpu_targets(b1))
 
 
 def test_cpu_target_checker():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -94,6 +95,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         action="store_true",
         help="count Triton launches per public call (any machine: the interpreter "
         "counts on a CPU) instead of timing; batch sizes from --batch",
+    )
+    o.add_argument(
+        "--traffic",
+        action="store_true",
+        help="count, under Triton's interpreter, the bytes each verification call loads from "
+        "the logits and draft probabilities and the programs per launch, for every "
+        "verify_greedy / verify_sampling case of the grid (shapes scaled down: B <= 8, "
+        "V <= 32000; filtered cases also on flat rows) instead of timing; saves to "
+        "--traffic-json",
+    )
+    o.add_argument(
+        "--traffic-json",
+        default=os.path.join("bench", "results", "traffic.json"),
+        help="where --traffic writes its rows ('' for none)",
     )
     o.add_argument("--json", default=DEFAULT_OPS_JSON, help="append rows here ('' for none)")
     o.add_argument("--plot", default=None, help="draw the run's PNG here")
@@ -217,6 +232,8 @@ def _ops(args) -> int:
 
     from specdec_kernels.benchmarks import ops, results
 
+    if args.traffic:
+        return _traffic(args)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if args.launches:
         from specdec_kernels.benchmarks import launches
@@ -291,6 +308,32 @@ def _ops(args) -> int:
 
         plot.plot_ops(rows, args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _traffic(args) -> int:
+    """``specdec bench ops --traffic``: loads counted under the interpreter (a re-run of this
+    command with ``TRITON_INTERPRET=1`` when it is not set: the kernels are compiled at import)."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        env = {**os.environ, "TRITON_INTERPRET": "1"}
+        argv = [sys.executable, "-m", "specdec_kernels", *sys.argv[1:]]
+        return subprocess.call(argv, env=env)
+    from specdec_kernels.benchmarks import ops, traffic
+
+    g = ops.GRIDS[args.grid or "gpu"]
+    g = ops.Grid(
+        B=args.batch or g.B,
+        K=args.k or g.K,
+        V=args.vocab or g.V,
+        dtypes=args.dtypes or g.dtypes,
+        acceptance=args.acceptance or g.acceptance,
+    )
+    ops_ = tuple(o for o in args.ops if o in ("verify_greedy", "verify_sampling"))
+    rows = traffic.traffic_rows(ops.cases(g, ops_ or ("verify_greedy", "verify_sampling")))
+    print(traffic.format_traffic(rows))
+    if args.traffic_json:
+        traffic.save_traffic(rows, args.traffic_json)
+        print(f"wrote {len(rows)} rows to {args.traffic_json}")
     return 0
 
 

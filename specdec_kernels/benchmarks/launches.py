@@ -20,7 +20,10 @@ import torch
 BUDGET = {
     "verify_greedy": 2,
     "verify_sampling": 3,
-    "verify_sampling top-k+top-p": 4,
+    # +1: the split strategy's cutoff launch (a sample of each position's row, <= 1/16 of it),
+    # which lets the statistics pass gather the filters' candidates instead of 9-18 search
+    # passes over every row.
+    "verify_sampling top-k+top-p": 5,
     "accept_reject": 1,
     "verify_tree_greedy": 1,
     "verify_tree_sampling top-k+top-p": 1,

@@ -31,6 +31,16 @@ INDEX_MULT = tl.constexpr(0x27D4EB2F)
 PURPOSE_ACCEPT = tl.constexpr(0)
 PURPOSE_SAMPLE = tl.constexpr(1)
 KEY_FLOOR = tl.constexpr(-2147483649)  # below every float key: "keep everything"
+KEY_CEIL = tl.constexpr(2147483648)  # above every float key: "gather nothing"
+NEG_INF_KEY = tl.constexpr(-2139095041)  # float_key(-inf)
+INT32_MIN = tl.constexpr(-2147483648)
+# The filters' candidate buffer (per position): a position's top-k / top-p thresholds are selected
+# from the tokens its statistics pass gathered (those at or above a cutoff estimated from a
+# sample of SAMPLE_BLOCKS blocks of SAMPLE_WIDTH tokens, aimed at CANDIDATES / 4 of them); a
+# position whose kept set is not inside the buffer falls back to the pivot search.
+CANDIDATES = 1024
+SAMPLE_BLOCKS = 32
+SAMPLE_WIDTH = 128
 # Rounds that always finish a threshold search over 32-bit keys with 16 pivots a round
 # (the range shrinks to at most ceil(range / 17) per round: 2**32 + 1 -> 1 in 8; one spare).
 SEARCH_ROUNDS = tl.constexpr(9)
@@ -83,6 +93,9 @@ def launch_config(vocab_size: int) -> dict:
         "TBLOCK": min(128, block),
         "NPIV": NUM_PIVOTS,
         "NCHUNK": triton.cdiv(vocab_size, chunk),
+        "CAP": CANDIDATES,
+        "SB": SAMPLE_BLOCKS,
+        "SW": SAMPLE_WIDTH,
     }
 
 
@@ -268,8 +281,13 @@ def chunk_stats(row_ptr,  # [V] one logits row
                 chunk_start, V, temp, NEED_SUM: tl.constexpr,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr = False,
                 bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-                HAS_MASK: tl.constexpr = False):
-    """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk."""
+                HAS_MASK: tl.constexpr = False, GATHER: tl.constexpr = False, pivot=0,
+                cand=None,  # (count [1] int32, token ids [CAP] int32, x [CAP] float32) if GATHER
+                CAP: tl.constexpr = 1):
+    """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk.
+
+    With ``GATHER``, the finite tokens with ``float_key(x) >= pivot`` are also appended to the
+    position's candidate buffer (:func:`gather`) while the tiles are in registers."""
     offs = tl.arange(0, BLOCK)
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
     s_vec = tl.zeros([BLOCK], tl.float32)
@@ -278,6 +296,8 @@ def chunk_stats(row_ptr,  # [V] one logits row
         idx = chunk_start + t + offs
         mask = idx < V
         x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+        if GATHER:
+            gather(x, idx, mask, pivot, cand[0], cand[1], cand[2], CAP)
         i_vec = tl.where(x > m_vec, idx, i_vec)
         new_m = tl.maximum(m_vec, x)
         if NEED_SUM:
@@ -289,6 +309,225 @@ def chunk_stats(row_ptr,  # [V] one logits row
     safe_m = tl.where(m == float("-inf"), 0.0, m)
     s = tl.sum(s_vec * tl.exp(m_vec - safe_m), axis=0)
     return m, s, a
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def chunk_stats_race(row_ptr,  # [V] one logits row
+                     chunk_start, V, temp, stream, draft, CHUNK: tl.constexpr,
+                     BLOCK: tl.constexpr, LOG_X: tl.constexpr,
+                     bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+                     HAS_MASK: tl.constexpr):
+    """:func:`chunk_stats` and, in the same pass, :func:`chunk_race` of an unfiltered position
+    with a one-hot draft, in the log domain: the race's argmax of ``p / E`` is the argmax of
+    ``x - log E`` (``p = exp(x - max) / Z`` for every token), which needs neither the row's max
+    nor its normaliser, so the row is read once. The residual ``max(0, p - onehot(draft))`` is
+    ``p`` off the draft token and 0 on it. Returns ``(max, sum, argmax, residual_best,
+    residual_index, plain_best, plain_index)`` with log scores (``-inf``: no token)."""
+    offs = tl.arange(0, BLOCK)
+    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+    s_vec = tl.zeros([BLOCK], tl.float32)
+    i_vec = tl.zeros([BLOCK], tl.int32)
+    r_best = tl.full([BLOCK], float("-inf"), tl.float32)
+    r_idx = tl.zeros([BLOCK], tl.int32)
+    p_best = tl.full([BLOCK], float("-inf"), tl.float32)
+    p_idx = tl.zeros([BLOCK], tl.int32)
+    for t in tl.static_range(0, CHUNK, BLOCK):
+        idx = chunk_start + t + offs
+        mask = idx < V
+        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+        i_vec = tl.where(x > m_vec, idx, i_vec)
+        new_m = tl.maximum(m_vec, x)
+        safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # no (-inf) - (-inf)
+        s_vec = s_vec * tl.exp(m_vec - safe) + tl.exp(x - safe)
+        m_vec = new_m
+        score = x - tl.log(exponential(uniform(stream, idx)))  # -inf where x is -inf or masked
+        p_best, p_idx = merge_best(p_best, p_idx, score, idx)
+        r_best, r_idx = merge_best(
+            r_best, r_idx, tl.where(idx == draft, float("-inf"), score), idx
+        )
+    m = tl.max(m_vec, axis=0)
+    a = tl.min(tl.where(m_vec == m, i_vec, 2147483647), axis=0)
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(s_vec * tl.exp(m_vec - safe_m), axis=0)
+    rb = tl.max(r_best, axis=0)
+    ri = tl.min(tl.where(r_best == rb, r_idx, 2147483647), axis=0)
+    pb = tl.max(p_best, axis=0)
+    pi = tl.min(tl.where(p_best == pb, p_idx, 2147483647), axis=0)
+    return m, s, a, rb, ri, pb, pi
+# fmt: on
+
+
+@triton.jit
+def gather(x, idx, mask, pivot, count_ptr, cidx_ptr, cx_ptr, CAP: tl.constexpr):
+    """Append the tile's finite tokens with ``float_key(x) >= pivot`` to a candidate buffer:
+    slots from an atomic count (programs of one position share it), so the buffer's order is
+    arbitrary and every reader sorts it; a count above ``CAP`` marks an overflow (nothing past
+    ``CAP`` is written)."""
+    take = mask & (float_key(x) >= pivot) & (x > float("-inf"))
+    n = tl.sum(take.to(tl.int32), axis=0)
+    if n > 0:
+        base = tl.atomic_add(count_ptr, n)
+        slot = base + tl.cumsum(take.to(tl.int32), axis=0) - 1
+        ok = take & (slot < CAP)
+        tl.store(cidx_ptr + slot, idx, mask=ok)
+        tl.store(cx_ptr + slot, x, mask=ok)
+
+
+@triton.jit
+def key_search(keys, weights, lo, hi, target, NPIV: tl.constexpr):
+    """Smallest key ``k`` in ``(lo, hi]`` with ``sum(weights[keys > k]) < target``, given
+    ``f(lo) >= target > f(hi)``, over keys held in registers (a sample or a candidate buffer):
+    the row search's pivots and narrowing (:func:`search_pivots`), with int64 weights, so the
+    sums are exact and do not depend on the order of the keys."""
+    for _ in range(SEARCH_ROUNDS):
+        if hi - lo > 1:
+            pivots = search_pivots(lo, hi, NPIV)
+            above = keys[:, None] > pivots[None, :]
+            f = tl.sum(tl.where(above, weights[:, None], 0), axis=0)
+            good = f < target
+            new_lo = tl.max(tl.where(good, lo, pivots), axis=0)
+            hi = tl.min(tl.where(good, pivots, hi), axis=0)
+            lo = new_lo
+    return hi
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def sample_pivot(row_ptr,  # [V] one logits row
+                 V, temp, top_k, HAS_TOPK: tl.constexpr, LOG_X: tl.constexpr,
+                 bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+                 HAS_MASK: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr,
+                 SW: tl.constexpr, NPIV: tl.constexpr):
+    """The gather's cutoff key for one row, from up to ``SB`` evenly spread blocks of ``SW``
+    tokens (one block per ``16 * SW`` tokens of the row: at most 1/16 of it, 3% of a 128k row):
+    the sample's key of the rank that puts about ``CAP / 4`` tokens of the row at or above it
+    (``2 * top_k`` for a larger top-k, at most ``CAP / 2``). Only a cost estimate:
+    :func:`select_filter` checks that the buffer holds the kept set, and a position where it
+    does not falls back to the search."""
+    blk = tl.arange(0, SB).to(tl.int64)
+    nb = tl.minimum(tl.maximum(V // (16 * SW), 1), SB).to(tl.int64)
+    start = (blk * tl.maximum(V - SW, 0)) // tl.maximum(nb - 1, 1)
+    idx = start[:, None] + tl.arange(0, SW)[None, :]
+    mask = tl.reshape((blk[:, None] < nb) & (idx < V), [SB * SW])
+    idx = tl.reshape(idx, [SB * SW])
+    x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+    keys = tl.where(mask, float_key(x), KEY_FLOOR)
+    n_s = tl.sum(mask.to(tl.int64), axis=0)
+    target = tl.full([], CAP // 4, tl.int64)
+    if HAS_TOPK:
+        if (top_k > 0) & (top_k < V):
+            target = tl.minimum(tl.maximum(2 * top_k.to(tl.int64), CAP // 4), CAP // 2)
+    rank = tl.minimum(tl.maximum((target * n_s + V - 1) // V, 1), n_s)  # 1-based
+    return key_search(keys, mask.to(tl.int64), KEY_FLOOR, tl.max(keys, axis=0), rank, NPIV)
+# fmt: on
+
+
+@triton.jit
+def filter_active(V, greedy, top_k, top_p, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr):
+    """Does a filter change this row's distribution (a sampling row with top-k in ``(0, V)`` or
+    top-p below 1)?"""
+    on = greedy == 2  # False, as a tensor
+    if HAS_TOPK:
+        on = on | ((top_k > 0) & (top_k < V))
+    if HAS_TOPP:
+        on = on | (top_p < 1.0)
+    return on & (greedy == 0)
+
+
+#: The candidates' masses ``exp(x - max)`` in [0, 1] as int64 multiples of 2**-40: their sums are
+#: exact, whatever order the atomic gather left them in (and at most 2**50 for CAP entries).
+FIXED_SCALE = tl.constexpr(2.0**40)
+
+
+@triton.jit
+def select_filter(
+    cand_count,
+    cidx_ptr,
+    cx_ptr,  # the candidate buffer (count, [CAP], [CAP])
+    V,
+    m,
+    s,
+    top_k,
+    top_p,
+    pivot,
+    HAS_TOPK: tl.constexpr,
+    HAS_TOPP: tl.constexpr,
+    CAP: tl.constexpr,
+    NPIV: tl.constexpr,
+):
+    """``(exact, kappa, Z)`` of the top-k / top-p filter from a position's candidate buffer: the
+    reference's rules (:func:`thresholds`) searched over the candidates in registers
+    (:func:`key_search`; masses in fixed point, so every reader gets the same sums).
+
+    The buffer holds every finite token with key ``>= pivot`` (unless it overflowed). The answer
+    is exact when the kept set lies inside it: top-k needs ``k`` candidates, top-p survivors
+    whose mass reaches ``top_p * Z_k``; both hold trivially when the pivot is ``-inf`` (every
+    finite token gathered). ``exact`` is False otherwise (the caller falls back to the search)."""
+    n = cand_count
+    offs = tl.arange(0, CAP)
+    live = offs < n
+    x = tl.load(cx_ptr + offs, mask=live, other=float("-inf"))
+    key = tl.where(live, float_key(x), KEY_FLOOR)
+    mass = tl.where(live, tl.exp(x - m) * FIXED_SCALE, 0.0).to(tl.int64)
+    max_key = float_key(m)
+    complete = pivot <= NEG_INF_KEY
+    exact = (n > 0) & (n <= CAP)
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z_k = s * FIXED_SCALE  # top-p's normaliser, fixed point (the whole row without top-k)
+    topk_on = n < 0  # False, as a tensor
+    if HAS_TOPK:
+        topk_on = (top_k > 0) & (top_k < V)
+        if topk_on:
+            have = n >= top_k
+            kth = key_search(key, live.to(tl.int64), KEY_FLOOR, max_key, top_k, NPIV)
+            # complete with fewer finite tokens than k: every finite token is kept
+            kappa = tl.where(have, kth, NEG_INF_KEY)
+            exact = exact & (have | complete)
+            z_k = tl.sum(tl.where(key >= kappa, mass, 0), axis=0).to(tl.float32)
+    if HAS_TOPP:
+        if top_p < 1.0:
+            survivors = tl.where(key >= kappa, mass, 0)
+            target = tl.maximum((top_p * z_k).to(tl.int64), 1)
+            found = tl.sum(survivors, axis=0) >= target
+            kp = key_search(key, survivors, kappa - 1, max_key, target, NPIV)
+            kappa = tl.where(found, kp, kappa)
+            exact = exact & (found | topk_on | complete)
+    z = tl.sum(tl.where(key >= kappa, mass, 0), axis=0).to(tl.float32) / FIXED_SCALE
+    return exact, kappa, z
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def buffer_race(cand_count, cidx_ptr, cx_ptr,  # the candidate buffer (count, [CAP], [CAP])
+                q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
+                draft, m, z, kappa, stream, q_len, HAS_Q: tl.constexpr, weight,
+                CAP: tl.constexpr):
+    """:func:`chunk_race` over a position's candidate buffer instead of its row: exact when the
+    buffer holds the filter's kept set (every other token has ``p = 0`` and cannot win). The
+    winners do not depend on the buffer's order (max score, first token id on ties)."""
+    offs = tl.arange(0, CAP)
+    live = offs < cand_count
+    idx = tl.load(cidx_ptr + offs, mask=live, other=0)
+    x = tl.load(cx_ptr + offs, mask=live, other=float("-inf"))
+    p = tl.where(live, target_prob(x, m, z, kappa), 0.0)
+    if HAS_Q:
+        q = tl.load(q_ptr + idx, mask=live & (idx < q_len), other=0.0).to(tl.float32)
+    else:
+        q = tl.where(idx == draft, 1.0, 0.0)
+    e = exponential(uniform(stream, idx))
+    residual = weight * p - q
+    r_score = tl.where(live & (residual > 0.0), residual / e, 0.0)
+    p_score = tl.where(live & (p > 0.0), p / e, -1.0)
+    rb = tl.max(r_score, axis=0)
+    ri = tl.min(tl.where(r_score == rb, idx, 2147483647), axis=0)
+    pb = tl.max(p_score, axis=0)
+    pi = tl.min(tl.where(p_score == pb, idx, 2147483647), axis=0)
+    return rb, tl.where(rb > 0.0, ri, 0), pb, tl.where(pb > -1.0, pi, 0)
 # fmt: on
 
 
@@ -479,6 +718,82 @@ def position_stats(row_ptr,  # [V] one position's (or node's) logits row
                 TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
             )
     return big_m, big_a, kappa, z
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def position_stats_race(row_ptr,  # [V] one position's logits row
+                        V, temp, stream, draft, NCHUNK, CHUNK: tl.constexpr,
+                        BLOCK: tl.constexpr, LOG_X: tl.constexpr,
+                        bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+                        HAS_MASK: tl.constexpr):
+    """:func:`chunk_stats_race` over a row, merged in chunk order: ``(max, argmax, sum,
+    residual_best, residual_index, plain_best, plain_index)`` (log-domain race scores)."""
+    big_m = tl.full([], float("-inf"), tl.float32)
+    big_s = tl.zeros([], tl.float32)
+    big_a = tl.zeros([], tl.int32)
+    r_best = tl.full([], float("-inf"), tl.float32)
+    r_idx = tl.zeros([], tl.int32)
+    p_best = tl.full([], float("-inf"), tl.float32)
+    p_idx = tl.zeros([], tl.int32)
+    for c in range(0, NCHUNK):
+        m, s, a, rb, ri, pb, pi = chunk_stats_race(
+            row_ptr, c * CHUNK, V, temp, stream, draft, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+        )
+        big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
+        r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
+        p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
+    return big_m, big_a, big_s, r_best, r_idx, p_best, p_idx
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def position_filter_stats(row_ptr,  # [V] one position's logits row
+                          V, temp, greedy, top_k, top_p,
+                          HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr,
+                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
+                          NCHUNK, LOG_X: tl.constexpr,
+                          bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+                          HAS_MASK: tl.constexpr,
+                          cand,  # (count [1] int32 (zeroed), ids [CAP] int32, x [CAP] float32)
+                          CAP: tl.constexpr, SB: tl.constexpr, SW: tl.constexpr):
+    """:func:`position_stats` of a sampling row under top-k / top-p in one pass over the row:
+    the statistics pass gathers the candidates (:func:`sample_pivot`, :func:`gather`) and the
+    thresholds are selected from them (:func:`select_filter`); the search runs only where the
+    buffer misses the kept set. Returns ``(max, argmax, kappa, Z, from_buffer)``."""
+    pivot = tl.full([], KEY_CEIL, tl.int64)
+    if filter_active(V, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP):
+        pivot = sample_pivot(row_ptr, V, temp, top_k, HAS_TOPK, LOG_X, bits_row, HAS_MASK, CAP,
+                             SB, SW, NPIV)
+    tl.debug_barrier()  # the previous position's readers are done with the buffer
+    big_m = tl.full([], float("-inf"), tl.float32)
+    big_s = tl.zeros([], tl.float32)
+    big_a = tl.zeros([], tl.int32)
+    for c in range(0, NCHUNK):
+        m, s, a = chunk_stats(
+            row_ptr, c * CHUNK, V, temp, True, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK, True,
+            pivot, cand, CAP,
+        )
+        big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
+    tl.debug_barrier()  # every gathered candidate is visible
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z = big_s
+    exact = greedy != 0  # False for the sampling rows: searched unless the buffer answers
+    if greedy == 0:
+        exact, kappa, z = select_filter(
+            tl.load(cand[0]), cand[1], cand[2], V, big_m, big_s, top_k, top_p, pivot, HAS_TOPK,
+            HAS_TOPP, CAP, NPIV,
+        )
+        if not exact:
+            kappa, z = thresholds(
+                row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+            )
+    return big_m, big_a, kappa, z, exact & (greedy == 0)
 # fmt: on
 
 

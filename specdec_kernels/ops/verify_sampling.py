@@ -8,13 +8,26 @@ helper and merged in chunk order. Two launch strategies use that helper:
 ``row``   grid ``(B,)``: a program walks its row's positions in order and stops at the first
           rejection, so logits rows after it are never read. Best when B fills the GPU.
 ``split`` grid ``(B * (K+1), NCHUNK)``: every position's vocabulary is split across programs
-          for the statistics and the resampling race; with top-k/top-p one ``(B * (K+1),)``
-          launch in between runs each position's threshold search; a small ``(B,)`` kernel makes
-          the decisions from the partials. Best for small batches. At most 4 launches.
+          for the statistics and the resampling race; with top-k/top-p a ``(B * (K+1),)``
+          launch before them estimates each position's gather cutoff and one after them
+          selects its thresholds; a small ``(B,)`` kernel makes the decisions from the partials.
+          Best for small batches. At most 5 launches.
 
 Both merge the same partial values in the same order, so their results are identical. Nothing is
-materialised beyond ``[B, K+1, NCHUNK]`` partials; the only large cost is reading logits (and the
-draft probabilities of the rejected position).
+materialised beyond ``[B, K+1, NCHUNK]`` partials (and, with a filter, ``CAP`` candidates per
+position); the only large cost is reading logits (and the draft probabilities of the rejected
+position).
+
+Top-k / top-p in one pass over the row (``_common``: :func:`sample_pivot`, :func:`gather`,
+:func:`select_filter`, :func:`buffer_race`). A sample of the row (at most 1/16 of it) gives a
+cutoff key aimed at ``CAP / 4`` tokens; the statistics pass appends every finite token at or above
+it to the position's candidate buffer while the tiles are in registers; the thresholds are then
+searched over the buffer in registers (exact integer masses: the atomic gather leaves the buffer
+in any order), and the race runs over the buffer, so the row is not read again. The answer is the
+reference's whenever the kept set lies in the buffer, which :func:`select_filter` checks (top-k:
+``k`` candidates; top-p: survivors whose mass reaches ``top_p * Z_k``; no overflow); elsewhere the
+position falls back to the pivot search over the row (``_common.thresholds``, 9 passes per filter)
+and the race over the row. Both strategies take the same decision from the same buffer contents.
 
 Acceptance rules (``METHOD``): the token rule below, or block verification (Sun et al. 2024;
 :mod:`specdec_kernels.reference.verify_block` is the specification): the walk keeps the weight
@@ -52,27 +65,35 @@ import triton.language as tl
 
 from specdec_kernels.ops._common import (
     COMPILE,
+    KEY_CEIL,
     KEY_FLOOR,
     PURPOSE_ACCEPT,
     PURPOSE_SAMPLE,
     WALK_COMPILE,
     RowControls,
     accept_draft,
+    buffer_race,
     chunk_race,
     chunk_residual_mass,
     chunk_stats,
+    chunk_stats_race,
     draft_prob,
+    filter_active,
     launch,
     launch_config,
     merge_best,
     merge_stats,
+    position_filter_stats,
     position_stats,
+    position_stats_race,
     row_controls,
     row_count,
     row_filters,
     row_key,
     row_sampling,
     row_temperature,
+    sample_pivot,
+    select_filter,
     stream_key,
     thresholds,
     uniform_first,
@@ -94,7 +115,8 @@ def compile_options(kernel) -> dict:
     """The compile options a kernel of this module is launched with (for the AOT checks)."""
     if kernel is _verify_row_kernel:
         return WALK_COMPILE
-    return SPLIT_COMPILE if kernel in (_split_threshold_kernel, _split_decide_kernel) else COMPILE
+    split = (_split_pivot_kernel, _split_threshold_kernel, _split_decide_kernel)
+    return SPLIT_COMPILE if kernel in split else COMPILE
 
 
 @triton.jit
@@ -291,16 +313,23 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
                         race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race (PARTIALS)
                         draft, j, kb, V, temp, key, m, z, kappa, weight, pos, NCHUNK,
                         PARTIALS: tl.constexpr, HAS_Q: tl.constexpr, CHUNK: tl.constexpr,
-                        BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+                        BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
+                        LOG_RACE: tl.constexpr = False):
     """The token a sampling row emits at its stop position ``j``: the recovered token (the race
     over ``max(0, weight * p - q)``: ``weight`` is 1 but for block verification with draft
     probabilities) at a rejected draft, else the bonus token (the race over ``p``). The chunks'
     race winners are merged in chunk order; they are run here over the row, or with
-    ``PARTIALS`` read from the split race kernel's partials of position ``pos``."""
+    ``PARTIALS`` read from the split race kernel's partials of position ``pos`` (``LOG_RACE``:
+    the statistics kernel's log-domain partials, ``_common.chunk_stats_race``)."""
     stream = stream_key(key, j, PURPOSE_SAMPLE)
-    r_best = tl.zeros([], tl.float32)
+    floor = 0.0
+    if LOG_RACE:
+        floor = float("-inf")
+    r_best = tl.full([], floor, tl.float32)
     r_idx = tl.zeros([], tl.int32)
     p_best = tl.full([], -1.0, tl.float32)
+    if LOG_RACE:
+        p_best = tl.full([], float("-inf"), tl.float32)
     p_idx = tl.zeros([], tl.int32)
     for c in range(0, NCHUNK):
         if PARTIALS:
@@ -316,7 +345,7 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
             )
         r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
         p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
-    return tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+    return tl.where((j < kb) & (r_best > floor), r_idx, p_idx)
 # fmt: on
 
 
@@ -363,11 +392,14 @@ def _verify_row_kernel(
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
+    cnt_ptr,  # [B, K+2] int32 zeros: candidates gathered per position (+1: the block re-read)
+    cidx_ptr, cx_ptr,  # [B, CAP] int32, float32: the row's candidate buffer (GATHER)
     V, K, NCHUNK, NROWS, QROWS,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
     NPIV: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
-    METHOD: tl.constexpr, HAS_MASK: tl.constexpr,
+    METHOD: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
+    SB: tl.constexpr, SW: tl.constexpr, FUSED: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
@@ -383,17 +415,37 @@ def _verify_row_kernel(
     stop_kappa = tl.full([], KEY_FLOOR, tl.int64)
     stop_z = tl.zeros([], tl.float32)
     stop_w = tl.full([], 1.0, tl.float32)
+    stop_buf = kb < 0  # the stop's filter came from the candidate buffer (False so far)
+    stop_race = tl.zeros([], tl.int32)  # FUSED: the stop's race winner, from its stats pass
+    cidx_row = cidx_ptr + b * CAP
+    cx_row = cx_ptr + b * CAP
     for _ in range(0, K + 1):  # each position is decided in order until the walk ends
         if go_on:
             jj = j.to(tl.int64)
             row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
             q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
             bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
-            m, a, kappa, z = position_stats(
-                row, V, temp, greedy, top_k, top_p, not GREEDY_ONLY, HAS_TOPK, HAS_TOPP, NPIV,
-                CHUNK, BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
-            )
+            from_buf = kb < 0
             draft = _draft(draft_ptr, stride_db, b, j, kb)
+            race = tl.zeros([], tl.int32)
+            if FUSED:  # one-hot drafts, no filter: the race rides on the statistics pass
+                m, a, z, rb, ri, pb, pi = position_stats_race(
+                    row, V, temp, stream_key(key, j, PURPOSE_SAMPLE), draft, NCHUNK, CHUNK,
+                    BLOCK, LOG_X, bits_row, HAS_MASK,
+                )
+                kappa = tl.full([], KEY_FLOOR, tl.int64)
+                race = tl.where((j < kb) & (rb > float("-inf")), ri, pi)
+            elif GATHER:
+                m, a, kappa, z, from_buf = position_filter_stats(
+                    row, V, temp, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
+                    TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                    (cnt_ptr + b * (K + 2) + jj, cidx_row, cx_row), CAP, SB, SW,
+                )
+            else:
+                m, a, kappa, z = position_stats(
+                    row, V, temp, greedy, top_k, top_p, not GREEDY_ONLY, HAS_TOPK, HAS_TOPP,
+                    NPIV, CHUNK, BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                )
             stop, go_on, next_weight = _decide(
                 row, q_row, bits_row, row,  # no mass partials: R_j is summed over the row
                 draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, 0, NCHUNK,
@@ -407,6 +459,8 @@ def _verify_row_kernel(
                     stop_a = a
                     stop_kappa = kappa
                     stop_z = z
+                    stop_buf = from_buf  # the walk ends here: the buffer is this position's
+                    stop_race = race
             weight = next_weight
             j += 1
     jj = n_acc.to(tl.int64)
@@ -415,20 +469,41 @@ def _verify_row_kernel(
     if METHOD == METHOD_BLOCK:
         # Block verification's walk goes on past its stop: carrying the stop's statistics through
         # it spills registers, so the stop position's row is read once more.
-        stop_m, stop_a, stop_kappa, stop_z = position_stats(
-            row, V, temp, greedy, top_k, top_p, True, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
-            TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
-        )
+        if GATHER:
+            stop_m, stop_a, stop_kappa, stop_z, stop_buf = position_filter_stats(
+                row, V, temp, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                (cnt_ptr + b * (K + 2) + K + 1, cidx_row, cx_row), CAP, SB, SW,
+            )
+        else:
+            stop_m, stop_a, stop_kappa, stop_z = position_stats(
+                row, V, temp, greedy, top_k, top_p, True, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+                BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+            )
     recovered_or_bonus = stop_a
     if not GREEDY_ONLY:
         if greedy == 0:
             q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
-            recovered_or_bonus = _recovered_or_bonus(
-                row, q_row, bits_row, row, row, row, row,  # no race partials: run over the row
-                _draft(draft_ptr, stride_db, b, n_acc, kb), n_acc, kb, V, temp, key, stop_m,
-                stop_z, stop_kappa, _race_weight(stop_w, HAS_Q, METHOD), 0, NCHUNK, False,
-                HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK,
-            )
+            draft = _draft(draft_ptr, stride_db, b, n_acc, kb)
+            race_w = _race_weight(stop_w, HAS_Q, METHOD)
+            if FUSED:
+                recovered_or_bonus = stop_race
+            elif stop_buf:  # the kept set is in the buffer: race over it, not the row
+                slot = jj
+                if METHOD == METHOD_BLOCK:
+                    slot = jj * 0 + K + 1
+                rb, ri, pb, pi = buffer_race(
+                    tl.load(cnt_ptr + b * (K + 2) + slot), cidx_row, cx_row, q_row, draft,
+                    stop_m, stop_z, stop_kappa, stream_key(key, n_acc, PURPOSE_SAMPLE),
+                    tl.where(n_acc < kb, V, 0), HAS_Q, race_w, CAP,
+                )
+                recovered_or_bonus = tl.where((n_acc < kb) & (rb > 0.0), ri, pi)
+            else:
+                recovered_or_bonus = _recovered_or_bonus(
+                    row, q_row, bits_row, row, row, row, row,  # no race partials: over the row
+                    draft, n_acc, kb, V, temp, key, stop_m, stop_z, stop_kappa, race_w, 0,
+                    NCHUNK, False, HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK,
+                )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
     )
@@ -444,10 +519,19 @@ def _split_stats_kernel(
     nd_ptr, temp_ptr,  # [B] num_draft_tokens, temperature
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] out: chunk max, sum-exp, argmax
     lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
+    pivot_ptr, cnt_ptr,  # [B*(K+1)] gather cutoff keys, zeroed candidate counts (GATHER)
+    cidx_ptr, cx_ptr,  # [B*(K+1), CAP] out: candidate token ids, x (GATHER)
+    draft_ptr, stride_db, seed_ptr,  # [B, K] draft token ids, [B] int64 seeds (FUSED)
+    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best log score, token
+    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best log score, token
     V, K, NCHUNK, NROWS,
     GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FLAT: tl.constexpr,
-    LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
+    LOG_X: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
+    FUSED: tl.constexpr,
 ):
+    """One chunk's statistics of one position; with ``GATHER`` it also fills the position's
+    filter candidates, with ``FUSED`` (one-hot drafts, no filter) it also runs the chunk's race
+    in the log domain (``_common.chunk_stats_race``): no race launch, one read of the row."""
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     b = pid // (K + 1)
@@ -457,13 +541,65 @@ def _split_stats_kernel(
         temp, greedy = row_temperature(temp_ptr, b, GREEDY_ONLY)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
-        m, s, a = chunk_stats(
-            row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
-        )
+        if FUSED:
+            m, s, a, rb, ri, pb, pi = chunk_stats_race(
+                row, c * CHUNK, V, temp, stream_key(row_key(tl.load(seed_ptr + b)), j,
+                                                    PURPOSE_SAMPLE),
+                _draft(draft_ptr, stride_db, b, j, kb), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+            )
+            at = pid * NCHUNK + c
+            tl.store(race_rb_ptr + at, rb)
+            tl.store(race_ri_ptr + at, ri)
+            tl.store(race_pb_ptr + at, pb)
+            tl.store(race_pi_ptr + at, pi)
+        elif GATHER:  # the statistics pass also fills the position's candidate buffer
+            m, s, a = chunk_stats(
+                row, c * CHUNK, V, temp, True, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK, True,
+                tl.load(pivot_ptr + pid), (cnt_ptr + pid, cidx_ptr + pid * CAP, cx_ptr + pid * CAP),
+                CAP,
+            )
+        else:
+            m, s, a = chunk_stats(
+                row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+            )
         out = pid * NCHUNK + c
         tl.store(part_m_ptr + out, m)
         tl.store(part_s_ptr + out, s)
         tl.store(part_a_ptr + out, a)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _split_pivot_kernel(
+    logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
+    bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
+    nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
+    pivot_ptr, cnt_ptr,  # [B*(K+1)] out: gather cutoff keys, candidate counts (zeroed)
+    lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
+    V, K, NROWS,
+    HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
+    HAS_MASK: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr, SW: tl.constexpr,
+    NPIV: tl.constexpr,
+):
+    """The gather cutoff of one position from a sample of its row (``_common.sample_pivot``,
+    ``SB * SW`` tokens: 3% of a 128k row), ``KEY_CEIL`` (gather nothing) where no filter is on;
+    the candidate count is zeroed for the statistics pass."""
+    pid = tl.program_id(0).to(tl.int64)
+    b = pid // (K + 1)
+    j = pid % (K + 1)
+    kb = row_count(nd_ptr, b, 0, K)
+    temp, greedy = row_temperature(temp_ptr, b, False)
+    top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
+    pivot = tl.full([], KEY_CEIL, tl.int64)
+    if (j <= kb) & filter_active(V, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP):
+        row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
+        bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+        pivot = sample_pivot(row, V, temp, top_k, HAS_TOPK, LOG_X, bits_row, HAS_MASK, CAP, SB,
+                             SW, NPIV)
+    tl.store(pivot_ptr + pid, pivot)
+    tl.store(cnt_ptr + pid, 0)
 # fmt: on
 
 
@@ -477,14 +613,18 @@ def _split_threshold_kernel(
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
     kappa_ptr, z_ptr,  # [B*(K+1)] out: key threshold, kept mass
     lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
+    pivot_ptr, cnt_ptr,  # [B*(K+1)] gather cutoff keys, candidate counts
+    cidx_ptr, cx_ptr,  # [B*(K+1), CAP] candidate token ids, x
+    mode_ptr,  # [B*(K+1)] int32 out: 1 where the filter came from the buffer (race over it)
     V, K, NCHUNK, NROWS,
     HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
     TBLOCK: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
+    CAP: tl.constexpr,
 ):
-    """The top-k / top-p threshold of one position, in one program: the same search as the row
-    strategy (``_common.thresholds``, chunk partials added in chunk order) started from the
-    merged chunk statistics, so both strategies find the same ``kappa`` and ``Z``. One launch
-    for every filter and every round (a launch per round cost 36 launches)."""
+    """The top-k / top-p threshold of one position: selected from the candidates its statistics
+    pass gathered (``_common.select_filter``, the row strategy's rule on the same buffer), or,
+    where the buffer misses the kept set, the search over the row (``_common.thresholds``, chunk
+    partials added in chunk order), so both strategies find the same ``kappa`` and ``Z``."""
     pid = tl.program_id(0).to(tl.int64)
     b = pid // (K + 1)
     j = pid % (K + 1)
@@ -493,16 +633,23 @@ def _split_threshold_kernel(
     big_m, big_s, big_a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pid * NCHUNK, NCHUNK)
     kappa = tl.full([], KEY_FLOOR, tl.int64)
     z = big_s
+    from_buf = kb < 0
     if (j <= kb) & (greedy == 0):
         top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
-        row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
-        bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
-        kappa, z = thresholds(
-            row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, TBLOCK,
-            NCHUNK, LOG_X, bits_row, HAS_MASK,
+        from_buf, kappa, z = select_filter(
+            tl.load(cnt_ptr + pid), cidx_ptr + pid * CAP, cx_ptr + pid * CAP, V, big_m, big_s,
+            top_k, top_p, tl.load(pivot_ptr + pid), HAS_TOPK, HAS_TOPP, CAP, NPIV,
         )
+        if not from_buf:
+            row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
+            bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+            kappa, z = thresholds(
+                row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+            )
     tl.store(kappa_ptr + pid, kappa)
     tl.store(z_ptr + pid, z)
+    tl.store(mode_ptr + pid, from_buf.to(tl.int32))
 # fmt: on
 
 
@@ -554,13 +701,18 @@ def _split_race_kernel(
     race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best score, token
     mass_ptr,  # [B*(K+1), NCHUNK] out: block residual mass (METHOD block with HAS_Q)
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
+    mode_ptr, cnt_ptr,  # [B*(K+1)] 1 where the filter came from the buffer, candidate counts
+    cidx_ptr, cx_ptr,  # [B*(K+1), CAP] candidate token ids, x (HAS_FILTER)
     V, K, NCHUNK, NROWS, QROWS,
     HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr, HAS_MASK: tl.constexpr,
+    CAP: tl.constexpr,
 ):
     """One chunk's race winners of one position (what :func:`_recovered_or_bonus` merges); for
     block verification with draft probabilities the race is over the weighted residual and the
-    chunk's residual mass (what :func:`_residual_mass` adds) is written too."""
+    chunk's residual mass (what :func:`_residual_mass` adds) is written too. A position whose
+    filter came from its candidate buffer races over the buffer in its chunk-0 program (the
+    other chunks' partials are the race's neutral values): its row is not read again."""
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     b = pid // (K + 1)
@@ -591,10 +743,24 @@ def _split_race_kernel(
                     tl.where(j < kb, V, 0), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
                 )
                 tl.store(mass_ptr + pid * NCHUNK + c, mass)
-        rb, ri, pb, pi = chunk_race(
-            row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa, stream,
-            tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
-        )
+        from_buf = kb < 0
+        if HAS_FILTER:
+            from_buf = tl.load(mode_ptr + pid) != 0
+        rb = tl.zeros([], tl.float32)
+        ri = tl.zeros([], tl.int32)
+        pb = tl.full([], -1.0, tl.float32)
+        pi = tl.zeros([], tl.int32)
+        if from_buf:
+            if c == 0:
+                rb, ri, pb, pi = buffer_race(
+                    tl.load(cnt_ptr + pid), cidx_ptr + pid * CAP, cx_ptr + pid * CAP, q_row,
+                    draft, big_m, z, kappa, stream, tl.where(j < kb, V, 0), HAS_Q, weight, CAP,
+                )
+        else:
+            rb, ri, pb, pi = chunk_race(
+                row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa, stream,
+                tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
+            )
         out = pid * NCHUNK + c
         tl.store(race_rb_ptr + out, rb)
         tl.store(race_ri_ptr + out, ri)
@@ -623,7 +789,7 @@ def _split_decide_kernel(
     V, K, NCHUNK, NROWS, QROWS,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr,
-    HAS_MASK: tl.constexpr,
+    HAS_MASK: tl.constexpr, LOG_RACE: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
@@ -659,7 +825,7 @@ def _split_decide_kernel(
             recovered_or_bonus = _recovered_or_bonus(
                 logits_ptr, q_ptr, bits_ptr, race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,
                 0, n_acc, kb, V, temp, key, 0.0, 1.0, 0, 1.0, pos, NCHUNK, True, HAS_Q, 1, 1,
-                LOG_X, HAS_MASK,
+                LOG_X, HAS_MASK, LOG_RACE,
             )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
@@ -762,6 +928,16 @@ class _Args:
         return self.controls.has_top_k or self.controls.has_top_p
 
     @property
+    def fused_race(self) -> bool:
+        """Does the statistics pass run the race too (sampling, one-hot drafts, no filter)?"""
+        return not (self.greedy_only or self.rows.has_q or self.has_filter)
+
+    @property
+    def gather(self) -> bool:
+        """Do the statistics passes gather filter candidates (sampling with top-k / top-p)?"""
+        return self.has_filter and not self.greedy_only
+
+    @property
     def layout(self) -> dict:
         """The layout constexprs every kernel takes."""
         return {"FLAT": self.rows.flat, "LOG_X": self.log_input, "HAS_MASK": self.rows.has_mask}
@@ -776,6 +952,8 @@ class _Args:
 def _launch_row(a: _Args, tokens, num_accepted):
     """The row strategy: one program per row walks its positions (:func:`_verify_row_kernel`)."""
     c = a.controls
+    batch, k1 = tokens.shape
+    cand = _candidates(batch, k1 + 1, a.cfg["CAP"] if a.gather else 0, tokens.device)
     launch(
         _verify_row_kernel, (tokens.shape[0],),
         *a.rows.logits,
@@ -788,12 +966,43 @@ def _launch_row(a: _Args, tokens, num_accepted):
         tokens,
         num_accepted,
         a.rows.lstart, a.rows.qstart,
+        cand.count,
+        cand.ids, cand.x,
         *a.sizes, a.rows.qrows,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p,
         **a.tiles("CHUNK", "BLOCK", "TBLOCK", "NPIV"), BLOCK_K=a.block_k, **a.layout,
-        METHOD=a.method, **WALK_COMPILE,
+        METHOD=a.method, GATHER=a.gather, **a.tiles("CAP", "SB", "SW"),
+        FUSED=a.fused_race and a.method == METHODS["token"], **WALK_COMPILE,
     )
 # fmt: on
+
+
+@dataclasses.dataclass(frozen=True)
+class _Candidates:
+    """The filters' candidate buffers (``_common.gather``): per position (split) or per row
+    (row strategy, reused along the walk) ``CAP`` token ids and ``x``, a count per position,
+    the split strategy's cutoff key and "filter from the buffer" flag per position. One-element
+    placeholders when nothing is gathered."""
+
+    count: torch.Tensor  # int32 [slots], zeroed (the split pivot kernel zeroes its own)
+    ids: torch.Tensor  # int32 [buffers, CAP]
+    x: torch.Tensor  # float32 [buffers, CAP]
+    pivot: torch.Tensor  # int64 [slots]
+    mode: torch.Tensor  # int32 [slots]
+
+
+def _candidates(buffers: int, slots_per_buffer: int, cap: int, device) -> _Candidates:
+    if cap == 0:
+        one = torch.zeros(1, dtype=torch.int32, device=device)
+        return _Candidates(one, one, one.float(), one.long(), one)
+    slots = buffers * slots_per_buffer
+    return _Candidates(
+        count=torch.zeros(slots, dtype=torch.int32, device=device),
+        ids=torch.empty(buffers, cap, dtype=torch.int32, device=device),
+        x=torch.empty(buffers, cap, dtype=torch.float32, device=device),
+        pivot=torch.empty(slots, dtype=torch.int64, device=device),
+        mode=torch.empty(slots, dtype=torch.int32, device=device),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -805,9 +1014,10 @@ class _Partials:
     filter: tuple  # [B*(K+1)] key threshold (int64), kept mass (float32)
     # [B*(K+1), NCHUNK] residual best, token, plain best, token, block residual mass
     race: tuple  # (f32, i32, f32, i32, f32)
+    cand: _Candidates  # [B*(K+1)] buffers (or placeholders without a filter)
 
 
-def _partials(positions: int, nchunk: int, device) -> _Partials:
+def _partials(positions: int, nchunk: int, device, cap: int = 0) -> _Partials:
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
 
@@ -820,11 +1030,28 @@ def _partials(positions: int, nchunk: int, device) -> _Partials:
         ),
         filter=(empty(positions, dtype=torch.int64), empty(positions, dtype=f32)),
         race=tuple(empty(positions, nchunk, dtype=dt) for dt in (f32, i32, f32, i32, f32)),
+        cand=_candidates(positions, 1, cap, device),
     )
 
 
 # launch arguments in the kernel signature's groups, one line each: no reformatting
 # fmt: off
+def _launch_split_pivot(a: _Args, parts: _Partials, positions: int):
+    c = a.controls
+    vocab, k, _, nrows = a.sizes
+    launch(
+        _split_pivot_kernel, (positions,),
+        *a.rows.logits,
+        *a.rows.bits,
+        a.num_draft_tokens, c.temperature, c.top_k, c.top_p,
+        parts.cand.pivot, parts.cand.count,
+        a.rows.lstart,
+        vocab, k, nrows,
+        HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p, **a.layout,
+        **a.tiles("CAP", "SB", "SW", "NPIV"), **SPLIT_COMPILE,
+    )
+
+
 def _launch_split_stats(a: _Args, parts: _Partials, positions: int):
     launch(
         _split_stats_kernel, (positions, a.cfg["NCHUNK"]),
@@ -833,8 +1060,13 @@ def _launch_split_stats(a: _Args, parts: _Partials, positions: int):
         a.num_draft_tokens, a.controls.temperature,
         *parts.stats,
         a.rows.lstart,
+        parts.cand.pivot, parts.cand.count,
+        parts.cand.ids, parts.cand.x,
+        *a.drafts, a.controls.seeds,
+        *parts.race[:4],
         *a.sizes,
-        GREEDY_ONLY=a.greedy_only, **a.tiles("CHUNK", "BLOCK"), **a.layout, **COMPILE,
+        GREEDY_ONLY=a.greedy_only, **a.tiles("CHUNK", "BLOCK"), **a.layout, GATHER=a.gather,
+        **a.tiles("CAP"), FUSED=a.fused_race, **COMPILE,
     )
 
 
@@ -848,9 +1080,12 @@ def _launch_split_thresholds(a: _Args, parts: _Partials, positions: int):
         *parts.stats,
         *parts.filter,
         a.rows.lstart,
+        parts.cand.pivot, parts.cand.count,
+        parts.cand.ids, parts.cand.x,
+        parts.cand.mode,
         *a.sizes,
         HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p, **a.tiles("NPIV", "CHUNK", "TBLOCK"),
-        **a.layout, **SPLIT_COMPILE,
+        **a.layout, **a.tiles("CAP"), **SPLIT_COMPILE,
     )
 
 
@@ -866,9 +1101,11 @@ def _launch_split_race(a: _Args, parts: _Partials, positions: int):
         *parts.filter,
         *parts.race,
         a.rows.lstart, a.rows.qstart,
+        parts.cand.mode, parts.cand.count,
+        parts.cand.ids, parts.cand.x,
         *a.sizes, a.rows.qrows,
         HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, **a.tiles("CHUNK", "BLOCK"), **a.layout,
-        METHOD=a.method, **COMPILE,
+        METHOD=a.method, **a.tiles("CAP"), **COMPILE,
     )
 
 
@@ -888,7 +1125,7 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
         a.rows.lstart, a.rows.qstart,
         *a.sizes, a.rows.qrows,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, BLOCK_K=a.block_k,
-        **a.layout, METHOD=a.method, **SPLIT_COMPILE,
+        **a.layout, METHOD=a.method, LOG_RACE=a.fused_race, **SPLIT_COMPILE,
     )
 # fmt: on
 
@@ -896,9 +1133,11 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
 def _launch_split(a: _Args, tokens, num_accepted):
     """The split strategy: statistics, then (sampling) thresholds and race, then the decisions."""
     positions = tokens.numel()  # B * (K+1)
-    parts = _partials(positions, a.cfg["NCHUNK"], tokens.device)
+    parts = _partials(positions, a.cfg["NCHUNK"], tokens.device, a.cfg["CAP"] if a.gather else 0)
+    if a.gather:
+        _launch_split_pivot(a, parts, positions)
     _launch_split_stats(a, parts, positions)
-    if not a.greedy_only:
+    if not (a.greedy_only or a.fused_race):
         if a.has_filter:
             _launch_split_thresholds(a, parts, positions)
         _launch_split_race(a, parts, positions)

@@ -1,0 +1,206 @@
+"""Memory traffic of the Triton kernels, counted without a GPU.
+
+Under Triton's interpreter (``TRITON_INTERPRET=1``) every ``tl.load`` goes through one Python
+method with the addresses it reads and its mask; :func:`count_traffic` wraps it and adds up, per
+named tensor, the bytes loaded from that tensor's address range, and records each launch's
+program count. :func:`traffic_rows` runs this over the cases of a benchmark grid
+(``specdec bench ops --traffic``) and reports, per case:
+
+- ``logits_passes``: bytes loaded from the target logits / the bytes of the rows touched at least
+  once (a kernel that reads each row it needs once scores 1.0; the split strategy touches every
+  position's row, the row strategy only those up to the first rejection);
+- ``q_passes``: the same for the draft probabilities;
+- ``loaded_vs_needed``: every byte loaded from the logits and draft probabilities over the bytes
+  the answer needs (:mod:`specdec_kernels.benchmarks.ops`: rows up to the first rejection);
+- ``programs``: the program count of each launch, in launch order, ``logits_by_launch`` the
+  logits bytes each loaded, and ``row_pass_programs_per_position``: the programs per position of
+  the launch that loads the most logits (how far the pass over one row is spread).
+
+What it cannot see: whether a load hits in cache (a chunk re-read by the same program usually
+does; a second pass over a 128k-token row at large batch does not), occupancy, latency and the
+arithmetic per byte. It counts loads as issued, so it is an upper bound on DRAM traffic and a
+lower bound on nothing; times on a device are in ``bench/gpu_check.sh``'s tables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+#: Shapes scaled down for the interpreter (one Python step per tile): a case keeps its ``B``, ``K``
+#: and ``V``'s chunk count where it can, with ``V`` capped here.
+TRAFFIC_MAX_V = 32000
+TRAFFIC_MAX_B = 8
+
+
+@dataclasses.dataclass
+class Traffic:
+    """What :func:`count_traffic` saw: bytes loaded per region, distinct bytes touched per
+    region, and one ``(kernel, programs)`` pair per launch."""
+
+    loaded: dict[str, int]
+    touched: dict[str, int]
+    launches: list[tuple[str, int]]
+    launch_loads: list[dict[str, int]] = dataclasses.field(default_factory=list)
+    _addresses: dict[str, list] = dataclasses.field(default_factory=dict, repr=False)
+
+    def passes(self, name: str) -> float:
+        """Bytes loaded from ``name`` per distinct byte touched (0 when untouched)."""
+        return self.loaded[name] / self.touched[name] if self.touched[name] else 0.0
+
+
+@contextlib.contextmanager
+def count_traffic(**regions: torch.Tensor) -> Iterator[Traffic]:
+    """Count loads by address range while interpreted Triton kernels run in the block.
+
+    ``regions`` name the tensors to watch (their storage's address ranges); loads elsewhere are
+    not counted. Requires ``TRITON_INTERPRET=1`` at import of the kernels.
+    """
+    from triton.runtime import interpreter
+
+    ranges = {
+        name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+        for name, t in regions.items()
+        if t is not None
+    }
+    out = Traffic({n: 0 for n in ranges}, {n: 0 for n in ranges}, [])
+    out._addresses = {n: [] for n in ranges}
+    builder = interpreter.InterpreterBuilder
+    original_load = builder.create_masked_load
+    original_run = interpreter.InterpretedFunction.run
+
+    def load(self, ptrs, mask, other, cache_policy, is_volatile):
+        addr = np.asarray(ptrs.data).reshape(-1)
+        live = addr[np.asarray(mask.data).reshape(-1).astype(bool)]
+        size = ptrs.get_element_ty().primitive_bitwidth // 8
+        for name, (lo, hi) in ranges.items():
+            hit = live[(live >= lo) & (live < hi)]
+            if hit.size:
+                out.loaded[name] += int(hit.size) * size
+                if out.launch_loads:
+                    per = out.launch_loads[-1]
+                    per[name] = per.get(name, 0) + int(hit.size) * size
+                out._addresses[name].append((hit.astype(np.uint64), size))
+        return original_load(self, ptrs, mask, other, cache_policy, is_volatile)
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if not warmup:
+            g = grid(kwargs) if callable(grid) else grid
+            g = tuple(g) + (1,) * (3 - len(tuple(g)))
+            out.launches.append((self.__name__, int(np.prod(g))))
+            out.launch_loads.append({})
+        return original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    builder.create_masked_load = load
+    interpreter.InterpretedFunction.run = run
+    try:
+        yield out
+    finally:
+        builder.create_masked_load = original_load
+        interpreter.InterpretedFunction.run = original_run
+        for name, chunks in out._addresses.items():
+            if chunks:
+                unique = np.unique(np.concatenate([c for c, _ in chunks]))
+                out.touched[name] = int(unique.size) * chunks[0][1]
+        out._addresses = {}
+
+
+def interpreter_active() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def scaled(case):
+    """``case`` with its shapes capped for the interpreter (:data:`TRAFFIC_MAX_V`, ``_B``)."""
+    return dataclasses.replace(case, B=min(case.B, TRAFFIC_MAX_B), V=min(case.V, TRAFFIC_MAX_V))
+
+
+def case_traffic(case, flat_rows: bool = False) -> dict:
+    """One row of the traffic table: the Triton provider of ``case`` run once under
+    :func:`count_traffic`. ``flat_rows`` replaces the logits by ``randn * 0.1`` (a flat row:
+    the filters keep thousands of tokens, the candidate buffer's worst case)."""
+    from specdec_kernels.benchmarks import ops as bench_ops
+
+    device = torch.device("cpu")
+    bench = bench_ops.SETUP[case.op](case, device)
+    logits, drafts, q, kw = bench.inputs
+    if flat_rows:
+        g = torch.Generator().manual_seed(1)
+        logits = (torch.randn(logits.shape, generator=g) * 0.1).to(logits.dtype)
+    import specdec_kernels as sk
+
+    call = {
+        "verify_greedy": lambda: sk.verify_greedy(logits, drafts, backend="triton", validate=False),
+        "verify_sampling": lambda: sk.verify_sampling(logits, drafts, q, backend="triton", **kw),
+    }[case.op]
+    call()  # first call: nothing to warm, but keeps the counted call like every later one
+    with count_traffic(logits=logits, q=q) as t:
+        call()
+    needed_rows = bench.bytes_needed
+    loaded = t.loaded["logits"] + t.loaded.get("q", 0)
+    # the launch that reads the most logits (the pass over the rows): its programs per position
+    heavy = max(range(len(t.launches)), key=lambda i: t.launch_loads[i].get("logits", 0))
+    spread = t.launches[heavy][1] / (case.B * (case.K + 1))
+    return {
+        "case": case.name + ("-flat" if flat_rows else ""),
+        "op": case.op,
+        "B": case.B,
+        "K": case.K,
+        "V": case.V,
+        "dtype": case.dtype,
+        "draft_probs": case.draft_probs,
+        "top_k_top_p": case.top_k_top_p,
+        "flat_rows": flat_rows,
+        "logits_passes": round(t.passes("logits"), 3),
+        "q_passes": round(t.passes("q"), 3) if "q" in t.loaded else None,
+        "loaded_vs_needed": round(loaded / needed_rows, 3),
+        "launches": [name for name, _ in t.launches],
+        "programs": [p for _, p in t.launches],
+        "logits_by_launch": [d.get("logits", 0) for d in t.launch_loads],
+        "row_pass_programs_per_position": round(spread, 3),
+    }
+
+
+def traffic_rows(cases, flat: bool = True) -> list[dict]:
+    """:func:`case_traffic` of every verify_greedy / verify_sampling case (scaled), plus the flat
+    rows of the filtered sampling cases when ``flat``."""
+    rows = []
+    seen = set()
+    for case in cases:
+        if case.op not in ("verify_greedy", "verify_sampling"):
+            continue
+        c = scaled(case)
+        if c in seen:
+            continue
+        seen.add(c)
+        rows.append(case_traffic(c))
+        if flat and c.top_k_top_p:
+            rows.append(case_traffic(c, flat_rows=True))
+    return rows
+
+
+def format_traffic(rows: list[dict]) -> str:
+    """The traffic table as Markdown."""
+    head = (
+        "| case | logits passes | q passes | loaded / needed | programs / position (row pass) "
+        "| launches (programs) |\n|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for r in rows:
+        progs = ", ".join(f"{n.strip('_')} {p}" for n, p in zip(r["launches"], r["programs"]))
+        q = "" if r["q_passes"] is None else f"{r['q_passes']:.2f}"
+        lines.append(
+            f"| {r['case']} | {r['logits_passes']:.2f} | {q} | {r['loaded_vs_needed']:.2f} "
+            f"| {r['row_pass_programs_per_position']:g} | {progs} |"
+        )
+    return "\n".join(lines)
+
+
+def save_traffic(rows: list[dict], path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump({"traffic": rows}, fh, indent=1)
