@@ -265,6 +265,18 @@ def _native(name: str) -> Callable:
 
 
 KV_OPS = ("kv_write_", "kv_compact_", "paged_kv_write_", "paged_kv_compact_")
+#: The model kernels (:mod:`specdec_kernels.models`): native only, the extension's op of the same
+#: name; a model runs its own PyTorch pass (their reference) where
+#: :func:`specdec_kernels._extension.has_op` says the op is missing, so it asks for none here.
+MODEL_OPS = (
+    "rowinv_linear",
+    "rowinv_attention",
+    "causal_lm_pass",
+    "causal_lm_greedy_chain",
+    "causal_lm_draft_pass",
+    "causal_lm_draft_chain",
+    "causal_lm_draft_sample_chain",
+)
 
 #: (op, backend) -> kernel. ``verify_typical`` / ``verify_block`` are the chain op in typical /
 #: block mode.
@@ -291,6 +303,7 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("accept_tests_passed", "reference"): ref_accept_tests.accept_tests_passed,
     **{(name, "native"): _native("native_" + name) for name in KV_OPS},
     **{(name, "reference"): getattr(ref_kv, name) for name in KV_OPS},
+    **{(name, "native"): _native(name) for name in MODEL_OPS},
 }
 #: The extension's op behind each native kernel (an extension built before it has none).
 _NATIVE_ENTRY = {
@@ -302,6 +315,7 @@ _NATIVE_ENTRY = {
     "accept_reject": "native_accept_reject",
     "accept_tests_passed": "native_accept_tests_passed",
     **{name: "native_" + name for name in KV_OPS},
+    **{name: name for name in MODEL_OPS},
 }
 
 
@@ -316,7 +330,7 @@ def kernel(op: str, backend: str) -> Callable:
             f"specdec_kernels: {op} has no {backend} kernel yet; using the pure-PyTorch reference",
         )
         return _TABLE[(op, "reference")]
-    if backend == "native" and not hasattr(torch.ops.specdec, _NATIVE_ENTRY[op]):
+    if backend == "native" and not _extension.has_op(_NATIVE_ENTRY[op]):
         warn_once(
             f"{op}-stale-extension",
             f"specdec_kernels: the loaded C++ extension predates the native {op} kernel "

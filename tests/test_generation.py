@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
+from specdec_kernels import _extension
 from specdec_kernels.adaptive import best_num_draft_tokens, expected_tokens
 from specdec_kernels.generation import autoregressive_generate
 from specdec_kernels.models import CausalLM, CausalLMConfig
@@ -357,7 +358,7 @@ def test_expected_accepts_kernel_is_the_reference(dtype, temperature):
     NaN in q) count their outcome in both."""
     from specdec_kernels.adaptive import expected_accepts, expected_accepts_reference
 
-    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+    if not _extension.has_op("native_expected_accepts"):
         pytest.skip("the C++ extension is not built")
     logits, q, n, drafted = _expected_inputs(9, 5, 257, dtype, seed=3)
     logits = logits.clone()
@@ -386,7 +387,7 @@ def test_expected_accepts_kernel_sums_a_wide_peaked_row_exactly():
     mass, 0.0075), position 1's halfway between ``p`` and that (~0.504): the kernel must be the
     float64 sum to float32 rounding (issue 56, 3.1: the float32 sums gave +0.67% on position 0,
     the estimate +0.62% on a peaked row)."""
-    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+    if not _extension.has_op("native_expected_accepts"):
         pytest.skip("the C++ extension is not built")
     v = 129_280
     logits = torch.full((1, 3, v), -16.65)
@@ -407,7 +408,7 @@ def test_expected_accepts_kernel_sums_a_wide_peaked_row_exactly():
 
 
 def test_expected_accepts_names_a_bad_argument():
-    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+    if not _extension.has_op("native_expected_accepts"):
         pytest.skip("the C++ extension is not built")
     logits, q, n, drafted = _expected_inputs(2, 3, 11, torch.float32, seed=0)
     op = torch.ops.specdec.native_expected_accepts
@@ -469,7 +470,7 @@ def test_native_finish_ms_is_the_python_model_bit_for_bit():
         _stretch_table,
     )
 
-    if not hasattr(torch.ops.specdec, "native_finish_ms"):
+    if not _extension.has_op("native_finish_ms"):
         pytest.skip("the C++ extension is not built")
     rnd = random.Random(7)
     for trial in range(300):

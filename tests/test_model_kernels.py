@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import specdec_kernels as sk
+from specdec_kernels import _extension
 from specdec_kernels.adaptive import PassCosts, measure_pass_costs, pick_k
 from specdec_kernels.models import CausalLM, CausalLMConfig
 from specdec_kernels.models.bundled import fastest_dtype, heldout_text, row_invariant_available
 
 pytestmark = pytest.mark.skipif(
-    not hasattr(torch.ops.specdec, "rowinv_linear"), reason="the C++ extension is not built"
+    not _extension.has_op("rowinv_linear"), reason="the C++ extension is not built"
 )
 op = torch.ops.specdec
 

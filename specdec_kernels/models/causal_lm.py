@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from specdec_kernels import _dispatch, _extension
 from specdec_kernels.models.transformer import TANH_GELU, Block, activation, init_weights, linear
 
 # GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
@@ -266,12 +267,10 @@ class CausalLM(nn.Module):
 
     def row_invariant_problem(self) -> str | None:
         """Why :attr:`row_invariant` cannot be turned on here, or ``None`` if it can."""
-        from specdec_kernels import _extension
-
         p = self.lm_head.weight
         if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
             return f"needs a float32 or bfloat16 model on the CPU, got {p.dtype} on {p.device}"
-        if not _extension.loaded() or not hasattr(torch.ops.specdec, "rowinv_linear"):
+        if not _extension.has_op("rowinv_linear"):
             return "needs the C++ extension, which is not built"
         if self.config.head_dim % 16:
             return f"needs a head size divisible by 16, got {self.config.head_dim}"
@@ -428,10 +427,10 @@ class CausalLM(nn.Module):
         draw>` draws it, up to float rounding; returns the drafts ``[B, num_tokens]`` and the
         ``q`` they came from ``[B, num_tokens, V]`` (float32). Writes and commits as
         :meth:`greedy_chain` does."""
+        filters = (float(temperature), int(top_k or 0), 1.0 if top_p is None else float(top_p))
         return self._one_op(
             "causal_lm_draft_sample_chain", input_ids, cache, num_valid, kv_len, num_tokens,
-            seeds=seeds, temperature=float(temperature), top_k=int(top_k or 0),
-            top_p=1.0 if top_p is None else float(top_p),
+            tail=(seeds, *filters),
         )  # fmt: skip
 
     def draft_logits(
@@ -448,19 +447,21 @@ class CausalLM(nn.Module):
             return self(input_ids, cache, **kw).float()
         return logits
 
-    def _one_op(self, name: str, input_ids: torch.Tensor, cache, *args, **kwargs):
+    def _one_op(self, name: str, input_ids: torch.Tensor, cache, *args, tail=()):
         """:meth:`_native` on this model's threads where the one-op pass runs and the extension
         has ``specdec::<name>``; ``None`` (nothing done) elsewhere."""
-        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, name)):
+        if not (self._one_op_pass(cache) and _extension.has_op(name)):
             return None
         with self._on_own_threads():
-            return self._native(name, input_ids, cache, *args, **kwargs)
+            return self._native(name, input_ids, cache, *args, tail=tail)
 
-    def _native(self, name: str, input_ids: torch.Tensor, cache, *args, **kwargs):
+    def _native(self, name: str, input_ids: torch.Tensor, cache, *args, tail=()):
         """``specdec::<name>`` on this model: ``(input_ids, cache.kv, cache.lengths, *args,
-        weights, n_head, eps, **kwargs)``, the order every native pass and chain takes."""
+        weights, n_head, eps, *tail)``, the order every native pass and chain takes (``tail``: a
+        sampled chain's seeds, temperature, top-k and top-p); the kernel is the routing table's
+        (:func:`specdec_kernels._dispatch.kernel`)."""
         c = self.config
-        op = getattr(torch.ops.specdec, name)
+        op = _dispatch.kernel(name, "native")
         weights = self._pass_weights()
         return op(
             input_ids,
@@ -470,7 +471,7 @@ class CausalLM(nn.Module):
             weights,
             c.n_head,
             c.layer_norm_epsilon,
-            **kwargs,
+            *tail,
         )
 
     def _one_op_pass(self, cache) -> bool:
@@ -484,9 +485,7 @@ class CausalLM(nn.Module):
             return False
         if torch.is_grad_enabled() and any(w.requires_grad for w in self._pass_weights()):
             return False  # the op has no backward: autograd records the Python ops
-        return self.config.activation_function in TANH_GELU and hasattr(
-            torch.ops.specdec, "causal_lm_pass"
-        )
+        return self.config.activation_function in TANH_GELU and _extension.has_op("causal_lm_pass")
 
     def _pass_weights(self) -> list[torch.Tensor]:
         """The weights ``specdec::causal_lm_pass`` takes, in its order.
