@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 
 from specdec_kernels._dispatch import check_backend
-from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, measure_pass_costs
 from specdec_kernels.decoding import (
     Decoder,
     DecodeResult,
@@ -28,6 +27,7 @@ from specdec_kernels.decoding import (
 )
 from specdec_kernels.decoding.adapters import CausalLMAdapter, adapter_for
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
+from specdec_kernels.tuning import AcceptanceTracker, PassCosts, measure_pass_costs
 
 __all__ = [
     "GenerationOutput",
@@ -89,12 +89,13 @@ class SpeculativeGenerator:
         prompt-lookup drafting (no model).
     num_speculative_tokens : int, "auto" or None
         Draft tokens per pass ``K >= 1``, or ``"auto"`` (the default, ``None``, for chains):
-        before each step, the ``K`` in ``0 .. max_speculative_tokens`` that maximises the live
-        batch's expected tokens per millisecond (:meth:`specdec_kernels.adaptive.PassCosts.best_k`)
-        from the rows' measured acceptance and the pair's pass costs; ``K = 0`` lets the target
+        before each step, the ``K`` in ``0 .. max_speculative_tokens`` that finishes the live
+        batch soonest (:meth:`specdec_kernels.tuning.PassCosts.finish_ms`,
+        :class:`specdec_kernels.decoding.policy.AutoK`) from the rows' measured acceptance and
+        the pair's pass costs; ``K = 0`` lets the target
         decode alone while drafting would not pay. The costs are measured once per pair, dtype,
         device and thread count, before any generation, and cached
-        (:func:`specdec_kernels.adaptive.measure_pass_costs`); the loop never times anything,
+        (:func:`specdec_kernels.tuning.measure_pass_costs`); the loop never times anything,
         so the same seed gives the same output on every call. With ``tree``, ``None`` is unused.
     max_speculative_tokens : int
         Upper bound of ``K`` for ``"auto"`` (default 8).
@@ -106,7 +107,7 @@ class SpeculativeGenerator:
         ``cost_ratio``; default 0).
     costs : PassCosts, optional
         The pass costs ``"auto"`` prices each step with. Default: measured by
-        :func:`specdec_kernels.adaptive.measure_pass_costs` for models with a KV cache
+        :func:`specdec_kernels.tuning.measure_pass_costs` for models with a KV cache
         (``sk.models.CausalLM``), else the batch-blind model of ``cost_ratio`` (default: the
         ratio of multiply-adds per token, :func:`cost_per_token`) and ``verify_cost``.
     ngram_size : int
@@ -321,7 +322,7 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     costs, before any generation."""
     import json
 
-    from specdec_kernels._cache import remembered
+    from specdec_kernels.tuning._timing import remembered
 
     key = "loop6:" + json.dumps(costs.to_dict(), sort_keys=True)
     return remembered(

@@ -3,12 +3,12 @@
 The layers, lowest first (:data:`LAYERS`); a module imports only from its own layer or the
 ones below it::
 
-    _warnings, _version, _cache, _validate, reference, _C    leaves
+    _warnings, _version, _validate, reference, _C            leaves
     _extension                                              loads _C
     ops                                                     Triton kernels and launchers
     _dispatch                                               picks the backend; the routing table
     verification, tree_verification, kv_cache, logprobs     the custom ops
-    models, decoding, distributed, compat, adaptive, ngram, grammar
+    models, decoding, distributed, compat, tuning, adaptive, ngram, grammar
                                                             models, the loop's parts, adapters
     generation, integrations                                the loop and its faces
     benchmarks, cli, __main__, the package face             entry points; __init__
@@ -37,12 +37,12 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 ENTRY_POINTS = {"cli", "__main__", "benchmarks"}
 EXTENSIONS = {f"{PKG}._C"}  # compiled: a leaf of the graph
 LAYERS = [
-    {"_warnings", "_version", "_cache", "_validate", "reference", "_C"},
+    {"_warnings", "_version", "_validate", "reference", "_C"},
     {"_extension"},
     {"ops"},
     {"_dispatch"},
     {"verification", "tree_verification", "kv_cache", "logprobs"},
-    {"models", "decoding", "distributed", "compat", "adaptive", "ngram", "grammar"},
+    {"models", "decoding", "distributed", "compat", "tuning", "adaptive", "ngram", "grammar"},
     {"generation", "integrations"},
     {"benchmarks", "cli", "__main__", ""},  # "": the package face (__init__)
 ]

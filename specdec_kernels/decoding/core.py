@@ -30,7 +30,10 @@ import torch
 
 from specdec_kernels._dispatch import check_backend
 from specdec_kernels._validate import check_logprob_args, require_int64
-from specdec_kernels.adaptive import (
+from specdec_kernels.decoding.proposals import ChainProposal
+from specdec_kernels.reference import rng
+from specdec_kernels.reference.verify_sampling import filtered_probs_alike
+from specdec_kernels.tuning import (
     DRAFT_MARGIN,
     PRIOR_MARGIN,
     STOP_MARGIN,
@@ -41,9 +44,6 @@ from specdec_kernels.adaptive import (
     pick_k,
     pick_k_host,
 )
-from specdec_kernels.decoding.proposals import ChainProposal
-from specdec_kernels.reference import rng
-from specdec_kernels.reference.verify_sampling import filtered_probs
 from specdec_kernels.verification import METHODS
 
 #: steps between two choices of ``K`` by ``"auto"`` for a batch, once the first ``AUTO_EVERY``
@@ -130,17 +130,8 @@ class Sampling:
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """Filtered probabilities ``[B, V]`` (float32) of logits ``[B, V]``: the reference's
         filter (:func:`specdec_kernels.reference.verify_sampling.filtered_probs`)."""
-        b = logits.shape[0]
-        dev = logits.device
-
-        def per_row(value, dtype):
-            return None if value is None else torch.full((b,), value, dtype=dtype, device=dev)
-
-        return filtered_probs(
-            logits[:, None],
-            per_row(self.temperature, torch.float32),
-            per_row(self.top_k or None, torch.int64),
-            per_row(self.top_p, torch.float32),
+        return filtered_probs_alike(
+            logits[:, None], self.temperature, self.top_k or None, self.top_p
         )[:, 0]
 
     def draw(self, logits: torch.Tensor, seeds=None, position: int = 0, race=None):

@@ -48,6 +48,30 @@ def filtered_probs(
     return e / e.sum(dim=-1, keepdim=True)
 
 
+def filtered_probs_alike(
+    target_logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """:func:`filtered_probs` with one host value of each filter for every row (``None``: off).
+
+    >>> filtered_probs_alike(torch.tensor([[[2.0, 0.0, -1e9]]]), 1.0, top_k=1).tolist()
+    [[[1.0, 0.0, 0.0]]]
+    """
+    b, dev = target_logits.shape[0], target_logits.device
+
+    def per_row(value, dtype):
+        return None if value is None else torch.full((b,), value, dtype=dtype, device=dev)
+
+    return filtered_probs(
+        target_logits,
+        per_row(float(temperature), torch.float32),
+        per_row(top_k, torch.int64),
+        per_row(top_p, torch.float32),
+    )
+
+
 def filter_mask(x: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None):
     """``[B, K+1, V]`` bool: the tokens that top-k and top-p keep, from the float32 scaled logits
     ``x = logits / temperature`` (the kept set of :func:`filtered_probs`, which the logprobs
