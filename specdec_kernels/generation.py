@@ -214,7 +214,9 @@ class SpeculativeGenerator:
             stated = None if ngram else getattr(draft, "acceptance_prior", None)
             acceptance_prior = AcceptanceTracker.prior if stated is None else stated
         self.tree = tree
-        self._decoder = lambda: Decoder(
+        # one decoder for every call (it holds no run state; its adapters hold the caches of
+        # the call in progress), built now: the arguments are checked before any work
+        self.decoder = Decoder(
             adapter_for(target),
             drafter(),
             num_speculative_tokens,
@@ -225,7 +227,6 @@ class SpeculativeGenerator:
             backend=backend,
             acceptance_prior=acceptance_prior,
         )
-        self._decoder()  # check the arguments now
 
     def generate(
         self,
@@ -288,7 +289,7 @@ class SpeculativeGenerator:
         ValueError
             A bad argument (named in the message), before any work.
         """
-        result = self._decoder().run(
+        result = self.decoder.run(
             prompts,
             max_new_tokens,
             Sampling(temperature, top_k, top_p, verify_method, logprobs, num_logprobs),

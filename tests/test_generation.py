@@ -305,7 +305,7 @@ def test_acceptance_prior_decides_the_first_steps(pair):
     finally:
         draft.acceptance_prior = None
     assert (
-        sk.SpeculativeGenerator(target, draft, "auto", costs=costs)._decoder().acceptance_prior
+        sk.SpeculativeGenerator(target, draft, "auto", costs=costs).decoder.policy.acceptance_prior
         == 0.7
     )
     for bad in (0, 1.0, -0.2, True, "0.8", float("nan")):
@@ -526,9 +526,9 @@ def test_auto_counts_expected_accepts_of_sampled_token_level_steps(monkeypatch):
     sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 8, temperature=1.0, seed=1)
     assert not calls  # a fixed K has no estimate to keep
     # off the CPU it would be the reference's [B, K, V] softmax: the tracker counts instead
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
 
-    dec = gen._decoder()
+    dec = gen.decoder
     n = torch.tensor([1])
     for device in ("cpu", "meta"):
         logits = torch.zeros(1, 3, 11, device=device)
@@ -585,9 +585,9 @@ def test_a_step_drafts_only_what_a_row_can_keep(pair, temperature):
 
     real = core.Decoder._step
 
-    def spy(self, st, tracker, k_loop, *a, **kw):
-        left = (st.limit - st.seq_len).tolist()
-        n, k = real(self, st, tracker, k_loop, *a, **kw)
+    def spy(self, run, k_loop, *a, **kw):
+        left = (run.rows.limit - run.rows.seq_len).tolist()
+        n, k = real(self, run, k_loop, *a, **kw)
         drafted.append((left, k.tolist(), k_loop))
         return n, k
 

@@ -625,7 +625,7 @@ def test_sample_chain_draws_as_the_python_drafter_draws(dtype, temperature, top_
     position's ``q`` is ``Sampling.probs`` of those logits (the reference's filter) to float32
     rounding, each draft is ``Sampling.draw``'s with the drafter's exponentials of (seed,
     position), tokens outside the filter have ``q = 0``, and the cache is the loop's, bitwise."""
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
     from specdec_kernels.reference import rng
 
     torch.manual_seed(5)
@@ -660,7 +660,7 @@ def test_sample_chain_runs_the_bitwise_passes_where_its_tiles_do_not_fit():
     """A hidden size the float32 kernels do not take (an MLP of 40 units): the sampled chain
     then draws from the bitwise passes' logits, as the Python drafter's loop over
     ``CausalLM.forward`` does."""
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
     from specdec_kernels.reference import rng
 
     cfg = CausalLMConfig(vocab_size=61, n_positions=64, n_embd=64, n_layer=1, n_head=2, n_inner=40)
@@ -748,7 +748,7 @@ def test_sample_chain_normalises_q_over_a_wide_peaked_vocabulary(top_p):
     No sampled loop here: that bias (0.0072 of P(0)) needs ~7,400 rows for a 4-sigma test with
     power 0.99, ~0.5 MB of ``q`` and a 129k-token race each; the law below is that test's
     expectation, computed exactly."""
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
 
     v = WIDE_V
     logits = torch.full((v,), -16.65)
@@ -1176,8 +1176,7 @@ def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny, rows):
             max_speculative_tokens=1, costs=costs,
         )  # fmt: skip
         for cold, want in zip((True, False), wants):
-            dec._draft_cold = cold
-            got = dec._auto_k(tracker, torch.full((rows,), 1000))
+            got = dec.policy.choose(tracker, torch.full((rows,), 1000), running=not cold)
             assert got.tolist() == [want] * rows, (g, cold)
 
 
@@ -1220,16 +1219,17 @@ def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(
     bound = STOP_OPTIMISM / math.sqrt(rows)
     assert (few.alpha(bound) > 0.6).all() and (many.alpha(bound) < 0.34).all()
     left = torch.full((rows,), 1000)
-    dec._draft_cold = False
-    assert dec._auto_k(few, left).tolist() == [1] * rows  # goes on, at the estimate's best K
-    assert dec._auto_k(many, left).tolist() == [0] * rows  # stops
-    assert dec._auto_k(tracker(16, 0.0), torch.full((16,), 1000)).tolist() == [0] * 16
-    dec._draft_cold = True
-    assert dec._auto_k(few, left).tolist() == [0] * rows  # a cold draft: the estimate alone
+    choose = dec.policy.choose
+    assert choose(few, left, running=True).tolist() == [1] * rows  # goes on, at the best K
+    assert choose(many, left, running=True).tolist() == [0] * rows  # stops
+    sixteen = choose(tracker(16, 0.0), torch.full((16,), 1000), running=True)
+    assert sixteen.tolist() == [0] * 16
+    # a cold draft: the estimate alone
+    assert choose(few, left, running=False).tolist() == [0] * rows
 
 
 def test_autos_host_choice_on_the_cpu_is_the_tensor_paths(pair_tiny):
-    """On the CPU ``Decoder._auto_k`` chooses from host floats (``AcceptanceTracker.host_alpha``
+    """On the CPU ``AutoK.choose`` chooses from host floats (``AcceptanceTracker.host_alpha``
     and ``PassCosts.finish_k``) instead of the estimate's tensor ops: the same ``K`` as the
     tensor path (the estimate passed in as a tensor) for random trackers of 1 to 16 rows,
     running and cold drafts and every margin (the host's float64 and the tensors' float32 may
@@ -1258,11 +1258,12 @@ def test_autos_host_choice_on_the_cpu_is_the_tensor_paths(pair_tiny):
         t.accepted.copy_((tried * torch.rand(b)).floor())
         assert torch.allclose(torch.tensor(t.host_alpha(0.7)), t.alpha(0.7), atol=1e-6)
         left = torch.tensor([rnd.randint(1, 200) for _ in range(b)])
-        dec._draft_cold = rnd.random() < 0.3
+        running = rnd.random() >= 0.3
         for margin in (None, -1.0, 0.0, 0.1):
-            got = dec._auto_k(t, left, margin)
+            got = dec.policy.choose(t, left, running=running, margin=margin)
             assert got.dtype == torch.int64 and got.shape == (b,)
-            assert torch.equal(got, dec._auto_k(t, left, margin, alpha=t.alpha()))
+            on_tensors = dec.policy.choose(t, left, running=running, margin=margin, alpha=t.alpha())
+            assert torch.equal(got, on_tensors)
             seen.add(int(got[0]))
     assert len(seen) >= 4  # the trackers spanned stops, small and large K
 
@@ -1305,7 +1306,7 @@ def test_auto_drafts_from_the_start_wherever_the_prior_predicts_a_gain(pair_tiny
     # drafting drafts for its first AUTO_EVERY steps, then stops for good
     import copy
 
-    from specdec_kernels.decoding.core import AUTO_EVERY
+    from specdec_kernels.decoding.policy import AUTO_EVERY
 
     wrong = copy.deepcopy(draft)
     with torch.no_grad():
@@ -1384,19 +1385,19 @@ def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkey
     """A batch's choice is renewed after each of the first ``AUTO_EVERY`` steps (while the
     estimate leaves the prior), then every ``AUTO_EVERY`` steps and whenever rows retire; one
     row's after every step. The output is the target's own either way."""
-    from specdec_kernels.decoding import core
+    from specdec_kernels.decoding import policy
 
     target, draft = pair_tiny
     costs = PassCosts(batch=(1, 4), tokens=(1, 5), target_ms=((1.0, 1.1), (1.2, 1.4)),
                       draft_ms=(0.01, 0.01))  # fmt: skip
     calls = []
-    real = core.Decoder._auto_k
+    real = policy.AutoK.choose
 
-    def counted(self, tracker, left, margin=None, alpha=None, cold_tokens=0):
+    def counted(self, tracker, left, **kw):
         calls.append(left.numel())
-        return real(self, tracker, left, margin, alpha, cold_tokens)
+        return real(self, tracker, left, **kw)
 
-    monkeypatch.setattr(core.Decoder, "_auto_k", counted)
+    monkeypatch.setattr(policy.AutoK, "choose", counted)
     ids = sk.models.encode(heldout_text("tiny"))
     gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
     for prompts in ([ids[:20]], [ids[:20], ids[200:230], ids[400:410]]):
@@ -1408,9 +1409,9 @@ def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkey
             assert len(calls) == steps + 1  # the start's choice and one after every step
         else:
             batch = [n for n in calls if n > 1]
-            assert calls[: core.AUTO_EVERY + 1] == [3] * (core.AUTO_EVERY + 1)  # the first
-            bound = 1 + core.AUTO_EVERY + steps // core.AUTO_EVERY + len(prompts)
-            assert core.AUTO_EVERY < len(batch) <= bound < steps
+            assert calls[: policy.AUTO_EVERY + 1] == [3] * (policy.AUTO_EVERY + 1)  # the first
+            bound = 1 + policy.AUTO_EVERY + steps // policy.AUTO_EVERY + len(prompts)
+            assert policy.AUTO_EVERY < len(batch) <= bound < steps
 
 
 def test_batch_choice_from_host_floats_is_the_tensor_paths():
@@ -1455,8 +1456,7 @@ def test_a_running_drafts_choice_evaluates_the_bound_only_where_the_estimate_los
         grid = {1: (1.0, 0.02), 2: (1.3, 0.03), 4: (1.9, 0.05), 8: (3.5, 0.09)}
         costs = random_costs(g, grid)
         gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs)
-        dec = gen._decoder()
-        dec._draft_cold = False  # a running draft
+        dec = gen.decoder
         for _ in range(20):
             b = int(torch.randint(1, 7, (1,), generator=g))
             tracker = AcceptanceTracker.new(b, "cpu", prior=0.7)
@@ -1468,7 +1468,7 @@ def test_a_running_drafts_choice_evaluates_the_bound_only_where_the_estimate_los
             bound = tracker.host_alpha(STOP_OPTIMISM / b**0.5)
             goes_on = costs.finish_k(bound, ahead, dec.max_k, STOP_MARGIN) > 0
             want = costs.finish_k(alpha, ahead, dec.max_k, -1.0) if goes_on else 0
-            got = dec._auto_k(tracker, left)
+            got = dec.policy.choose(tracker, left, running=True)  # a running draft
             assert got.tolist() == [want] * b, (alpha, ahead)
             seen["go" if want else "stop"] += 1
             at_estimate = costs.finish_k(alpha, ahead, dec.max_k, STOP_MARGIN)

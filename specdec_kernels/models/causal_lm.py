@@ -424,7 +424,7 @@ class CausalLM(nn.Module):
         run. Draft ``i`` of row ``b`` is drawn from ``q = filtered_probs(logits / temperature,
         top_k, top_p)`` (the reference's filter) by the race ``argmax(q / E)`` with the
         drafter's exponentials of ``(seeds[b], i)`` (:func:`~specdec_kernels.reference.rng.
-        draft_exponentials`), as :meth:`Sampling.draw <specdec_kernels.decoding.core.Sampling.
+        draft_exponentials`), as :meth:`Sampling.draw <specdec_kernels.decoding.sampling.Sampling.
         draw>` draws it, up to float rounding; returns the drafts ``[B, num_tokens]`` and the
         ``q`` they came from ``[B, num_tokens, V]`` (float32). Writes and commits as
         :meth:`greedy_chain` does."""

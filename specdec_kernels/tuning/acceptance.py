@@ -99,7 +99,7 @@ class AcceptanceTracker:
     def host_alpha(self, optimism: float = 0.0) -> list[float]:
         """:meth:`alpha` as host floats (float64) from one read of the counts: what a loop on
         the CPU chooses ``K`` from (:meth:`PassCosts.finish_k`), without :meth:`alpha`'s dozen
-        small tensor ops (a one-row loop renews its choice every step: ``Decoder._auto_k``
+        small tensor ops (a one-row loop renews its choice every step: ``AutoK.choose``
         took ~0.12 ms a step that way).
 
         >>> t = AcceptanceTracker.new(2, "cpu")
