@@ -307,7 +307,7 @@ def flat_inputs(
 
 
 class _Serving(NamedTuple):
-    """The serving keywords of a chain call (API.md section 9), checked: what :meth:`finish`
+    """The serving keywords of a chain call (docs: serving.md), checked: what :meth:`finish`
     needs to add the log-probabilities after the verification op."""
 
     target_logits: Tensor

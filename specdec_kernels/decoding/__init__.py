@@ -23,7 +23,7 @@ draft_lm), DynamicTree(num_nodes=16, top_k=4, depth=5))`` (or a ``StaticTree``) 
 per row, the target scores it in one pass, ``sk.verify_tree_*`` decides and both caches keep the
 accepted path (:mod:`specdec_kernels.decoding.proposals`).
 
-Serving options (API.md section 9) ride on :class:`Sampling`: ``verify_method="block"`` (block
+Serving options (docs: serving.md) ride on :class:`Sampling`: ``verify_method="block"`` (block
 verification of sampled chains), ``logprobs="raw"|"processed"`` and ``num_logprobs=n``, which
 fill ``result.logprobs[b]`` (``[T_b]`` float32, one per generated token) and
 ``result.top_logprobs[b]`` (:class:`TopLogprobs`: ``values`` / ``ids`` ``[T_b, n]``) from the

@@ -14,7 +14,7 @@ A :class:`ChainProposal` holds ``k[b]`` drafts in sequence (verified by ``sk.ver
 ``sk.verify_tree_sampling``, caches compacted to the accepted path). Both give a verification
 with ``tokens`` / ``num_accepted`` / ``num_emitted``, which the step commits alike.
 
-Under a grammar (API.md section 9) a proposal carries ``token_bitmask``, each row's masks along its
+Under a grammar (docs: serving.md) a proposal carries ``token_bitmask``, each row's masks along its
 draft (``[B, k_loop+1, W]``, trees ``[B, N, W]``): the drafter's own (a :class:`ModelDrafter`
 masks as it drafts) or :meth:`fill_bitmask`'s, and verification passes them to the op.
 """
@@ -126,7 +126,7 @@ class ChainProposal:
 
 @dataclass
 class TreeProposal:
-    """A token tree per row (API.md section 6), in breadth-first order (depths ascending).
+    """A token tree per row (docs: trees.md), in breadth-first order (depths ascending).
 
     Attributes
     ----------

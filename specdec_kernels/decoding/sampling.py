@@ -18,7 +18,7 @@ from specdec_kernels.verification import METHODS
 
 @dataclass(frozen=True)
 class Sampling:
-    """How tokens are chosen and what is reported about them (API.md sections 4 and 9).
+    """How tokens are chosen and what is reported about them (docs: generation.md, serving.md).
 
     Parameters
     ----------

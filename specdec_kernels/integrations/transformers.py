@@ -100,7 +100,7 @@ def speculative_generate(
         arXiv 2403.10444), lossless and accepting at least as many drafts in expectation;
         greedy decoding is the same either way.
     grammar : xgrammar.CompiledGrammar or list of them, optional
-        Constrain each row's new tokens (API.md section 9): compile with
+        Constrain each row's new tokens (docs: serving.md): compile with
         ``specdec_kernels.grammar.tokenizer_info(tokenizer, vocab_size=config.vocab_size)``. A
         row stops when its grammar ends (its stop token, the tokenizer's eos by default).
 
