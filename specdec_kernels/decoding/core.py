@@ -517,13 +517,7 @@ class Decoder:
         if not counted:
             return None
         return expected_accepts(
-            logits,
-            prop.draft_probs,
-            n,
-            prop.num_draft,
-            sampling.temperature,
-            sampling.top_k,
-            sampling.top_p,
+            logits, prop.draft_probs, n, prop.num_draft, **sampling.filter_kwargs
         )
 
     @staticmethod

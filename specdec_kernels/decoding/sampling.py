@@ -83,6 +83,11 @@ class Sampling:
         return {"logprobs": self.logprobs, "num_logprobs": self.num_logprobs}
 
     @property
+    def filter_kwargs(self) -> dict:
+        """The verification ops' ``temperature`` / ``top_k`` / ``top_p`` keywords."""
+        return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
+
+    @property
     def method_kwargs(self) -> dict:
         """``verify_sampling``'s ``method`` keyword (empty for the default ``"token"``)."""
         return {} if self.verify_method == "token" else {"method": self.verify_method}

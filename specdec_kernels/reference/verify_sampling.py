@@ -16,7 +16,7 @@ from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_greedy import (
     emitted_tokens,
     prefix_match_count,
-    verify_greedy,
+    with_greedy_rows,
 )
 
 
@@ -46,6 +46,20 @@ def filtered_probs(
     m = x.amax(dim=-1, keepdim=True)
     e = torch.exp(x - m) * filter_mask(x, top_k, top_p)  # unnormalised kept probabilities
     return e / e.sum(dim=-1, keepdim=True)
+
+
+def split_greedy_rows(
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(greedy_row [B] bool, p)``: the rows with ``temperature == 0`` (greedy rows, decided by
+    argmax: the caller takes :func:`.verify_greedy.verify_greedy`'s answer for them) and the
+    :func:`filtered_probs` of every row, the greedy ones at temperature 1 (finite, unused)."""
+    greedy_row = temperature == 0  # [B]
+    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
+    return greedy_row, filtered_probs(target_logits, temp, top_k, top_p)
 
 
 def filtered_probs_alike(
@@ -135,9 +149,7 @@ def verify_sampling(
     b, k1, v = target_logits.shape
     k = k1 - 1
     device = target_logits.device
-    greedy_row = temperature == 0  # [B]
-    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
-    p = filtered_probs(target_logits, temp, top_k, top_p)  # [B, K+1, V]
+    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p)  # [B, K+1, V]
 
     drafts = draft_tokens.to(torch.int64)
     in_vocab = (drafts >= 0) & (drafts < v)
@@ -149,7 +161,7 @@ def verify_sampling(
         q_draft = torch.ones_like(p_draft)
     positions = torch.arange(k, device=device)
     key = rng.row_key(seeds)  # [B]
-    u = rng.uniform(rng.stream_key(key[:, None], positions[None, :], rng.PURPOSE_ACCEPT), 0)
+    u = rng.accept_uniforms(seeds, k)  # [B, K]
     valid = positions[None, :] < num_draft_tokens[:, None].to(torch.int64)
     accept = (u * q_draft < p_draft) & (q_draft > 0) & in_vocab
     num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
@@ -182,8 +194,7 @@ def verify_sampling(
     padded[rows, num_accepted] = recovered_or_bonus
     tokens = emitted_tokens(padded, num_accepted)
 
-    # Rows with temperature 0 are greedy rows: exactly verify_greedy's answer.
-    g_tokens, g_accepted, _ = verify_greedy(target_logits, draft_tokens, num_draft_tokens)
-    tokens = torch.where(greedy_row[:, None], g_tokens, tokens)
-    num_accepted = torch.where(greedy_row, g_accepted, num_accepted)
-    return tokens, num_accepted, num_accepted + 1
+    # greedy rows (temperature 0): exactly verify_greedy's answer
+    return with_greedy_rows(
+        greedy_row, tokens, num_accepted, target_logits, draft_tokens, num_draft_tokens
+    )
