@@ -39,6 +39,7 @@ from specdec_kernels.decoding.sampling import (
     GenerationStats,
     Sampling,
     TopLogprobs,
+    collect,
 )
 from specdec_kernels.reference import rng
 from specdec_kernels.tuning import AcceptanceTracker, PassCosts, expected_accepts
@@ -385,7 +386,7 @@ class Decoder:
             k_loop = max(sync.useful[i] for i in order) if self.max_k else 0
             if progress is not None:
                 progress(done_tokens + sum(sync.generated[i] for i in order), len(order))
-        return self._finish(rows_in, results, steps, stats, start)
+        return collect(rows_in, results, steps, stats, start, self.max_k)
 
     def _check_sampling(self, sampling) -> None:
         """``ValueError`` for what ``sampling`` asks that this decoder cannot do."""
@@ -583,32 +584,6 @@ class Decoder:
         run.rows = st.select(order_t)
         run.policy = self.policy.select(run.policy, order_t)
         return order
-
-    def _finish(self, rows_in, results, steps, stats: GenerationStats, start) -> DecodeResult:
-        n = torch.cat([a for a, _ in steps]).cpu() if steps else torch.zeros(0, dtype=torch.int64)
-        drafted = int(torch.cat([k for _, k in steps]).sum()) if steps else 0
-        accepted = int(n.sum())
-        hist = torch.bincount(n, minlength=self.max_k + 1)[: self.max_k + 1].tolist()
-        lens = [len(r) for r in rows_in]
-        seqs = [results[b][0] for b in range(len(rows_in))]
-        from_draft = [results[b][1][lens[b] :] for b in range(len(rows_in))]
-        logprobs = [results[b][2] for b in range(len(rows_in))]
-        top = [results[b][3] for b in range(len(rows_in))]
-        stats.wall_seconds = time.perf_counter() - start
-        stats.accepted_histogram = hist
-        stats.accepted_tokens, stats.drafted_tokens = accepted, drafted
-        passes = sum(hist)
-        stats.mean_accepted = accepted / max(passes, 1)
-        stats.acceptance_rate = accepted / max(drafted, 1)
-        stats.generated_tokens = sum(len(s) - n for s, n in zip(seqs, lens))
-        stats.tokens_per_second = stats.generated_tokens / max(stats.wall_seconds, 1e-9)
-        return DecodeResult(
-            seqs,
-            from_draft,
-            stats,
-            None if logprobs[0] is None else logprobs,
-            None if top[0] is None else top,
-        )
 
 
 def verifiable(x: torch.Tensor | None) -> torch.Tensor | None:

@@ -5,6 +5,7 @@ chosen and what is reported about them), :class:`DecodeResult` and :class:`Gener
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -179,3 +180,34 @@ class DecodeResult:
     stats: GenerationStats
     logprobs: list[torch.Tensor] | None = None
     top_logprobs: list[TopLogprobs] | None = None
+
+
+def collect(rows_in, results: dict, steps: list, stats: GenerationStats, start: float, max_k: int):
+    """The :class:`DecodeResult` of a run: ``rows_in`` the prompts, ``results[b]`` row ``b``'s
+    ``(tokens, from_draft, logprobs, top)`` as it retired, ``steps`` the ``[B]`` accepted and
+    drafted counts of every step, ``stats`` its pass counts (filled in here), ``start`` its
+    ``time.perf_counter()``, ``max_k`` the most drafts a step (the histogram's length - 1)."""
+    n = torch.cat([a for a, _ in steps]).cpu() if steps else torch.zeros(0, dtype=torch.int64)
+    drafted = int(torch.cat([k for _, k in steps]).sum()) if steps else 0
+    accepted = int(n.sum())
+    hist = torch.bincount(n, minlength=max_k + 1)[: max_k + 1].tolist()
+    lens = [len(r) for r in rows_in]
+    seqs = [results[b][0] for b in range(len(rows_in))]
+    from_draft = [results[b][1][lens[b] :] for b in range(len(rows_in))]
+    logprobs = [results[b][2] for b in range(len(rows_in))]
+    top = [results[b][3] for b in range(len(rows_in))]
+    stats.wall_seconds = time.perf_counter() - start
+    stats.accepted_histogram = hist
+    stats.accepted_tokens, stats.drafted_tokens = accepted, drafted
+    passes = sum(hist)
+    stats.mean_accepted = accepted / max(passes, 1)
+    stats.acceptance_rate = accepted / max(drafted, 1)
+    stats.generated_tokens = sum(len(s) - n for s, n in zip(seqs, lens))
+    stats.tokens_per_second = stats.generated_tokens / max(stats.wall_seconds, 1e-9)
+    return DecodeResult(
+        seqs,
+        from_draft,
+        stats,
+        None if logprobs[0] is None else logprobs,
+        None if top[0] is None else top,
+    )
