@@ -4,11 +4,11 @@ A policy is configuration, shared by every run of a :class:`~specdec_kernels.dec
 what it learns during a run lives in the run's own state, which :meth:`first` returns and the
 loop hands back. Three verbs, the loop's only contact with it:
 
-``first(rows, left, cold_tokens)``  -> ``(state, num_draft, drafting)``: the run's state, the
-                                      first step's ``K`` per row ``[B]``, and whether that choice
-                                      drafts at all (the draft is prefilled only then);
-``after_step(state, rows, ...)``    -> the next ``num_draft`` ``[B]``, or ``None`` to keep it;
-``select(state, order)``            the state of the rows ``order`` kept after others retired.
+- ``first(rows, left, cold_tokens)`` -> ``(state, num_draft, drafting)``: the run's state, the
+  first step's ``K`` per row ``[B]``, and whether that choice drafts at all (the draft is
+  prefilled only then);
+- ``after_step(state, rows, ...)`` -> the next ``num_draft`` ``[B]``, or ``None`` to keep it;
+- ``select(state, order)``: the state of the rows ``order`` kept after others retired.
 
 :class:`FixedK` drafts ``K`` every step and learns nothing. :class:`AutoK` (``"auto"``) keeps
 each row's acceptance estimate (:class:`~specdec_kernels.tuning.AcceptanceTracker`) and picks,
