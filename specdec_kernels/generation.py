@@ -11,6 +11,7 @@ References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al
 from __future__ import annotations
 
 import statistics
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -216,7 +217,7 @@ class SpeculativeGenerator:
         self.tree = tree
         # one decoder for every call (it holds no run state; its adapters hold the caches of
         # the call in progress), built now: the arguments are checked before any work
-        self.decoder = Decoder(
+        self._new_decoder = lambda: Decoder(
             adapter_for(target),
             drafter(),
             num_speculative_tokens,
@@ -227,6 +228,8 @@ class SpeculativeGenerator:
             backend=backend,
             acceptance_prior=acceptance_prior,
         )
+        self.decoder = self._new_decoder()
+        self._running = threading.Lock()
 
     def generate(
         self,
@@ -289,15 +292,17 @@ class SpeculativeGenerator:
         ValueError
             A bad argument (named in the message), before any work.
         """
-        result = self.decoder.run(
-            prompts,
-            max_new_tokens,
-            Sampling(temperature, top_k, top_p, verify_method, logprobs, num_logprobs),
-            eos_token_id=eos_token_id,
-            seed=seed,
-            progress=progress,
-            grammar=grammar,
-        )
+        sampling = Sampling(temperature, top_k, top_p, verify_method, logprobs, num_logprobs)
+        kw = dict(eos_token_id=eos_token_id, seed=seed, progress=progress, grammar=grammar)
+        if not self._running.acquire(blocking=False):  # a call is running (another thread's,
+            # or this one's progress callback): this one gets adapters and caches of its own
+            return GenerationOutput.from_result(
+                self._new_decoder().run(prompts, max_new_tokens, sampling, **kw)
+            )
+        try:
+            result = self.decoder.run(prompts, max_new_tokens, sampling, **kw)
+        finally:
+            self._running.release()
         return GenerationOutput.from_result(result)
 
 

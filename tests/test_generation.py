@@ -566,6 +566,36 @@ def test_stats_consistent(pair):
     assert 0 < s.draft_forwards <= 4 * s.target_forwards
 
 
+def test_one_generator_serves_call_after_call_and_a_call_inside_a_call(pair):
+    """A generator's one decoder keeps no state between calls (each call gives what a fresh
+    generator gives), and a call made while another runs (here from its progress callback)
+    gets adapters of its own instead of sharing the running call's caches."""
+    from specdec_kernels.tuning import PassCosts
+
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    costs = PassCosts.linear(cost_ratio=0.05, verify_cost=0.05, max_k=4)  # nothing timed
+    gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
+    want = [
+        sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
+        .generate(prompts, 12, temperature=t, seed=5)
+        .sequences
+        for t in (0.0, 1.0)
+    ]
+    inner = []
+
+    def progress(done, live):
+        if not inner:
+            inner.append(gen.generate(prompts, 12, temperature=1.0, seed=5).sequences)
+
+    assert (
+        gen.generate(prompts, 12, temperature=0.0, seed=5, progress=progress).sequences == want[0]
+    )
+    assert inner == [want[1]]
+    assert gen.generate(prompts, 12, temperature=1.0, seed=5).sequences == want[1]
+    assert gen.generate(prompts, 12, temperature=0.0, seed=5).sequences == want[0]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_step_drafts_only_what_a_row_can_keep(pair, temperature):
     """A step emits a row's accepted drafts and one token more, so drafts past the row's last

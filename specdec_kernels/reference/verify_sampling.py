@@ -74,15 +74,16 @@ def filtered_probs_alike(
     [[[1.0, 0.0, 0.0]]]
     """
     b, dev = target_logits.shape[0], target_logits.device
+    temp = torch.full((b,), float(temperature), dtype=torch.float32, device=dev)
+    return filtered_probs(target_logits, temp, *filters_alike(b, dev, top_k, top_p))
 
-    def per_row(value, dtype):
-        return None if value is None else torch.full((b,), value, dtype=dtype, device=dev)
 
-    return filtered_probs(
-        target_logits,
-        per_row(float(temperature), torch.float32),
-        per_row(top_k, torch.int64),
-        per_row(top_p, torch.float32),
+def filters_alike(b: int, device, top_k: int | None, top_p: float | None) -> tuple:
+    """``(top_k [B] int64, top_p [B] float32)`` of one host value each for ``b`` rows, ``None``
+    where the value is ``None``: the filters of :func:`filtered_probs` and :func:`filter_mask`."""
+    return (
+        None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device=device),
+        None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device=device),
     )
 
 

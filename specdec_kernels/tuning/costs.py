@@ -214,7 +214,9 @@ class PassCosts:
         """``[max_k + 1]``: tokens per millisecond until the *last* row is done, at ``K = 0 ..
         max_k`` drafts for every step from now on, for rows with acceptance estimates ``alpha``
         ``[B]`` and ``left`` ``[B]`` tokens still to generate (on ``alpha``'s device, in its
-        dtype; no host sync).
+        dtype; no host sync). The tensor form of :meth:`finish_ms`'s model, there for a loop on
+        a device, whose choice the step's one sync reads: a loop on the CPU chooses from host
+        floats (:meth:`finish_k`).
 
         A batch runs until its slowest row finishes, and a row that finishes early leaves
         the batch to run on smaller: :meth:`token_rates` sums the rows' tokens as if every row
