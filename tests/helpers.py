@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from specdec_kernels._cache import cpu_flag_set
 from specdec_kernels._dispatch import interpreter_active, native_available, triton_available
 from specdec_kernels.generation import autoregressive_generate
 from specdec_kernels.models import CausalLM, CausalLMConfig
+from specdec_kernels.tuning._timing import cpu_flag_set
 
 # ---------------------------------------------------------------- backends and devices
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

@@ -3,12 +3,12 @@
 The layers, lowest first (:data:`LAYERS`); a module imports only from its own layer or the
 ones below it::
 
-    _warnings, _version, _cache, _validate, reference, _C    leaves
+    _warnings, _version, _validate, reference, _C            leaves
     _extension                                              loads _C
     ops                                                     Triton kernels and launchers
     _dispatch                                               picks the backend; the routing table
     verification, tree_verification, kv_cache, logprobs     the custom ops
-    models, ngram, adaptive, compat                         models, drafters' parts, adapters
+    models, ngram, tuning, adaptive, compat                 models, drafters' parts, adapters
     grammar                                                 constraints (tokenizers of models)
     decoding                                                the loop's parts
     distributed                                             tensor-parallel targets of the loop
@@ -39,14 +39,14 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 ENTRY_POINTS = {"cli", "__main__", "benchmarks"}
 EXTENSIONS = {f"{PKG}._C"}  # compiled: a leaf of the graph
 LAYERS = [
-    {"_warnings", "_version", "_cache", "_validate", "reference", "_C"},
+    {"_warnings", "_version", "_validate", "reference", "_C"},
     {"_extension"},
     {"ops"},
     {"_dispatch"},
     {"verification", "tree_verification", "kv_cache", "logprobs"},
     # one room each above the parts they use, so that compat -> decoding or models -> grammar
     # is an upward edge
-    {"models", "ngram", "adaptive", "compat"},
+    {"models", "ngram", "tuning", "adaptive", "compat"},
     {"grammar"},
     {"decoding"},
     {"distributed"},

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specdec_kernels._cache import cpu_flags, cpu_name
+from specdec_kernels.tuning._timing import cpu_flags, cpu_name
 
 QUANTILES = (0.5, 0.2, 0.8)  # median, then the 20% and 80% quantiles (triton.testing's order)
 

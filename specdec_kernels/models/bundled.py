@@ -177,12 +177,12 @@ def fastest_dtype(
     cached passes of ``tokens`` tokens (default a one-token plus a five-token pass: a target's
     passes in a speculative step; a draft's are ``(1,)``) fastest on this machine, row-invariant
     kernels on where available; measured once and cached beside the pass
-    costs (:func:`specdec_kernels._cache.cache_path`), keyed by the model's config, the CPU,
+    costs (:func:`specdec_kernels.tuning._timing.cache_path`), keyed by the model's config, the CPU,
     the thread count and the torch version.
     """
     import json
 
-    from specdec_kernels._cache import cpu_name, kernels_id, passes_ms, remembered
+    from specdec_kernels.tuning._timing import cpu_name, kernels_id, passes_ms, remembered
 
     probe = load(DTYPE_CANDIDATES[0])
     key = "dtype:" + json.dumps(
@@ -226,7 +226,7 @@ def fastest_threads(load, *, tokens=(1, 5), repeats: int = 7, cache: bool = True
     ``torch.set_num_threads`` with the result, or sets :attr:`CausalLM.num_threads`."""
     import json
 
-    from specdec_kernels._cache import cpu_name, kernels_id, passes_ms, remembered
+    from specdec_kernels.tuning._timing import cpu_name, kernels_id, passes_ms, remembered
 
     cores = os.cpu_count() or 1
     model = load()

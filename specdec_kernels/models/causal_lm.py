@@ -111,6 +111,23 @@ class CausalLMConfig:
         return self.n_embd // self.n_head
 
 
+def kv_cache_for(config, num_kv_heads: int, batch_size: int, max_seq_len: int | None, like):
+    """An empty ``sk.KVCache`` for a model of ``config`` with ``num_kv_heads`` heads (all of
+    them, or a tensor-parallel rank's share), ``max_seq_len`` positions (default: the context),
+    in the dtype and on the device of the tensor ``like``; zero-filled, as ``sk.KVCache`` is."""
+    from specdec_kernels.kv_cache import KVCache
+
+    return KVCache(
+        config.n_layer,
+        batch_size,
+        num_kv_heads,
+        config.head_dim,
+        max_seq_len or config.n_positions,
+        dtype=like.dtype,
+        device=like.device,
+    )
+
+
 class CausalLM(nn.Module):
     """GPT-2-layout causal LM with KV-cache aware, ragged-row forward passes.
 
@@ -423,7 +440,7 @@ class CausalLM(nn.Module):
         run. Draft ``i`` of row ``b`` is drawn from ``q = filtered_probs(logits / temperature,
         top_k, top_p)`` (the reference's filter) by the race ``argmax(q / E)`` with the
         drafter's exponentials of ``(seeds[b], i)`` (:func:`~specdec_kernels.reference.rng.
-        draft_exponentials`), as :meth:`Sampling.draw <specdec_kernels.decoding.core.Sampling.
+        draft_exponentials`), as :meth:`Sampling.draw <specdec_kernels.decoding.sampling.Sampling.
         draw>` draws it, up to float rounding; returns the drafts ``[B, num_tokens]`` and the
         ``q`` they came from ``[B, num_tokens, V]`` (float32). Writes and commits as
         :meth:`greedy_chain` does."""
@@ -518,23 +535,9 @@ class CausalLM(nn.Module):
         Zero-filling matters: attention reads positions past a row's length (masked out, weight
         exactly 0), and ``0 * nan`` would still be ``nan`` if the buffer held garbage.
         """
-        from specdec_kernels.kv_cache import KVCache
-
-        p = self.lm_head.weight
-        c = self.config
-        cache = KVCache(
-            c.n_layer,
-            batch_size,
-            c.n_head,
-            c.head_dim,
-            max_seq_len or c.n_positions,
-            dtype=p.dtype,
-            device=p.device,
+        return kv_cache_for(
+            self.config, self.config.n_head, batch_size, max_seq_len, self.lm_head.weight
         )
-        for layer in range(c.n_layer):
-            cache.key(layer).zero_()
-            cache.value(layer).zero_()
-        return cache
 
     # ------------------------------------------------------------------ conversion
     @classmethod
