@@ -25,7 +25,7 @@ CASES = [(1, 1), (1, 2), (1, 3), (1, 5), (4, 1), (4, 3), (4, 5)]
 CHILD = r"""
 import json, statistics, sys, time, torch
 import specdec_kernels as sk
-from specdec_kernels._cache import one_pass
+from specdec_kernels.tuning._timing import one_pass
 from specdec_kernels.benchmarks.e2e import load_pair, make_prompts
 target, draft, text = load_pair(None, "default", "auto")
 out, ctx = {}, 90

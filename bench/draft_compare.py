@@ -24,10 +24,10 @@ import tempfile
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels._cache import passes_ms
 from specdec_kernels.benchmarks import results
 from specdec_kernels.benchmarks.e2e import load_pair, make_prompts
 from specdec_kernels.models import bundled
+from specdec_kernels.tuning._timing import passes_ms
 
 KS = (3, 4, 5, 6, "auto")
 

@@ -1,4 +1,4 @@
-"""What the serving keywords (API.md section 9) cost on CPU: ``sk.verify_sampling`` (backend
+"""What the serving keywords (docs: serving.md) cost on CPU: ``sk.verify_sampling`` (backend
 ``"native"``, one thread) alone, with ``logprobs="processed"``, with ``num_logprobs=20`` too, with
 ``method="block"``, and with a ``token_bitmask`` (two masks: every other token allowed, the worst
 case for the vectorised mask read, and a grammar-like mask that allows one contiguous third of the

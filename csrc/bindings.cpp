@@ -19,13 +19,25 @@
 #include "model.h"
 #include "verify.h"
 
-// Importing specdec_kernels._C runs the registrations below; the module itself is empty.
+// The extension's one ABI stamp: bump it whenever an op below is added, removed or changes its
+// schema (and update specdec_kernels/_extension.py's ABI_VERSION and OPS with it). The loader
+// checks it once, at import, and uses no extension of another stamp; the rest of the package asks
+// the loader (_extension.has_op) which ops there are, never torch.ops.specdec itself.
+constexpr long kAbiVersion = 1;
+
+// Importing specdec_kernels._C runs the registrations below; the module holds only the stamp
+// (_C.ABI_VERSION).
 extern "C" {
 PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C",
                                           "specdec_kernels C++/CUDA ops (torch.ops.specdec.*)",
                                           -1, nullptr};
-  return PyModule_Create(&module_def);
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr && PyModule_AddIntConstant(module, "ABI_VERSION", kAbiVersion) != 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }
 }
 

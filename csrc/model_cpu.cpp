@@ -564,6 +564,17 @@ SPECDEC_AVX2 void linear_outer_avx2(const float* x, int64_t M, int64_t C, const 
   });
 }
 
+// Why these kernels detect the CPU themselves (__builtin_cpu_supports, cpuid and arch_prctl for
+// AMX) where the verification and logprob kernels follow at::native::get_cpu_capability()
+// (csrc/kernels/cpu_target.h): that capability is one of DEFAULT / AVX2 / AVX512 (/ ZVECTOR /
+// SVE), chosen by torch for its own vectorised code, and cannot express what picks a tile here:
+// AVX512_BF16's dot products, AMX-BF16 with the OS's permission for the tile state
+// (ARCH_REQ_XCOMP_PERM), or AVX2 with FMA on a CPU whose AVX-512 torch declines (it also needs
+// AVX512DQ, and ATEN_CPU_CAPABILITY may lower it). Each tile fixes a reduction order, and the
+// row-invariant contract is one order per process whatever torch's capability says, so the
+// choice (forced_tile below, SPECDEC_LINEAR_TILE) reads the CPU's features directly; the
+// verification kernels need no such contract across capabilities (their exp/log are torch's own,
+// so they follow torch's choice).
 bool cpu_has_avx2_fma() {
   static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return yes;

@@ -25,6 +25,7 @@ import time
 import torch
 
 import specdec_kernels as sk
+from specdec_kernels import _extension
 
 I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
 I32_MAX, I32_MIN = 2**31 - 1, -(2**31)
@@ -437,7 +438,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=3000, help="number of calls (default 3000)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if not (sk.extension_available() and hasattr(torch.ops.specdec, "native_verify_ex")):
+    if not _extension.has_op("native_verify_ex"):
         print("fuzz_native: the C++ extension is not loaded", file=sys.stderr)
         return 1
     z = Garbage(args.seed)

@@ -94,9 +94,21 @@ def uniq(rows: list[dict], key: str, order=None) -> list:
     return sorted(seen, key=order) if order else seen
 
 
+def shown(command: str | None) -> str | None:
+    """A recorded command as the docs show it: a path outside the repository (a developer's
+    scratch folder, ``/tmp/...``) by its file name alone, which is all a reader can use.
+
+    >>> shown("specdec demo --record /tmp/s50/fc5/demo_runs.json")
+    'specdec demo --record demo_runs.json'
+    """
+    if not command:
+        return command
+    return " ".join(Path(w).name if w.startswith("/") else w for w in command.split(" "))
+
+
 def provenance(rows: list[dict], file: str, command: str) -> str:
     r = rows[0]
-    recorded = r.get("command")
+    recorded = shown(r.get("command"))
     how = (
         f"`{recorded}` (as recorded)"
         if recorded
@@ -331,8 +343,9 @@ def readme_figure() -> str:
         )
     identical = all(r.get("greedy_identical") for r in rows)
     return (
-        f"Measured by `{last.get('command') or 'specdec demo'}`, {runs} runs from a fresh clone on "
-        f"{machine_text(last.get('machine'))} ({last['date'][:10]}, commit `{last['commit']}`; "
+        f"Measured by `{shown(last.get('command')) or 'specdec demo'}`, {runs} runs from a fresh "
+        f"clone on {machine_text(last.get('machine'))} "
+        f"({last['date'][:10]}, commit `{last['commit']}`; "
         f"{chosen_text}, chosen by the demo): speedup over the target alone "
         + "; ".join(parts)
         + ("; greedy output identical to the target's own every time." if identical else ".")
@@ -666,7 +679,7 @@ def kernel_resources_section() -> str | None:
         "- machine: none needed (ahead-of-time compile with Triton's ptxas, "
         f"triton {data.get('triton')}, V = {data.get('vocab_size')})",
         f"- date: {data.get('date')}; commit `{data.get('commit')}`",
-        f"- command: `{data.get('command') or cmd}`"
+        f"- command: `{shown(data.get('command')) or cmd}`"
         + ("" if data.get("command") else " (rebuilt from the recorded architectures)"),
     ]
     return "\n\n".join(

@@ -298,7 +298,8 @@ def acceptance_table(target, draft, text: str) -> dict:
 
 
 def export(trainer: Trainer, held_files: list[str], train_files, train_len, out: str) -> dict:
-    """Float16 weights, the held-out text and ``train_log.json`` into ``out``."""
+    """Float16 weights, the held-out text, ``train_log.json`` and its acceptance table alone,
+    ``acceptance.json`` (what the wheel ships: the logs stay in the repository), into ``out``."""
     os.makedirs(out, exist_ok=True)
     trainer.target.save(os.path.join(out, "target.safetensors"), dtype=torch.float16)
     trainer.draft.save(os.path.join(out, "draft.safetensors"), dtype=torch.float16)
@@ -336,6 +337,9 @@ def export(trainer: Trainer, held_files: list[str], train_files, train_len, out:
     )
     with open(os.path.join(out, "train_log.json"), "w") as fh:
         json.dump(summary, fh, indent=None, separators=(",", ":"))
+    with open(os.path.join(out, "acceptance.json"), "w") as fh:
+        json.dump({"acceptance_heldout_greedy": summary["acceptance_heldout_greedy"]}, fh, indent=1)
+        fh.write("\n")
     return summary
 
 

@@ -1,6 +1,6 @@
 """specdec_kernels: fused kernels for speculative decoding.
 
-Public contract: ``API.md`` (shared with the project). Every name below is part of it.
+Public contract: the documentation (docs/index.md and its pages). Every name below is part of it.
 """
 
 import os as _os

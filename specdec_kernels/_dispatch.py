@@ -45,6 +45,8 @@ from specdec_kernels._warnings import warn_once
 from specdec_kernels.reference import accept_reject as ref_accept_reject
 from specdec_kernels.reference import accept_tests as ref_accept_tests
 from specdec_kernels.reference import bitmask as ref_bitmask
+from specdec_kernels.reference import expected_accepts as ref_expected_accepts
+from specdec_kernels.reference import finish_ms as ref_finish_ms
 from specdec_kernels.reference import kv_cache as ref_kv
 from specdec_kernels.reference import layout as ref_layout
 from specdec_kernels.reference import logprobs as ref_logprobs
@@ -265,6 +267,18 @@ def _native(name: str) -> Callable:
 
 
 KV_OPS = ("kv_write_", "kv_compact_", "paged_kv_write_", "paged_kv_compact_")
+#: The model kernels (:mod:`specdec_kernels.models`): native only, the extension's op of the same
+#: name; a model runs its own PyTorch pass (their reference) where
+#: :func:`specdec_kernels._extension.has_op` says the op is missing, so it asks for none here.
+MODEL_OPS = (
+    "rowinv_linear",
+    "rowinv_attention",
+    "causal_lm_pass",
+    "causal_lm_greedy_chain",
+    "causal_lm_draft_pass",
+    "causal_lm_draft_chain",
+    "causal_lm_draft_sample_chain",
+)
 
 #: (op, backend) -> kernel. ``verify_typical`` / ``verify_block`` are the chain op in typical /
 #: block mode.
@@ -291,6 +305,12 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("accept_tests_passed", "reference"): ref_accept_tests.accept_tests_passed,
     **{(name, "native"): _native("native_" + name) for name in KV_OPS},
     **{(name, "reference"): getattr(ref_kv, name) for name in KV_OPS},
+    **{(name, "native"): _native(name) for name in MODEL_OPS},
+    # the decoding loop's "auto" (host-side: no backend choice, see native_kernel)
+    ("expected_accepts", "native"): _native("native_expected_accepts"),
+    ("expected_accepts", "reference"): ref_expected_accepts.expected_accepts,
+    ("finish_ms", "native"): _native("native_finish_ms"),
+    ("finish_ms", "reference"): ref_finish_ms.finish_ms,
 }
 #: The extension's op behind each native kernel (an extension built before it has none).
 _NATIVE_ENTRY = {
@@ -302,6 +322,9 @@ _NATIVE_ENTRY = {
     "accept_reject": "native_accept_reject",
     "accept_tests_passed": "native_accept_tests_passed",
     **{name: "native_" + name for name in KV_OPS},
+    **{name: name for name in MODEL_OPS},
+    "expected_accepts": "native_expected_accepts",
+    "finish_ms": "native_finish_ms",
 }
 
 
@@ -316,7 +339,7 @@ def kernel(op: str, backend: str) -> Callable:
             f"specdec_kernels: {op} has no {backend} kernel yet; using the pure-PyTorch reference",
         )
         return _TABLE[(op, "reference")]
-    if backend == "native" and not hasattr(torch.ops.specdec, _NATIVE_ENTRY[op]):
+    if backend == "native" and not _extension.has_op(_NATIVE_ENTRY[op]):
         warn_once(
             f"{op}-stale-extension",
             f"specdec_kernels: the loaded C++ extension predates the native {op} kernel "
@@ -325,6 +348,17 @@ def kernel(op: str, backend: str) -> Callable:
         )
         return _TABLE[(op, "reference")]
     return impl
+
+
+def native_kernel(op: str) -> Callable | None:
+    """The native kernel of ``op`` where the loaded extension has it, else ``None``: for the
+    decoding loop's host-side ops (``expected_accepts``, ``finish_ms``), which steer ``K`` and
+    verify nothing, so ``backend=`` and ``SPECDEC_BACKEND`` do not apply and no warning is due;
+    the caller runs the reference (``kernel(op, "reference")``) where this is ``None`` or where
+    the kernel does not cover its arguments."""
+    if not _extension.has_op(_NATIVE_ENTRY[op]):
+        return None
+    return _TABLE[(op, "native")]
 
 
 _kv_forced = 0

@@ -7,6 +7,11 @@ built or cannot be loaded, or where ``SPECDEC_FORCE_FALLBACK=1`` was set before 
 machine without it sees). Which op runs which kernel is :mod:`specdec_kernels._dispatch`'s
 business; the public KV ops are registered next to the caches
 (:mod:`specdec_kernels.kv_cache._ops`).
+
+The extension carries one ABI stamp (``_C.ABI_VERSION``, ``csrc/bindings.cpp``), checked once,
+here, at import: an extension of another stamp is not used (:func:`load_error` says why), and one
+of this stamp registers exactly :data:`OPS`. The rest of the package asks :func:`has_op`, never
+``torch.ops.specdec`` itself.
 """
 
 from __future__ import annotations
@@ -16,10 +21,35 @@ import os
 
 import torch
 
-__all__ = ["load_error", "loaded", "native_devices", "native_ops_available"]
+__all__ = [
+    "ABI_VERSION",
+    "OPS",
+    "has_op",
+    "load_error",
+    "loaded",
+    "native_devices",
+    "native_ops_available",
+]
 
 FORCE_FALLBACK_ENV = "SPECDEC_FORCE_FALLBACK"
 NATIVE_PREFIX = "native_"  # the extension's kernel of a public op `name` is `native_<name>`
+
+#: The ABI stamp this package needs (``csrc/bindings.cpp``'s ``kAbiVersion``): bumped with every op
+#: of the extension added, removed or changed in schema, together with :data:`OPS`.
+ABI_VERSION = 1
+#: The ops that ``csrc/bindings.cpp`` registers at :data:`ABI_VERSION` (``torch.ops.specdec.*``;
+#: ``tests/test_extension_abi.py`` checks the list against the file and the loaded extension).
+OPS = frozenset(
+    {
+        *(NATIVE_PREFIX + kv for kv in ("kv_write_", "kv_compact_", "paged_kv_write_",
+                                        "paged_kv_compact_")),
+        "native_verify_ex", "native_accept_reject", "native_accept_tests_passed",
+        "native_expected_accepts", "native_verify_tree", "native_emitted_logprobs",
+        "native_finish_ms", "rowinv_linear", "rowinv_attention", "causal_lm_pass",
+        "causal_lm_greedy_chain", "causal_lm_draft_pass", "causal_lm_draft_chain",
+        "causal_lm_draft_sample_chain",
+    }
+)  # fmt: skip
 
 
 def _load():
@@ -30,13 +60,22 @@ def _load():
         from specdec_kernels import _C as module
     except ImportError as exc:
         return None, f"specdec_kernels._C could not be imported ({exc})"
-    if not hasattr(torch.ops.specdec, NATIVE_PREFIX + "kv_write_"):
-        # An extension built from an older csrc/bindings.cpp defines the public ops itself.
+    rebuild = (
+        f"rebuild it (`python setup.py build_ext --inplace`, or reinstall), or set "
+        f"{FORCE_FALLBACK_ENV}=1 to run without it"
+    )
+    stamp = getattr(module, "ABI_VERSION", None)
+    if stamp is None and not hasattr(torch.ops.specdec, NATIVE_PREFIX + "kv_write_"):
+        # An extension built from a much older csrc/bindings.cpp defines the public ops itself:
+        # they would clash with the package's own definitions.
         raise ImportError(
             f"{module.__file__} was built from an older csrc/bindings.cpp (it has "
-            f"no specdec::{NATIVE_PREFIX}kv_write_ op): rebuild it (`python "
-            f"setup.py build_ext --inplace`, or reinstall), or set "
-            f"{FORCE_FALLBACK_ENV}=1 to run without it"
+            f"no specdec::{NATIVE_PREFIX}kv_write_ op): {rebuild}"
+        )
+    if stamp != ABI_VERSION:
+        return None, (
+            f"{module.__file__} was built from another csrc/bindings.cpp (ABI stamp {stamp}, "
+            f"this package needs {ABI_VERSION}): {rebuild}"
         )
     return module, None
 
@@ -62,10 +101,16 @@ def loaded() -> bool:
     return _C is not None
 
 
+def has_op(name: str) -> bool:
+    """Whether ``torch.ops.specdec.<name>`` is one of the loaded extension's ops (:data:`OPS`,
+    promised by its checked ABI stamp): ``False`` for every name where it is not in use."""
+    return _C is not None and name in OPS
+
+
 def native_ops_available() -> bool:
     """Whether the extension's native CPU verification kernels (``native_verify_ex``,
     ``native_accept_reject``: the ``backend="native"`` kernels) are loaded."""
-    return _C is not None and hasattr(torch.ops.specdec, "native_verify_ex")
+    return has_op("native_verify_ex")
 
 
 def load_error() -> str | None:

@@ -142,6 +142,11 @@ def sampling_controls(b: int, device: torch.device, temperature, top_k, top_p):
     ``(temperature float32, top_k int64 or None, top_p float32 or None)``, None where a scalar
     turns the filter off (``top_k`` None/0, ``top_p`` None/1)."""
     check_scalar_ranges(temperature, top_k, top_p)
+    return controls_per_row(b, device, temperature, top_k, top_p)
+
+
+def controls_per_row(b: int, device: torch.device, temperature, top_k, top_p):
+    """:func:`sampling_controls` of controls whose scalar ranges are checked already."""
     temp = per_row("temperature", temperature, b, device, torch.float32, FLOAT_DTYPES, numbers.Real)
     topk = (
         None

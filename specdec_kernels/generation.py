@@ -11,12 +11,12 @@ References: Leviathan et al. 2023 (https://arxiv.org/abs/2211.17192), Chen et al
 from __future__ import annotations
 
 import statistics
+import threading
 from dataclasses import dataclass
 
 import torch
 
 from specdec_kernels._dispatch import check_backend
-from specdec_kernels.adaptive import AcceptanceTracker, PassCosts, measure_pass_costs
 from specdec_kernels.decoding import (
     Decoder,
     DecodeResult,
@@ -28,6 +28,7 @@ from specdec_kernels.decoding import (
 )
 from specdec_kernels.decoding.adapters import CausalLMAdapter, adapter_for
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
+from specdec_kernels.tuning import AcceptanceTracker, PassCosts, measure_pass_costs
 
 __all__ = [
     "GenerationOutput",
@@ -89,12 +90,13 @@ class SpeculativeGenerator:
         prompt-lookup drafting (no model).
     num_speculative_tokens : int, "auto" or None
         Draft tokens per pass ``K >= 1``, or ``"auto"`` (the default, ``None``, for chains):
-        before each step, the ``K`` in ``0 .. max_speculative_tokens`` that maximises the live
-        batch's expected tokens per millisecond (:meth:`specdec_kernels.adaptive.PassCosts.best_k`)
-        from the rows' measured acceptance and the pair's pass costs; ``K = 0`` lets the target
+        before each step, the ``K`` in ``0 .. max_speculative_tokens`` that finishes the live
+        batch soonest (:meth:`specdec_kernels.tuning.PassCosts.finish_ms`,
+        :class:`specdec_kernels.decoding.policy.AutoK`) from the rows' measured acceptance and
+        the pair's pass costs; ``K = 0`` lets the target
         decode alone while drafting would not pay. The costs are measured once per pair, dtype,
         device and thread count, before any generation, and cached
-        (:func:`specdec_kernels.adaptive.measure_pass_costs`); the loop never times anything,
+        (:func:`specdec_kernels.tuning.measure_pass_costs`); the loop never times anything,
         so the same seed gives the same output on every call. With ``tree``, ``None`` is unused.
     max_speculative_tokens : int
         Upper bound of ``K`` for ``"auto"`` (default 8).
@@ -106,7 +108,7 @@ class SpeculativeGenerator:
         ``cost_ratio``; default 0).
     costs : PassCosts, optional
         The pass costs ``"auto"`` prices each step with. Default: measured by
-        :func:`specdec_kernels.adaptive.measure_pass_costs` for models with a KV cache
+        :func:`specdec_kernels.tuning.measure_pass_costs` for models with a KV cache
         (``sk.models.CausalLM``), else the batch-blind model of ``cost_ratio`` (default: the
         ratio of multiply-adds per token, :func:`cost_per_token`) and ``verify_cost``.
     ngram_size : int
@@ -213,7 +215,9 @@ class SpeculativeGenerator:
             stated = None if ngram else getattr(draft, "acceptance_prior", None)
             acceptance_prior = AcceptanceTracker.prior if stated is None else stated
         self.tree = tree
-        self._decoder = lambda: Decoder(
+        # one decoder for every call (it holds no run state; its adapters hold the caches of
+        # the call in progress), built now: the arguments are checked before any work
+        self._new_decoder = lambda: Decoder(
             adapter_for(target),
             drafter(),
             num_speculative_tokens,
@@ -224,7 +228,8 @@ class SpeculativeGenerator:
             backend=backend,
             acceptance_prior=acceptance_prior,
         )
-        self._decoder()  # check the arguments now
+        self.decoder = self._new_decoder()
+        self._running = threading.Lock()
 
     def generate(
         self,
@@ -287,15 +292,17 @@ class SpeculativeGenerator:
         ValueError
             A bad argument (named in the message), before any work.
         """
-        result = self._decoder().run(
-            prompts,
-            max_new_tokens,
-            Sampling(temperature, top_k, top_p, verify_method, logprobs, num_logprobs),
-            eos_token_id=eos_token_id,
-            seed=seed,
-            progress=progress,
-            grammar=grammar,
-        )
+        sampling = Sampling(temperature, top_k, top_p, verify_method, logprobs, num_logprobs)
+        kw = dict(eos_token_id=eos_token_id, seed=seed, progress=progress, grammar=grammar)
+        if not self._running.acquire(blocking=False):  # a call is running (another thread's,
+            # or this one's progress callback): this one gets adapters and caches of its own
+            return GenerationOutput.from_result(
+                self._new_decoder().run(prompts, max_new_tokens, sampling, **kw)
+            )
+        try:
+            result = self.decoder.run(prompts, max_new_tokens, sampling, **kw)
+        finally:
+            self._running.release()
         return GenerationOutput.from_result(result)
 
 
@@ -321,7 +328,7 @@ def with_loop_costs(costs: PassCosts, target, draft, *, cache: bool = True) -> P
     costs, before any generation."""
     import json
 
-    from specdec_kernels._cache import remembered
+    from specdec_kernels.tuning._timing import remembered
 
     key = "loop6:" + json.dumps(costs.to_dict(), sort_keys=True)
     return remembered(

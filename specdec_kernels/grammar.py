@@ -1,5 +1,5 @@
 """Grammar-constrained decoding with xgrammar: tokenizer info, compiled grammars and the per-row
-token bitmasks that the decoding loop hands the verification ops (API.md section 9).
+token bitmasks that the decoding loop hands the verification ops (docs: serving.md).
 
 xgrammar (https://github.com/mlc-ai/xgrammar, the grammar engine of vLLM, SGLang and
 TensorRT-LLM) is an optional dependency: ``pip install "specdec-kernels[grammar]"``. It is
@@ -112,7 +112,7 @@ def apply_bitmask_reference(logits: torch.Tensor, bitmask: torch.Tensor) -> torc
     A test oracle only. The verification ops take ``token_bitmask=`` and treat a disallowed
     token as a ``-inf`` logit inside the kernel; they never write this ``[..., V]`` copy, and
     ``op(logits, ..., token_bitmask=m)`` equals ``op(apply_bitmask_reference(logits, m), ...)``
-    for the same seeds (API.md section 9).
+    for the same seeds (docs: serving.md).
 
     Parameters
     ----------
@@ -495,7 +495,7 @@ class GrammarState:
         return out.to(self.device)
 
     def fill_tree_bitmasks(self, tree_tokens, parents, num_nodes=None) -> torch.Tensor:
-        """The masks of every node of a token tree per row (API.md section 6 layout): what
+        """The masks of every node of a token tree per row (the layout of docs: trees.md): what
         ``token_bitmask=`` of ``verify_tree_greedy`` / ``verify_tree_sampling`` takes.
 
         Node ``i``'s mask is the row's mask after its committed tokens and the draft tokens on

@@ -1,4 +1,4 @@
-"""Log-probabilities of the emitted tokens (API.md section 9): the ``logprobs=`` and
+"""Log-probabilities of the emitted tokens (docs: serving.md): the ``logprobs=`` and
 ``num_logprobs=`` keywords of the chain and tree verification ops.
 
 One custom op, ``torch.ops.specdec.emitted_logprobs``, scores the emitted positions after the

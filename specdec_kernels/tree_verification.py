@@ -203,7 +203,7 @@ def _shaped(result, width: int) -> TreeVerification:
 
 
 def _serving_args(target_logits, nn, token_bitmask, logprobs, num_logprobs, validate) -> int:
-    """Check the serving keywords (API.md section 9): ``token_bitmask [B, N, W]``; with
+    """Check the serving keywords (docs: serving.md): ``token_bitmask [B, N, W]``; with
     ``validate=True`` every real node's row allows a finite logit. Returns ``num_logprobs``."""
     n_logprobs = check.check_logprob_args(logprobs, num_logprobs)
     if token_bitmask is not None:

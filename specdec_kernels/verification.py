@@ -307,7 +307,7 @@ def flat_inputs(
 
 
 class _Serving(NamedTuple):
-    """The serving keywords of a chain call (API.md section 9), checked: what :meth:`finish`
+    """The serving keywords of a chain call (docs: serving.md), checked: what :meth:`finish`
     needs to add the log-probabilities after the verification op."""
 
     target_logits: Tensor
@@ -491,9 +491,18 @@ def verify_greedy(
     draft_tokens = draft_tokens.contiguous()  # [B, K]: tiny, the kernels want unit stride
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
+    return _greedy(target_logits, draft_tokens, nd, token_bitmask, serving, validate, backend)
+
+
+def _greedy(
+    target_logits, draft_tokens, nd, token_bitmask, serving, validate, backend, resolved=None
+):
+    """The greedy chain of checked ``[B, K+1, V]`` logits and ``[B, K]`` drafts (contiguous):
+    :func:`verify_greedy` once its arguments are parsed, and :func:`verify_sampling`'s call
+    whose rows are all greedy (parsed once, by it; ``resolved``: its backend, resolved)."""
     if validate:
         check.check_values(target_logits, draft_tokens, nd)
-    resolved = resolve_backend(backend, device)
+    resolved = resolved or resolve_backend(backend, target_logits.device)
     ver = run_chain(
         target_logits,
         draft_tokens,
@@ -679,20 +688,12 @@ def verify_sampling(
     check.check_seed(seed, b, device)
     serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
     resolved = resolve_backend(backend, device)
-
-    if check.all_greedy(temperature):  # all rows greedy
-        return verify_greedy(
-            target_logits,
-            draft_tokens,
-            num_draft_tokens=nd,
-            token_bitmask=token_bitmask,
-            logprobs=logprobs,
-            num_logprobs=num_logprobs,
-            backend=backend,
-            validate=validate,
+    if check.all_greedy(temperature):  # all rows greedy: verify_greedy's call, parsed once
+        return _greedy(
+            target_logits, draft_tokens, nd, token_bitmask, serving, validate, backend, resolved
         )
 
-    temp, topk, topp = _controls(b, device, temperature, top_k, top_p, seed)
+    temp, topk, topp = check.controls_per_row(b, device, temperature, top_k, top_p)
     if validate:
         check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
     seeds = rng.seeds_for_batch(b, device, seed, generator)

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import specdec_kernels  # noqa: F401  (sets TRITON_INTERPRET=1 on machines without CUDA)
+from specdec_kernels import _dispatch, _warnings
 
 from helpers import DEVICES
 
@@ -26,6 +27,28 @@ def pytest_configure(config):
 @pytest.fixture(autouse=True)
 def _seed_everything():
     torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fallbacks_warn_in_every_test():
+    """The package's fallback warnings fire once a process; each test gets them afresh, so that
+    (errors under pytest: pyproject.toml's filterwarnings) a route that falls back fails the
+    test that takes it, not only the first such test of the process."""
+    with _warnings._lock:
+        _warnings._warned.clear()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _backend_runs_itself(request, _fallbacks_warn_in_every_test):
+    """A test parametrized by ``backend`` runs that backend: on its ``device`` (CPU unless the
+    test has one) the name resolves to itself, not to a fallback. The native backend off the CPU
+    is skipped by the tests themselves (:func:`helpers.skip_native_off_cpu`)."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    backend, device = params.get("backend"), torch.device(params.get("device", "cpu"))
+    if backend in _dispatch.BACKENDS and not (backend == "native" and device.type != "cpu"):
+        assert _dispatch.resolve_backend(backend, device) == backend, (backend, device)
     yield
 
 

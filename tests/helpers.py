@@ -11,10 +11,10 @@ import sys
 import pytest
 import torch
 
-from specdec_kernels._cache import cpu_flag_set
-from specdec_kernels._dispatch import native_available
+from specdec_kernels._dispatch import interpreter_active, native_available, triton_available
 from specdec_kernels.generation import autoregressive_generate
 from specdec_kernels.models import CausalLM, CausalLMConfig
+from specdec_kernels.tuning._timing import cpu_flag_set
 
 # ---------------------------------------------------------------- backends and devices
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -28,11 +28,22 @@ NATIVE = pytest.param(
     ),
 )
 
+#: The Triton kernels, skipped where they cannot run (Triton missing, or neither a GPU nor its
+#: interpreter): there ``"triton"`` resolves to the reference, and "Triton equals the reference"
+#: would compare the reference with itself.
+TRITON = pytest.param(
+    "triton",
+    marks=pytest.mark.skipif(
+        not triton_available() or not (torch.cuda.is_available() or interpreter_active()),
+        reason="Triton is not installed, or runs neither on a GPU nor in its interpreter here",
+    ),
+)
+
 #: The backends with kernels of their own, compared with the reference.
-KERNEL_BACKENDS = ["triton", NATIVE]
+KERNEL_BACKENDS = [TRITON, NATIVE]
 
 #: Every backend.
-ALL_BACKENDS = ["reference", "triton", NATIVE]
+ALL_BACKENDS = ["reference", TRITON, NATIVE]
 
 #: The compiled Triton kernels on a GPU, for the statistical tests' million-row samples (on the
 #: CPU Triton runs only under its interpreter, too slow for them; there the interpreted kernels

@@ -12,9 +12,8 @@ import warnings
 import pytest
 import torch
 
-from specdec_kernels import _cache, adaptive
-from specdec_kernels.adaptive import PassCosts, measure_pass_costs
 from specdec_kernels.models import CausalLM, CausalLMConfig
+from specdec_kernels.tuning import PassCosts, _timing, measure, measure_pass_costs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -23,7 +22,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def cache_dir(tmp_path, monkeypatch):
     """A fresh cache folder, and nothing remembered in this process."""
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(_cache, "_MEMORY", {})
+    monkeypatch.setattr(_timing, "_MEMORY", {})
     return tmp_path
 
 
@@ -40,9 +39,9 @@ def fake_timings(monkeypatch):
     def pass_ms(model, batch, tokens, context, repeats, quantile=0.25, **kw):
         return 0.1 * batch * tokens
 
-    monkeypatch.setattr(adaptive, "passes_ms", passes_ms)
-    monkeypatch.setattr(adaptive, "pass_ms", pass_ms)
-    monkeypatch.setattr(adaptive, "_step_ms", lambda *args: 0.05)
+    monkeypatch.setattr(measure, "passes_ms", passes_ms)
+    monkeypatch.setattr(measure, "pass_ms", pass_ms)
+    monkeypatch.setattr(measure, "_step_ms", lambda *args: 0.05)
     return rows
 
 
@@ -101,7 +100,7 @@ def test_an_invalid_cached_pass_cost_is_measured_again(cache_dir, fake_timings, 
     (key,) = stored
     _corrupt(stored[key], how)
     path.write_text(json.dumps(stored))  # NaN and Infinity as Python's json writes them
-    _cache._MEMORY.clear()  # a later process
+    _timing._MEMORY.clear()  # a later process
     measured = len(fake_timings)
     with pytest.warns(RuntimeWarning, match="invalid entry.*" + re.escape(str(path))) as seen:
         costs = measure_pass_costs(target, draft, max_k=2, max_batch=2)
@@ -110,7 +109,7 @@ def test_an_invalid_cached_pass_cost_is_measured_again(cache_dir, fake_timings, 
     assert costs == good
     assert costs.step_cost(2, 2) > 0 and costs.finish_k([0.9, 0.9], [8.0, 8.0], 2) >= 0
     assert json.loads(path.read_text())[key] == good.to_dict()
-    _cache._MEMORY.clear()
+    _timing._MEMORY.clear()
     measured = len(fake_timings)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -140,7 +139,7 @@ def test_an_invalid_cached_thread_count_is_measured_again(cache_dir, monkeypatch
     def fake(entries, context, repeats, quantile=0.25, calls=1):
         return [1.0 if e[3] == 1 else 2.0 for e in entries]  # one thread wins
 
-    monkeypatch.setattr(_cache, "passes_ms", fake)
+    monkeypatch.setattr(_timing, "passes_ms", fake)
     model = _pair()[0]
     assert fastest_threads(lambda: model) == 1
     path = cache_dir / "pass_costs.json"
@@ -148,7 +147,7 @@ def test_an_invalid_cached_thread_count_is_measured_again(cache_dir, monkeypatch
     (key,) = stored
     stored[key] = threads
     path.write_text(json.dumps(stored))
-    _cache._MEMORY.clear()
+    _timing._MEMORY.clear()
     with pytest.warns(RuntimeWarning, match="invalid entry.*" + re.escape(str(path))):
         assert fastest_threads(lambda: model) == 1
     assert json.loads(path.read_text())[key] == 1
@@ -160,7 +159,7 @@ def _write_keys(cache_dir: str, worker: int, count: int, barrier) -> None:
     os.environ["SPECDEC_CACHE_DIR"] = cache_dir
     barrier.wait()
     for i in range(count):
-        _cache.remembered(f"w{worker}:{i}", lambda i=i: [worker, i])
+        _timing.remembered(f"w{worker}:{i}", lambda i=i: [worker, i])
 
 
 def test_writers_of_different_keys_at_once_keep_every_key(tmp_path):
@@ -193,10 +192,10 @@ def test_a_failed_write_leaves_no_temporary_file(tmp_path):
     process keeps its measurements), the other raises."""
     blocked = tmp_path / "pass_costs.json"
     blocked.mkdir()
-    _cache.write_json(str(blocked), {"a": 1})
+    _timing.write_json(str(blocked), {"a": 1})
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     path = tmp_path / "other.json"
     with pytest.raises(TypeError):
-        _cache.write_json(str(path), {"a": torch.float32})
+        _timing.write_json(str(path), {"a": torch.float32})
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     assert not path.exists()

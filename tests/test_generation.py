@@ -6,11 +6,12 @@ import pytest
 import torch
 
 import specdec_kernels as sk
-from specdec_kernels.adaptive import best_num_draft_tokens, expected_tokens
+from specdec_kernels import _extension
 from specdec_kernels.generation import autoregressive_generate
 from specdec_kernels.models import CausalLM, CausalLMConfig
 from specdec_kernels.models.bundled import heldout_text
 from specdec_kernels.ngram import ngram_draft
+from specdec_kernels.tuning import expected_tokens
 
 from helpers import (
     VOCAB,
@@ -284,7 +285,7 @@ def test_acceptance_prior_decides_the_first_steps(pair):
     first choice is K = 0 measures nothing). The default comes from the draft's
     ``acceptance_prior`` attribute, else 0.7; a prior outside (0, 1) is a ValueError naming it;
     greedy output is the target's either way."""
-    from specdec_kernels.adaptive import PassCosts
+    from specdec_kernels.tuning import PassCosts
 
     target, draft = pair
     prompts = ragged_prompts(3)
@@ -305,7 +306,7 @@ def test_acceptance_prior_decides_the_first_steps(pair):
     finally:
         draft.acceptance_prior = None
     assert (
-        sk.SpeculativeGenerator(target, draft, "auto", costs=costs)._decoder().acceptance_prior
+        sk.SpeculativeGenerator(target, draft, "auto", costs=costs).decoder.policy.acceptance_prior
         == 0.7
     )
     for bad in (0, 1.0, -0.2, True, "0.8", float("nan")):
@@ -332,7 +333,7 @@ def test_bundled_drafts_state_their_held_out_acceptance():
 def test_acceptance_tracker_counts_tried_positions():
     """alpha = accepted / (accepted + first rejections): positions after a rejection were never
     tested. With accepted / drafted instead, a row accepting 2 of every 8 would read 0.25."""
-    from specdec_kernels.adaptive import AcceptanceTracker
+    from specdec_kernels.tuning import AcceptanceTracker
 
     t = AcceptanceTracker.new(2, "cpu", prior_weight=0.0)
     for _ in range(3):
@@ -355,9 +356,12 @@ def test_expected_accepts_kernel_is_the_reference(dtype, temperature):
     """The native kernel against the PyTorch specification: ragged tries (0 .. K), strided
     logits, every logits dtype; positions with no distribution (all -inf, a +inf or NaN logit, a
     NaN in q) count their outcome in both."""
-    from specdec_kernels.adaptive import expected_accepts, expected_accepts_reference
+    from specdec_kernels.reference.expected_accepts import (
+        expected_accepts as expected_accepts_reference,
+    )
+    from specdec_kernels.tuning import expected_accepts
 
-    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+    if not _extension.has_op("native_expected_accepts"):
         pytest.skip("the C++ extension is not built")
     logits, q, n, drafted = _expected_inputs(9, 5, 257, dtype, seed=3)
     logits = logits.clone()
@@ -386,7 +390,7 @@ def test_expected_accepts_kernel_sums_a_wide_peaked_row_exactly():
     mass, 0.0075), position 1's halfway between ``p`` and that (~0.504): the kernel must be the
     float64 sum to float32 rounding (issue 56, 3.1: the float32 sums gave +0.67% on position 0,
     the estimate +0.62% on a peaked row)."""
-    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+    if not _extension.has_op("native_expected_accepts"):
         pytest.skip("the C++ extension is not built")
     v = 129_280
     logits = torch.full((1, 3, v), -16.65)
@@ -407,7 +411,7 @@ def test_expected_accepts_kernel_sums_a_wide_peaked_row_exactly():
 
 
 def test_expected_accepts_names_a_bad_argument():
-    if not hasattr(torch.ops.specdec, "native_expected_accepts"):
+    if not _extension.has_op("native_expected_accepts"):
         pytest.skip("the C++ extension is not built")
     logits, q, n, drafted = _expected_inputs(2, 3, 11, torch.float32, seed=0)
     op = torch.ops.specdec.native_expected_accepts
@@ -430,8 +434,8 @@ def test_expected_accepts_has_the_accepted_drafts_expectation(filters):
     standard deviations of the counts' difference (a bias of 2% of the mean accepted count is
     ~10 deviations: it would fail), and have less spread (Rao-Blackwell: only the tries vary
     here, not the tests' outcomes)."""
-    from specdec_kernels.adaptive import expected_accepts
     from specdec_kernels.reference.verify_sampling import filtered_probs
+    from specdec_kernels.tuning import expected_accepts
 
     rows, k, v = 40_000, 3, 11
     g = torch.Generator().manual_seed(5)
@@ -462,14 +466,10 @@ def test_native_finish_ms_is_the_python_model_bit_for_bit():
     with nothing left, every ``max_k`` 0-8; and it names a bad argument."""
     import random
 
-    from specdec_kernels.adaptive import (
-        FINISH_QUANTILES,
-        PassCosts,
-        _finish_ms_host,
-        _stretch_table,
-    )
+    from specdec_kernels.reference.finish_ms import finish_ms as finish_ms_reference
+    from specdec_kernels.tuning.costs import FINISH_QUANTILES, PassCosts, _stretch_flat
 
-    if not hasattr(torch.ops.specdec, "native_finish_ms"):
+    if not _extension.has_op("native_finish_ms"):
         pytest.skip("the C++ extension is not built")
     rnd = random.Random(7)
     for trial in range(300):
@@ -485,10 +485,11 @@ def test_native_finish_ms_is_the_python_model_bit_for_bit():
         b, max_k = rnd.randint(2, 17), rnd.randint(0, 8)
         alpha = [rnd.choice([0.0, 1.0, rnd.random()]) for _ in range(b)]
         left = [float(rnd.randint(0, 40)) for _ in range(b)]
-        want = _finish_ms_host(
-            _stretch_table(costs, b, len(FINISH_QUANTILES), max_k),
+        want = finish_ms_reference(
             [min(max(x, 0.0), 1.0) for x in alpha],
             [max(x, 1.0) for x in left],
+            FINISH_QUANTILES,
+            _stretch_flat(costs, b, len(FINISH_QUANTILES), max_k),
             max_k,
         )
         assert costs.finish_ms(alpha, left, max_k) == want, trial
@@ -501,8 +502,8 @@ def test_native_finish_ms_is_the_python_model_bit_for_bit():
 def test_auto_counts_expected_accepts_of_sampled_token_level_steps(monkeypatch):
     """The estimate of "auto" counts the accept tests' probabilities where a chain is verified by
     token-level sampling, and the accepted drafts elsewhere (greedy, block verification)."""
-    from specdec_kernels.adaptive import PassCosts
     from specdec_kernels.decoding import core
+    from specdec_kernels.tuning import PassCosts
 
     target, draft = tiny_pair()
     calls = []
@@ -526,9 +527,9 @@ def test_auto_counts_expected_accepts_of_sampled_token_level_steps(monkeypatch):
     sk.SpeculativeGenerator(target, draft, 3).generate(prompts, 8, temperature=1.0, seed=1)
     assert not calls  # a fixed K has no estimate to keep
     # off the CPU it would be the reference's [B, K, V] softmax: the tracker counts instead
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
 
-    dec = gen._decoder()
+    dec = gen.decoder
     n = torch.tensor([1])
     for device in ("cpu", "meta"):
         logits = torch.zeros(1, 3, 11, device=device)
@@ -566,6 +567,36 @@ def test_stats_consistent(pair):
     assert 0 < s.draft_forwards <= 4 * s.target_forwards
 
 
+def test_one_generator_serves_call_after_call_and_a_call_inside_a_call(pair):
+    """A generator's one decoder keeps no state between calls (each call gives what a fresh
+    generator gives), and a call made while another runs (here from its progress callback)
+    gets adapters of its own instead of sharing the running call's caches."""
+    from specdec_kernels.tuning import PassCosts
+
+    target, draft = pair
+    prompts = ragged_prompts(3)
+    costs = PassCosts.linear(cost_ratio=0.05, verify_cost=0.05, max_k=4)  # nothing timed
+    gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
+    want = [
+        sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
+        .generate(prompts, 12, temperature=t, seed=5)
+        .sequences
+        for t in (0.0, 1.0)
+    ]
+    inner = []
+
+    def progress(done, live):
+        if not inner:
+            inner.append(gen.generate(prompts, 12, temperature=1.0, seed=5).sequences)
+
+    assert (
+        gen.generate(prompts, 12, temperature=0.0, seed=5, progress=progress).sequences == want[0]
+    )
+    assert inner == [want[1]]
+    assert gen.generate(prompts, 12, temperature=1.0, seed=5).sequences == want[1]
+    assert gen.generate(prompts, 12, temperature=0.0, seed=5).sequences == want[0]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_step_drafts_only_what_a_row_can_keep(pair, temperature):
     """A step emits a row's accepted drafts and one token more, so drafts past the row's last
@@ -585,9 +616,9 @@ def test_a_step_drafts_only_what_a_row_can_keep(pair, temperature):
 
     real = core.Decoder._step
 
-    def spy(self, st, tracker, k_loop, *a, **kw):
-        left = (st.limit - st.seq_len).tolist()
-        n, k = real(self, st, tracker, k_loop, *a, **kw)
+    def spy(self, run, k_loop, *a, **kw):
+        left = (run.rows.limit - run.rows.seq_len).tolist()
+        n, k = real(self, run, k_loop, *a, **kw)
         drafted.append((left, k.tolist(), k_loop))
         return n, k
 
@@ -603,26 +634,6 @@ def test_a_step_drafts_only_what_a_row_can_keep(pair, temperature):
         for res in (one, two, out):
             n = len(res.sequences[0]) - len(prompts[0])
             assert res.sequences == sk.autoregressive_generate(target, prompts, n).sequences
-
-
-@pytest.mark.parametrize(
-    "alpha, cost, want",
-    [(0.0, 0.1, 1), (0.5, 0.0, 8), (0.8, 0.05, 8), (0.6, 0.5, 1), (0.9, 0.2, 7)],
-)
-def test_best_num_draft_tokens(alpha, cost, want):
-    k = best_num_draft_tokens(torch.tensor([alpha]), cost, 8)
-    brute = max(range(1, 9), key=lambda k: (1 - alpha ** (k + 1)) / (1 - alpha) / (cost * k + 1))
-    assert k.item() == brute == want
-
-
-@pytest.mark.parametrize("alpha, cost, verify", [(0.7, 0.08, 0.12), (0.9, 0.02, 0.3), (0.5, 0, 1)])
-def test_best_num_draft_tokens_with_verify_cost(alpha, cost, verify):
-    k = best_num_draft_tokens(torch.tensor([alpha]), cost, 8, verify)
-    brute = max(
-        range(1, 9),
-        key=lambda k: (1 - alpha ** (k + 1)) / (1 - alpha) / (cost * k + 1 + verify * k),
-    )
-    assert k.item() == brute
 
 
 def test_expected_tokens():

@@ -39,12 +39,7 @@ xgr = pytest.importorskip(
     "xgrammar", reason="needs xgrammar: pip install 'specdec-kernels[grammar]'"
 )
 
-pytestmark = [
-    pytest.mark.usefixtures("one_thread"),
-    # the masked native/Triton kernels are still being written: those backends run the
-    # reference with a one-time RuntimeWarning meanwhile
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 V = 257  # the byte-level vocabulary: 256 bytes + <eos>, the grammars' stop token
 EOS = 256

@@ -373,7 +373,6 @@ def serving_kwargs(**kwargs):
     )
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # reference fallback for logprobs
 def test_greedy_scores_and_logits_are_generates(pair):
     """``scores`` / ``logits`` equal ``generate(output_scores=True, output_logits=True)``'s for
     every new token of every row (taken from the verifying pass: no second model pass); past a
@@ -416,7 +415,6 @@ def test_greedy_scores_and_logits_are_generates(pair):
     assert torch.equal(out.top_ids[..., 0][live], out.sequences[:, ids.shape[1] :][live])
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("verify_method", ["token", "block"])
 def test_sampled_scores_are_warped_logits(pair, verify_method):
     """With ``do_sample``, ``scores`` are ``generate()``'s warped logits (temperature, top-k,

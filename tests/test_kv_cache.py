@@ -508,6 +508,7 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
     sees): same op names and schemas, one warning, working caches."""
     native = {n: v for n, v in bindings_schemas().items() if "kv_" in n}
     script = f"NATIVE = {native!r}\n" + textwrap.dedent("""
+        import sys
         import warnings
         warnings.simplefilter("always")
         import torch
@@ -515,7 +516,8 @@ def test_without_extension_the_fallback_registers_the_same_ops(tmp_path):
         from specdec_kernels import _extension
         assert not sk.extension_available()
         assert "SPECDEC_FORCE_FALLBACK" in _extension.load_error()
-        assert not hasattr(torch.ops.specdec, "native_kv_write_")
+        assert "specdec_kernels._C" not in sys.modules  # so no native op is registered
+        assert not _extension.has_op("native_kv_write_")
         for name, schema in NATIVE.items():  # csrc/bindings.cpp's schemas, parsed by the test
             name = name.removeprefix("native_")
             assert str(getattr(torch.ops.specdec, name).default._schema) == \\

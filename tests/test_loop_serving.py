@@ -22,12 +22,7 @@ from specdec_kernels.reference.logprobs import log_distribution
 
 from helpers import ragged_prompts, reference, tiny_pair
 
-pytestmark = [
-    pytest.mark.usefixtures("one_thread"),
-    # the native / Triton routes run the reference for block and logprobs until their kernels
-    # land, with a one-time RuntimeWarning
-    pytest.mark.filterwarnings("ignore::RuntimeWarning"),
-]
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 TOL = 1e-5
 

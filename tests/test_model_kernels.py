@@ -11,12 +11,13 @@ import torch
 import torch.nn.functional as F
 
 import specdec_kernels as sk
-from specdec_kernels.adaptive import PassCosts, measure_pass_costs, pick_k
+from specdec_kernels import _extension
 from specdec_kernels.models import CausalLM, CausalLMConfig
 from specdec_kernels.models.bundled import fastest_dtype, heldout_text, row_invariant_available
+from specdec_kernels.tuning import PassCosts, measure_pass_costs, pick_k
 
 pytestmark = pytest.mark.skipif(
-    not hasattr(torch.ops.specdec, "rowinv_linear"), reason="the C++ extension is not built"
+    not _extension.has_op("rowinv_linear"), reason="the C++ extension is not built"
 )
 op = torch.ops.specdec
 
@@ -160,7 +161,7 @@ def test_every_kernel_tile_of_this_cpu_is_row_invariant(tile):
     import subprocess
     import sys
 
-    from specdec_kernels._cache import cpu_flag_set
+    from specdec_kernels.tuning._timing import cpu_flag_set
 
     from helpers import CAPABILITY_FLAGS
 
@@ -223,7 +224,7 @@ def test_sixteen_lane_epilogue_and_attention_give_the_eight_lane_bits(tmp_path):
     import subprocess
     import sys
 
-    from specdec_kernels._cache import cpu_flag_set
+    from specdec_kernels.tuning._timing import cpu_flag_set
 
     from helpers import CAPABILITY_FLAGS
 
@@ -625,7 +626,7 @@ def test_sample_chain_draws_as_the_python_drafter_draws(dtype, temperature, top_
     position's ``q`` is ``Sampling.probs`` of those logits (the reference's filter) to float32
     rounding, each draft is ``Sampling.draw``'s with the drafter's exponentials of (seed,
     position), tokens outside the filter have ``q = 0``, and the cache is the loop's, bitwise."""
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
     from specdec_kernels.reference import rng
 
     torch.manual_seed(5)
@@ -660,7 +661,7 @@ def test_sample_chain_runs_the_bitwise_passes_where_its_tiles_do_not_fit():
     """A hidden size the float32 kernels do not take (an MLP of 40 units): the sampled chain
     then draws from the bitwise passes' logits, as the Python drafter's loop over
     ``CausalLM.forward`` does."""
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
     from specdec_kernels.reference import rng
 
     cfg = CausalLMConfig(vocab_size=61, n_positions=64, n_embd=64, n_layer=1, n_head=2, n_inner=40)
@@ -748,7 +749,7 @@ def test_sample_chain_normalises_q_over_a_wide_peaked_vocabulary(top_p):
     No sampled loop here: that bias (0.0072 of P(0)) needs ~7,400 rows for a 4-sigma test with
     power 0.99, ~0.5 MB of ``q`` and a 129k-token race each; the law below is that test's
     expectation, computed exactly."""
-    from specdec_kernels.decoding.core import Sampling
+    from specdec_kernels.decoding import Sampling
 
     v = WIDE_V
     logits = torch.full((v,), -16.65)
@@ -964,8 +965,8 @@ def test_fastest_dtype_is_measured_once_and_cached():
 def test_fastest_dtype_and_threads_time_candidates_round_robin(monkeypatch):
     """Both choices time every candidate in one round-robin (``passes_ms`` over all of them,
     so that a slow spell of the machine falls on each) and take the least total."""
-    from specdec_kernels import _cache
     from specdec_kernels.models.bundled import fastest_threads
+    from specdec_kernels.tuning import _timing
 
     seen = []
 
@@ -974,8 +975,8 @@ def test_fastest_dtype_and_threads_time_candidates_round_robin(monkeypatch):
         slow = {torch.float32: 3.0, torch.bfloat16: 1.0, 1: 1.0}  # ms a pass, by dtype or count
         return [slow.get(e[3] if len(e) > 3 else e[0].lm_head.weight.dtype, 2.0) for e in entries]
 
-    monkeypatch.setattr(_cache, "passes_ms", fake)
-    monkeypatch.setattr(_cache, "_MEMORY", {})  # choices earlier tests made stay out
+    monkeypatch.setattr(_timing, "passes_ms", fake)
+    monkeypatch.setattr(_timing, "_MEMORY", {})  # choices earlier tests made stay out
     assert fastest_dtype(lambda dt: _model(torch.float32).to(dt), cache=False) == torch.bfloat16
     assert [(e[0].lm_head.weight.dtype, e[2]) for e in seen[-1]] == [
         (torch.float32, 1), (torch.float32, 5), (torch.bfloat16, 1), (torch.bfloat16, 5)
@@ -1000,7 +1001,7 @@ def test_passes_ms_runs_each_entry_on_its_threads():
 
     model.forward = forward
     outer = torch.get_num_threads()
-    from specdec_kernels._cache import passes_ms
+    from specdec_kernels.tuning._timing import passes_ms
 
     torch.set_num_threads(3)
     try:
@@ -1019,6 +1020,12 @@ def test_passes_ms_runs_each_entry_on_its_threads():
 # --------------------------------------------------------------------------------- pass costs
 
 
+def summed_k(costs: PassCosts, alpha: torch.Tensor, max_k: int) -> int:
+    """The ``K`` with the most of the rows' summed expected tokens per millisecond
+    (:meth:`PassCosts.token_rates`, the one-row figure of the loop's choice)."""
+    return int(pick_k(costs.token_rates(alpha.double().cpu(), max_k)))
+
+
 def test_pass_costs_price_the_batch():
     """A K+1-token pass that is cheap at batch 1 and steep at batch 16 (a CPU's): "auto" drafts
     at batch 1 and decodes with the target alone at batch 16, for the same acceptance."""
@@ -1030,17 +1037,17 @@ def test_pass_costs_price_the_batch():
         step_ms=0.1,
     )
     alpha = torch.full((16,), 0.6)
-    assert costs.best_k(alpha[:1], 8) >= 3
-    assert costs.best_k(alpha, 8) == 0
+    assert summed_k(costs, alpha[:1], 8) >= 3
+    assert summed_k(costs, alpha, 8) == 0
     assert costs.ideal_speedup(0.6, 1, 4) > 1 > costs.ideal_speedup(0.6, 16, 4)
     assert PassCosts.from_dict(costs.to_dict()) == costs
-    assert PassCosts.linear(0.05, 0.0, 8).best_k(torch.tensor([0.0]), 8) == 0
+    assert summed_k(PassCosts.linear(0.05, 0.0, 8), torch.tensor([0.0]), 8) == 0
 
 
 def test_tokens_per_step_is_the_truncated_geometric_mean_and_variance():
     """Against the enumerated distribution: ``A = j`` accepted drafts with probability
     ``alpha**j (1 - alpha)`` for ``j < K`` and ``alpha**K`` for ``j = K``."""
-    from specdec_kernels.adaptive import expected_tokens, tokens_per_step
+    from specdec_kernels.tuning import expected_tokens, tokens_per_step
 
     alpha = torch.tensor([0.0, 0.3, 0.9, 1.0], dtype=torch.float64)
     mu, var = tokens_per_step(alpha, 4)
@@ -1078,15 +1085,15 @@ def test_finish_rates_price_the_slowest_row():
 
 def test_auto_drafts_only_for_a_gain_beyond_the_margin():
     """A predicted gain under ``DRAFT_MARGIN`` (within the measurement's error) keeps the
-    target alone; a larger one drafts. ``best_k`` and the loop's on-device choice agree."""
-    from specdec_kernels.adaptive import DRAFT_MARGIN, expected_tokens, pick_k
+    target alone; a larger one drafts. The summed choice and the loop's on-device one agree."""
+    from specdec_kernels.tuning import DRAFT_MARGIN, expected_tokens, pick_k
 
     a = torch.tensor([0.5])
     gain = float(expected_tokens(a, torch.tensor(1.0)))  # 1.5 tokens for K = 1
     for ratio, want in ((1 + DRAFT_MARGIN / 2, 0), (1 + 2 * DRAFT_MARGIN, 1)):
         # K = 1 costs gain / ratio ms: its tokens per ms are `ratio` times the target alone's
         costs = PassCosts((1,), (1, 2), ((1.0, gain / ratio),), (0.0,))
-        assert costs.best_k(a, 1) == want, ratio
+        assert summed_k(costs, a, 1) == want, ratio
         assert int(pick_k(torch.tensor([1.0, ratio]))) == want
     assert int(pick_k(torch.tensor([1.0, 0.5, 1.2, 1.2]))) == 2  # the first of equals
     assert int(pick_k(torch.tensor([1.0, 1 + DRAFT_MARGIN / 2]), margin=0.0)) == 1
@@ -1110,10 +1117,10 @@ def random_costs(g: torch.Generator, grid: dict) -> PassCosts:
 
 
 def test_one_row_choice_from_host_floats_is_the_tensor_paths():
-    """``PassCosts.one_row_k`` (a one-row loop on the CPU) picks what ``pick_k`` of
+    """``PassCosts.finish_k`` of one row (a one-row loop on the CPU) picks what ``pick_k`` of
     ``token_rates`` picks, over random cost grids, acceptances from 0 to 0.999 and both margins,
     wherever the tensor path's float32 values do not tie within rounding (1e-5 relative)."""
-    from specdec_kernels.adaptive import pick_k
+    from specdec_kernels.tuning import pick_k
 
     g = torch.Generator().manual_seed(7)
     checked = 0
@@ -1127,7 +1134,8 @@ def test_one_row_choice_from_host_floats_is_the_tensor_paths():
                 top = boosted.topk(2).values
                 if top[0] - top[1] <= 1e-5 * top[0]:
                     continue  # a tie within float32 rounding: either choice is the best
-                assert costs.one_row_k(a, 8, margin) == int(pick_k(rates, margin)), (a, margin)
+                want = int(pick_k(rates, margin))
+                assert costs.finish_k([a], [1.0], 8, margin) == want, (a, margin)
                 checked += 1
     assert checked > 1900  # nearly every case decided
 
@@ -1137,14 +1145,14 @@ def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny, rows):
     """Hysteresis: a predicted gain between ``STOP_MARGIN`` and ``DRAFT_MARGIN`` does not start
     a cold draft, and does not stop a running one; a gain under ``STOP_MARGIN`` stops it; one
     over ``DRAFT_MARGIN`` starts it (one row's choice and a batch's)."""
-    from specdec_kernels.adaptive import (
+    from specdec_kernels.decoding import Decoder, ModelDrafter
+    from specdec_kernels.decoding.adapters import CausalLMAdapter
+    from specdec_kernels.tuning import (
         DRAFT_MARGIN,
         STOP_MARGIN,
         AcceptanceTracker,
         expected_tokens,
     )
-    from specdec_kernels.decoding import Decoder, ModelDrafter
-    from specdec_kernels.decoding.adapters import CausalLMAdapter
 
     assert 0 < STOP_MARGIN < DRAFT_MARGIN
     target, draft = pair_tiny
@@ -1169,8 +1177,7 @@ def test_auto_keeps_drafting_below_the_margin_once_it_drafts(pair_tiny, rows):
             max_speculative_tokens=1, costs=costs,
         )  # fmt: skip
         for cold, want in zip((True, False), wants):
-            dec._draft_cold = cold
-            got = dec._auto_k(tracker, torch.full((rows,), 1000))
+            got = dec.policy.choose(tracker, torch.full((rows,), 1000), running=not cold)
             assert got.tolist() == [want] * rows, (g, cold)
 
 
@@ -1184,9 +1191,9 @@ def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(
     deviation)."""
     import math
 
-    from specdec_kernels.adaptive import STOP_OPTIMISM, AcceptanceTracker
     from specdec_kernels.decoding import Decoder, ModelDrafter
     from specdec_kernels.decoding.adapters import CausalLMAdapter
+    from specdec_kernels.tuning import STOP_OPTIMISM, AcceptanceTracker
 
     assert STOP_OPTIMISM > 0
     target, draft = pair_tiny
@@ -1197,7 +1204,8 @@ def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(
         CausalLMAdapter(target), ModelDrafter(CausalLMAdapter(draft)), "auto",
         max_speculative_tokens=2, costs=costs,
     )  # fmt: skip
-    assert costs.one_row_k(1 / 3, 2, margin=0.0) == 0 and costs.one_row_k(0.6, 2, 0.0) == 2
+    assert costs.finish_k([1 / 3], [1.0], 2, 0.0) == 0
+    assert costs.finish_k([0.6], [1.0], 2, 0.0) == 2
 
     def tracker(b, tried):  # the prior 1/3, worth one try; estimate 1/3 (a loss at any K)
         t = AcceptanceTracker.new(b, "cpu", prior=1 / 3, prior_weight=1.0)
@@ -1212,16 +1220,17 @@ def test_a_running_draft_stops_only_where_it_loses_at_the_estimates_upper_bound(
     bound = STOP_OPTIMISM / math.sqrt(rows)
     assert (few.alpha(bound) > 0.6).all() and (many.alpha(bound) < 0.34).all()
     left = torch.full((rows,), 1000)
-    dec._draft_cold = False
-    assert dec._auto_k(few, left).tolist() == [1] * rows  # goes on, at the estimate's best K
-    assert dec._auto_k(many, left).tolist() == [0] * rows  # stops
-    assert dec._auto_k(tracker(16, 0.0), torch.full((16,), 1000)).tolist() == [0] * 16
-    dec._draft_cold = True
-    assert dec._auto_k(few, left).tolist() == [0] * rows  # a cold draft: the estimate alone
+    choose = dec.policy.choose
+    assert choose(few, left, running=True).tolist() == [1] * rows  # goes on, at the best K
+    assert choose(many, left, running=True).tolist() == [0] * rows  # stops
+    sixteen = choose(tracker(16, 0.0), torch.full((16,), 1000), running=True)
+    assert sixteen.tolist() == [0] * 16
+    # a cold draft: the estimate alone
+    assert choose(few, left, running=False).tolist() == [0] * rows
 
 
 def test_autos_host_choice_on_the_cpu_is_the_tensor_paths(pair_tiny):
-    """On the CPU ``Decoder._auto_k`` chooses from host floats (``AcceptanceTracker.host_alpha``
+    """On the CPU ``AutoK.choose`` chooses from host floats (``AcceptanceTracker.host_alpha``
     and ``PassCosts.finish_k``) instead of the estimate's tensor ops: the same ``K`` as the
     tensor path (the estimate passed in as a tensor) for random trackers of 1 to 16 rows,
     running and cold drafts and every margin (the host's float64 and the tensors' float32 may
@@ -1229,9 +1238,9 @@ def test_autos_host_choice_on_the_cpu_is_the_tensor_paths(pair_tiny):
     and ``host_alpha`` is ``alpha`` to float32."""
     import random
 
-    from specdec_kernels.adaptive import AcceptanceTracker
     from specdec_kernels.decoding import Decoder, ModelDrafter
     from specdec_kernels.decoding.adapters import CausalLMAdapter
+    from specdec_kernels.tuning import AcceptanceTracker
 
     target, draft = pair_tiny
     costs = PassCosts.linear(cost_ratio=0.05, verify_cost=0.15, max_k=8)
@@ -1250,11 +1259,12 @@ def test_autos_host_choice_on_the_cpu_is_the_tensor_paths(pair_tiny):
         t.accepted.copy_((tried * torch.rand(b)).floor())
         assert torch.allclose(torch.tensor(t.host_alpha(0.7)), t.alpha(0.7), atol=1e-6)
         left = torch.tensor([rnd.randint(1, 200) for _ in range(b)])
-        dec._draft_cold = rnd.random() < 0.3
+        running = rnd.random() >= 0.3
         for margin in (None, -1.0, 0.0, 0.1):
-            got = dec._auto_k(t, left, margin)
+            got = dec.policy.choose(t, left, running=running, margin=margin)
             assert got.dtype == torch.int64 and got.shape == (b,)
-            assert torch.equal(got, dec._auto_k(t, left, margin, alpha=t.alpha()))
+            on_tensors = dec.policy.choose(t, left, running=running, margin=margin, alpha=t.alpha())
+            assert torch.equal(got, on_tensors)
             seen.add(int(got[0]))
     assert len(seen) >= 4  # the trackers spanned stops, small and large K
 
@@ -1266,7 +1276,7 @@ def test_auto_drafts_from_the_start_wherever_the_prior_predicts_a_gain(pair_tiny
     first step (and the draft is prefilled), while a predicted loss runs the target alone and
     never prefills the draft."""
     import specdec_kernels as sk
-    from specdec_kernels.adaptive import (
+    from specdec_kernels.tuning import (
         DRAFT_MARGIN,
         PRIOR_MARGIN,
         AcceptanceTracker,
@@ -1297,7 +1307,7 @@ def test_auto_drafts_from_the_start_wherever_the_prior_predicts_a_gain(pair_tiny
     # drafting drafts for its first AUTO_EVERY steps, then stops for good
     import copy
 
-    from specdec_kernels.decoding.core import AUTO_EVERY
+    from specdec_kernels.decoding.policy import AUTO_EVERY
 
     wrong = copy.deepcopy(draft)
     with torch.no_grad():
@@ -1325,7 +1335,7 @@ def test_pass_costs_charge_drafting_once_per_step():
     a = torch.tensor([0.8])
     per_token = dataclasses.replace(base, draft_step_ms=1.1)  # the same 1 ms spread per token
     assert per_token.step_cost(1, 1) == pytest.approx(fixed.step_cost(1, 1))
-    assert fixed.best_k(a, 8) > per_token.best_k(a, 8) >= 1
+    assert summed_k(fixed, a, 8) > summed_k(per_token, a, 8) >= 1
     assert PassCosts.from_dict(fixed.to_dict()) == fixed
     assert PassCosts.from_dict({**base.to_dict(), "draft_fixed_ms": 0.0}) == base
 
@@ -1376,19 +1386,19 @@ def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkey
     """A batch's choice is renewed after each of the first ``AUTO_EVERY`` steps (while the
     estimate leaves the prior), then every ``AUTO_EVERY`` steps and whenever rows retire; one
     row's after every step. The output is the target's own either way."""
-    from specdec_kernels.decoding import core
+    from specdec_kernels.decoding import policy
 
     target, draft = pair_tiny
     costs = PassCosts(batch=(1, 4), tokens=(1, 5), target_ms=((1.0, 1.1), (1.2, 1.4)),
                       draft_ms=(0.01, 0.01))  # fmt: skip
     calls = []
-    real = core.Decoder._auto_k
+    real = policy.AutoK.choose
 
-    def counted(self, tracker, left, margin=None, alpha=None, cold_tokens=0):
+    def counted(self, tracker, left, **kw):
         calls.append(left.numel())
-        return real(self, tracker, left, margin, alpha, cold_tokens)
+        return real(self, tracker, left, **kw)
 
-    monkeypatch.setattr(core.Decoder, "_auto_k", counted)
+    monkeypatch.setattr(policy.AutoK, "choose", counted)
     ids = sk.models.encode(heldout_text("tiny"))
     gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs, max_speculative_tokens=4)
     for prompts in ([ids[:20]], [ids[:20], ids[200:230], ids[400:410]]):
@@ -1400,9 +1410,9 @@ def test_auto_renews_a_batchs_choice_every_step_then_every_few(pair_tiny, monkey
             assert len(calls) == steps + 1  # the start's choice and one after every step
         else:
             batch = [n for n in calls if n > 1]
-            assert calls[: core.AUTO_EVERY + 1] == [3] * (core.AUTO_EVERY + 1)  # the first
-            bound = 1 + core.AUTO_EVERY + steps // core.AUTO_EVERY + len(prompts)
-            assert core.AUTO_EVERY < len(batch) <= bound < steps
+            assert calls[: policy.AUTO_EVERY + 1] == [3] * (policy.AUTO_EVERY + 1)  # the first
+            bound = 1 + policy.AUTO_EVERY + steps // policy.AUTO_EVERY + len(prompts)
+            assert policy.AUTO_EVERY < len(batch) <= bound < steps
 
 
 def test_batch_choice_from_host_floats_is_the_tensor_paths():
@@ -1438,7 +1448,7 @@ def test_a_running_drafts_choice_evaluates_the_bound_only_where_the_estimate_los
     bound is evaluated only where the estimate itself does not gain: the choice must be the
     rule's, evaluated in full, over random cost grids, batches of 1-6 rows with random counts
     and tokens to go; both outcomes (going on, stopping) occur, and the bound changes some."""
-    from specdec_kernels.adaptive import STOP_MARGIN, STOP_OPTIMISM, AcceptanceTracker
+    from specdec_kernels.tuning import STOP_MARGIN, STOP_OPTIMISM, AcceptanceTracker
 
     target, draft = pair_tiny
     g = torch.Generator().manual_seed(12)
@@ -1447,8 +1457,7 @@ def test_a_running_drafts_choice_evaluates_the_bound_only_where_the_estimate_los
         grid = {1: (1.0, 0.02), 2: (1.3, 0.03), 4: (1.9, 0.05), 8: (3.5, 0.09)}
         costs = random_costs(g, grid)
         gen = sk.SpeculativeGenerator(target, draft, "auto", costs=costs)
-        dec = gen._decoder()
-        dec._draft_cold = False  # a running draft
+        dec = gen.decoder
         for _ in range(20):
             b = int(torch.randint(1, 7, (1,), generator=g))
             tracker = AcceptanceTracker.new(b, "cpu", prior=0.7)
@@ -1460,7 +1469,7 @@ def test_a_running_drafts_choice_evaluates_the_bound_only_where_the_estimate_los
             bound = tracker.host_alpha(STOP_OPTIMISM / b**0.5)
             goes_on = costs.finish_k(bound, ahead, dec.max_k, STOP_MARGIN) > 0
             want = costs.finish_k(alpha, ahead, dec.max_k, -1.0) if goes_on else 0
-            got = dec._auto_k(tracker, left)
+            got = dec.policy.choose(tracker, left, running=True)  # a running draft
             assert got.tolist() == [want] * b, (alpha, ahead)
             seen["go" if want else "stop"] += 1
             at_estimate = costs.finish_k(alpha, ahead, dec.max_k, STOP_MARGIN)
@@ -1514,15 +1523,15 @@ def test_pass_grid_times_quick_rows_longer_and_keeps_each_rows_shape(monkeypatch
     """A batch size's row of the grid gets rounds for about ``GRID_ROW_SECONDS`` (quick passes
     many, slow ones the sweep's share), and its shape is the sweeps' median one: a sweep whose
     entries dipped unevenly does not bend it, as the smallest figure per entry did."""
-    from specdec_kernels import adaptive
+    from specdec_kernels.tuning import measure
 
     ms = {1: 0.1, 16: 50.0}  # a middle pass of each batch size, ms
-    monkeypatch.setattr(adaptive, "pass_ms", lambda model, b, t, ctx, reps: ms[b])
+    monkeypatch.setattr(measure, "pass_ms", lambda model, b, t, ctx, reps: ms[b])
     tokens = list(range(1, 10))
-    assert adaptive._grid_rounds(None, 1, tokens, 64, 2) == 16  # capped at 8x the share
-    assert adaptive._grid_rounds(None, 16, tokens, 64, 2) == 2  # at least the share
+    assert measure._grid_rounds(None, 1, tokens, 64, 2) == 16  # capped at 8x the share
+    assert measure._grid_rounds(None, 16, tokens, 64, 2) == 2  # at least the share
     sweeps = [[2.0, 2.2, 2.6, 3.0], [1.0, 1.1, 1.3, 1.5], [2.0, 1.0, 1.0, 3.0]]
-    row = adaptive._grid_row(sweeps)
+    row = measure._grid_row(sweeps)
     assert row == pytest.approx([1.0, 1.1, 1.3, 1.5])  # the two alike sweeps' shape
     assert [min(x) for x in zip(*sweeps)] == [1.0, 1.0, 1.0, 1.5]  # per entry: bent
 
@@ -1530,7 +1539,7 @@ def test_pass_grid_times_quick_rows_longer_and_keeps_each_rows_shape(monkeypatch
 def test_draft_costs_time_the_drafters_pass(pair_tiny, monkeypatch):
     """The draft's cost is that of the pass a drafter runs (``CausalLM.draft_logits``: float32
     kernels), not the bitwise forward."""
-    from specdec_kernels import _cache
+    from specdec_kernels.tuning import _timing
 
     target, draft = pair_tiny
     calls = []
@@ -1541,10 +1550,10 @@ def test_draft_costs_time_the_drafters_pass(pair_tiny, monkeypatch):
         return real(self, *args)
 
     monkeypatch.setattr(type(draft), "draft_logits", counted)
-    ms = _cache.pass_ms(draft, 2, 1, 16, repeats=2, drafting=True)
+    ms = _timing.pass_ms(draft, 2, 1, 16, repeats=2, drafting=True)
     assert ms > 0 and calls and all(shape == (2, 1) for shape in calls)
     calls.clear()
-    _cache.pass_ms(draft, 2, 1, 16, repeats=2)
+    _timing.pass_ms(draft, 2, 1, 16, repeats=2)
     assert not calls  # the plain forward
 
 
@@ -1554,36 +1563,36 @@ def test_cached_costs_are_keyed_by_the_kernels(pair_tiny, monkeypatch):
     import os
     from types import SimpleNamespace
 
-    from specdec_kernels import _cache, adaptive
+    from specdec_kernels.tuning import _timing, measure
 
     target, draft = pair_tiny
-    key = adaptive._fingerprint(target, draft)
-    assert adaptive._fingerprint(target, draft) == key
+    key = measure._fingerprint(target, draft)
+    assert measure._fingerprint(target, draft) == key
     monkeypatch.setenv("SPECDEC_LINEAR_TILE", "generic")
-    assert adaptive._fingerprint(target, draft) != key
+    assert measure._fingerprint(target, draft) != key
     monkeypatch.delenv("SPECDEC_LINEAR_TILE")
     so = sk._extension._C.__file__
     st = os.stat(so)
-    assert _cache.kernels_id().startswith(f"{st.st_size}:{st.st_mtime_ns}:")
+    assert _timing.kernels_id().startswith(f"{st.st_size}:{st.st_mtime_ns}:")
     real = os.stat
     later = SimpleNamespace(st_size=st.st_size, st_mtime_ns=st.st_mtime_ns + 1)  # a rebuild
 
     def stat(path, *a, **kw):
         return later if path == so else real(path, *a, **kw)
 
-    monkeypatch.setattr(_cache.os, "stat", stat)
-    assert adaptive._fingerprint(target, draft) != key
+    monkeypatch.setattr(_timing.os, "stat", stat)
+    assert measure._fingerprint(target, draft) != key
     monkeypatch.undo()
     # one model name, another generation of CPU (other vector units): another key too
-    assert set(_cache.cpu_flags()) <= set(_cache.VECTOR_FLAGS)
-    monkeypatch.setattr(_cache, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "amx_tile"])
-    assert adaptive._fingerprint(target, draft) != key
+    assert set(_timing.cpu_flags()) <= set(_timing.VECTOR_FLAGS)
+    monkeypatch.setattr(_timing, "cpu_flags", lambda: ["avx2", "fma", "avx512f", "amx_tile"])
+    assert measure._fingerprint(target, draft) != key
 
 
 def test_passes_ms_times_each_entry_in_turns(pair_tiny, monkeypatch):
     """``calls`` passes of an entry per turn, the first of a turn not timed; turns round-robin
     (a slow spell spreads over every entry)."""
-    from specdec_kernels import _cache
+    from specdec_kernels.tuning import _timing
 
     target, _ = pair_tiny
     order = []
@@ -1595,13 +1604,13 @@ def test_passes_ms_times_each_entry_in_turns(pair_tiny, monkeypatch):
 
     clock = iter(range(10**6))
     monkeypatch.setattr(type(target), "forward", forward)
-    monkeypatch.setattr(_cache.time, "perf_counter", lambda: float(next(clock)))
-    ms = _cache.passes_ms([(target, 1, 1), (target, 2, 3)], 8, repeats=3, calls=2)
+    monkeypatch.setattr(_timing.time, "perf_counter", lambda: float(next(clock)))
+    ms = _timing.passes_ms([(target, 1, 1), (target, 2, 3)], 8, repeats=3, calls=2)
     # a warm-up round, then 3 rounds; each round one turn of 2 passes per entry
     assert order == [(1, 1), (1, 1), (2, 3), (2, 3)] * 4
     assert ms == [1e3, 1e3]  # the fake clock: one tick per timed pass
     order.clear()
-    _cache.passes_ms([(target, 1, 1), (target, 2, 3)], 8, repeats=2)
+    _timing.passes_ms([(target, 1, 1), (target, 2, 3)], 8, repeats=2)
     assert order == [(1, 1), (2, 3)] * 3
 
 
@@ -1703,7 +1712,7 @@ def test_auto_prices_the_start_at_the_priors_spread(pair_tiny):
     row, at a step cost that does not grow with the rows) start 16 rows with the target alone
     (the draft never prefilled), and one row drafting."""
     import specdec_kernels as sk
-    from specdec_kernels.adaptive import AcceptanceTracker
+    from specdec_kernels.tuning import AcceptanceTracker
 
     target, draft = pair_tiny
     step = 1.7 / 1.3  # a K = 1 step, in one-token steps: 1 + 0.7 tokens for 1.3 x the time

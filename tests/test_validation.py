@@ -5,6 +5,7 @@ import pytest
 import torch
 
 import specdec_kernels as sk
+from specdec_kernels import _extension
 
 from helpers import ALL_BACKENDS, available
 
@@ -319,7 +320,7 @@ def test_low_precision_softmax_rows_are_valid_draft_probs(dtype):
 
 I64_MAX, I64_MIN = 2**63 - 1, -(2**63)
 native_counts = pytest.mark.skipif(
-    not hasattr(torch.ops.specdec, "native_finish_ms"), reason="the C++ extension is not built"
+    not _extension.has_op("native_finish_ms"), reason="the C++ extension is not built"
 )
 
 

@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 import specdec_kernels as sk
+from specdec_kernels import _extension
 
 from helpers import (
     NATIVE,
@@ -720,7 +721,7 @@ def test_tree_accepts_more_than_its_first_branch():
 # --- the native kernels: thread count, CPU capability, adapter checks --------------------------
 
 NATIVE_ONLY = pytest.mark.skipif(
-    not hasattr(torch.ops.specdec, "native_verify_tree"),
+    not _extension.has_op("native_verify_tree"),
     reason="the C++ extension with the native tree kernel is not built",
 )
 

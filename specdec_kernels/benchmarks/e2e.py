@@ -3,8 +3,8 @@
 Systems (the same weights throughout; the Hugging Face models come from ``CausalLM.to_hf()``):
 
 - ``specdec``: :class:`specdec_kernels.SpeculativeGenerator`, ``K`` in the grid (``"auto"``: its
-  adaptive per-row ``K``, given the draft and verify costs measured at the start of the run at
-  that batch size, as :func:`specdec_kernels.adaptive.measure_costs` does).
+  adaptive ``K``, given the pass costs measured at the start of the run,
+  :func:`specdec_kernels.tuning.measure_pass_costs`).
 - ``target_only``: :func:`specdec_kernels.autoregressive_generate`, the same target alone.
 - ``hf_assisted``: ``transformers`` assisted generation (``generate(assistant_model=...)``), batch 1
   only (it refuses more). Fixed ``K``: ``num_assistant_tokens=K``, schedule ``"constant"``,
@@ -60,8 +60,8 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_kernels._cache import one_pass
-from specdec_kernels.adaptive import expected_tokens
+from specdec_kernels.tuning import expected_tokens
+from specdec_kernels.tuning._timing import one_pass
 
 SYSTEMS = ("specdec", "target_only", "hf_assisted", "hf_target_only", "specdec_block")
 #: what runs unless ``systems`` says otherwise (``specdec_block``: ``--block``)
@@ -389,7 +389,7 @@ def run_e2e(cfg: E2EConfig, assets: str | None = None, log=print) -> list[dict]:
     """Run every configuration ``cfg.repeats`` times, interleaved; one row per
     ``(system, batch_size, K, temperature)`` with the median figures."""
     target, draft, text = load_pair(assets, cfg.pair, cfg.dtype, cfg.draft_threads)
-    from specdec_kernels.adaptive import measure_pass_costs
+    from specdec_kernels.tuning import measure_pass_costs
 
     grammar = e2e_grammar(cfg.grammar, target)
     if grammar is not None:  # transformers' generate takes no grammar of ours

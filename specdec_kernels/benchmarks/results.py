@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from specdec_kernels._cache import cpu_flags, cpu_name
+from specdec_kernels.tuning._timing import cpu_flags, cpu_name
 
 QUANTILES = (0.5, 0.2, 0.8)  # median, then the 20% and 80% quantiles (triton.testing's order)
 
@@ -196,14 +196,22 @@ def command_line() -> str:
 
 
 def append_rows(path: str, rows: list[dict]) -> None:
-    """Append ``rows`` to the JSON list in ``path`` (created when missing)."""
+    """Append ``rows`` to the JSON list in ``path`` (created when missing), written by
+    :func:`dump_rows`."""
     old = load_rows(path) if os.path.exists(path) else []
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp"
     with open(tmp, "w") as fh:
-        json.dump(old + rows, fh, indent=1)
-        fh.write("\n")
+        fh.write(dump_rows(old + rows))
     os.replace(tmp, path)
+
+
+def dump_rows(rows: list[dict]) -> str:
+    """``rows`` as a JSON list with one compact row a line: a results file stays a line per
+    measurement (an indented row took ~60 lines: bench/results/e2e.json was 112k lines), and a
+    new run's rows are a diff of their own lines."""
+    body = ",\n".join(json.dumps(row, separators=(",", ":")) for row in rows)
+    return f"[\n{body}\n]\n" if rows else "[]\n"
 
 
 def load_rows(path: str) -> list[dict]:

@@ -23,7 +23,11 @@ draft_lm), DynamicTree(num_nodes=16, top_k=4, depth=5))`` (or a ``StaticTree``) 
 per row, the target scores it in one pass, ``sk.verify_tree_*`` decides and both caches keep the
 accepted path (:mod:`specdec_kernels.decoding.proposals`).
 
-Serving options (API.md section 9) ride on :class:`Sampling`: ``verify_method="block"`` (block
+How many tokens a step drafts is a policy's (:mod:`specdec_kernels.decoding.policy`: ``FixedK``,
+or ``AutoK`` for ``num_speculative_tokens="auto"``); what it learns lives in each run's state, so
+one ``Decoder`` serves call after call.
+
+Serving options (docs: serving.md) ride on :class:`Sampling`: ``verify_method="block"`` (block
 verification of sampled chains), ``logprobs="raw"|"processed"`` and ``num_logprobs=n``, which
 fill ``result.logprobs[b]`` (``[T_b]`` float32, one per generated token) and
 ``result.top_logprobs[b]`` (:class:`TopLogprobs`: ``values`` / ``ids`` ``[T_b, n]``) from the
@@ -39,10 +43,12 @@ from specdec_kernels.decoding.core import (
     TopLogprobs,
 )
 from specdec_kernels.decoding.drafters import Drafter, ModelDrafter, NgramDrafter
+from specdec_kernels.decoding.policy import AutoK, FixedK
 from specdec_kernels.decoding.proposals import ChainProposal, TreeProposal
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
 
 __all__ = [
+    "AutoK",
     "CachedModel",
     "CausalLMAdapter",
     "ChainProposal",
@@ -50,6 +56,7 @@ __all__ = [
     "Decoder",
     "Drafter",
     "DynamicTree",
+    "FixedK",
     "GenerationStats",
     "HFAdapter",
     "ModelDrafter",

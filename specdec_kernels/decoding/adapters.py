@@ -54,14 +54,21 @@ class CachedModel(Protocol):
 
     def rollback(self, n: torch.Tensor) -> None: ...
 
-    # token trees only (optional): extend(..., tree=TreeAttention) and
-    # compact(src_positions, num_keep, start)
-
     def select(self, order: torch.Tensor) -> None: ...
 
     def sync_value(self) -> torch.Tensor: ...
 
     def on_sync(self, values: list[int]) -> None: ...
+
+    # optional, read once into the loop's Capabilities (an adapter without them lacks the
+    # capability): token trees (also extend(..., tree=TreeAttention))
+    def compact(self, src_positions, num_keep: torch.Tensor, start: torch.Tensor) -> None: ...
+
+    # a target sharded over a process group: its (verify_greedy, verify_sampling) pair, and the
+    # seed every rank uses when the caller gives none
+    verify_ops: tuple
+
+    def shared_seed(self) -> int: ...
 
 
 def left_padded(rows: list[list[int]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,7 +158,7 @@ class CausalLMAdapter:
         """The sampled drafts ``[B, num_tokens]`` and their distributions
         ``[B, num_tokens, V]`` of :meth:`CausalLM.sample_chain
         <specdec_kernels.models.CausalLM.sample_chain>` under ``sampling`` (a
-        :class:`~specdec_kernels.decoding.core.Sampling`), committing as :meth:`greedy_chain`;
+        :class:`~specdec_kernels.decoding.sampling.Sampling`), committing as :meth:`greedy_chain`;
         ``None`` (nothing done) where the model has no native chain."""
         args = (seeds, sampling.temperature, sampling.top_k, sampling.top_p)
         return self._chain("sample_chain", tokens, num_valid, num_tokens, *args)

@@ -54,6 +54,12 @@ class Drafter(Protocol):
 
     def forwards_per_step(self, k_loop: int) -> int: ...
 
+    # optional, read once into the loop's Capabilities (absent means None / False):
+    # tree: the token-tree shape a TreeDrafter proposes (depth, num_nodes, num_fed)
+    # drafts_under_grammar: bool, propose(..., grammar=) masks the drafts itself
+    tree: object
+    drafts_under_grammar: bool
+
 
 def _own_method(model, name: str):
     """``model``'s method ``name`` where its class defines one, else ``None``: a wrapper that

@@ -14,7 +14,7 @@ A :class:`ChainProposal` holds ``k[b]`` drafts in sequence (verified by ``sk.ver
 ``sk.verify_tree_sampling``, caches compacted to the accepted path). Both give a verification
 with ``tokens`` / ``num_accepted`` / ``num_emitted``, which the step commits alike.
 
-Under a grammar (API.md section 9) a proposal carries ``token_bitmask``, each row's masks along its
+Under a grammar (docs: serving.md) a proposal carries ``token_bitmask``, each row's masks along its
 draft (``[B, k_loop+1, W]``, trees ``[B, N, W]``): the drafter's own (a :class:`ModelDrafter`
 masks as it drafts) or :meth:`fill_bitmask`'s, and verification passes them to the op.
 """
@@ -81,9 +81,7 @@ class ChainProposal:
                 self.drafts,
                 self.num_draft,
                 self.draft_probs,
-                temperature=sampling.temperature,
-                top_k=sampling.top_k,
-                top_p=sampling.top_p,
+                **sampling.filter_kwargs,
                 method=sampling.verify_method,
                 seeds=seeds,
                 backend=backend,
@@ -106,12 +104,10 @@ class ChainProposal:
             logits,
             self.drafts,
             self.draft_probs,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
             num_draft_tokens=self.num_draft,
             seed=seeds,
             validate=False,
+            **sampling.filter_kwargs,
             **sampling.method_kwargs,
             **sampling.logprob_kwargs,
             **mask,
@@ -126,7 +122,7 @@ class ChainProposal:
 
 @dataclass
 class TreeProposal:
-    """A token tree per row (API.md section 6), in breadth-first order (depths ascending).
+    """A token tree per row (docs: trees.md), in breadth-first order (depths ascending).
 
     Attributes
     ----------
@@ -215,14 +211,12 @@ class TreeProposal:
             self.parents,
             self.draft_probs,
             draft_mode=self.draft_mode,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
             num_nodes=self.num_nodes,
             max_depth=self.depth,
             seed=seeds,
             backend=backend,
             validate=False,
+            **sampling.filter_kwargs,
             **sampling.logprob_kwargs,
             **mask,
         )

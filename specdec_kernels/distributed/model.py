@@ -21,7 +21,7 @@ from torch import nn
 
 from specdec_kernels.decoding.adapters import CausalLMAdapter
 from specdec_kernels.distributed import verification
-from specdec_kernels.models.causal_lm import CausalLM
+from specdec_kernels.models.causal_lm import CausalLM, kv_cache_for
 
 
 def shard_range(n: int, world_size: int, rank: int) -> tuple[int, int]:
@@ -202,21 +202,7 @@ class TensorParallelCausalLM(nn.Module):
 
     def new_cache(self, batch_size: int, max_seq_len: int | None = None):
         """An empty, zero-filled ``sk.KVCache`` of this rank's heads."""
-        from specdec_kernels.kv_cache import KVCache
-
-        p = self.lm_head.weight
-        c = self.config
-        cache = KVCache(
-            c.n_layer,
-            batch_size,
-            self.n_head,
-            c.head_dim,
-            max_seq_len or c.n_positions,
-            dtype=p.dtype,
-            device=p.device,
-        )
-        cache.kv.zero_()
-        return cache
+        return kv_cache_for(self.config, self.n_head, batch_size, max_seq_len, self.lm_head.weight)
 
     def decoding_adapter(self) -> TensorParallelAdapter:
         """The model adapter of the decoding loop (:mod:`specdec_kernels.decoding`)."""

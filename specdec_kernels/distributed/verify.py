@@ -326,7 +326,7 @@ def verify_sampling_shard(
 
     positions = torch.arange(k, device=device)
     key = rng.row_key(seeds)  # [B]
-    u = rng.uniform(rng.stream_key(key[:, None], positions[None, :], rng.PURPOSE_ACCEPT), 0)
+    u = rng.accept_uniforms(seeds, k)  # [B, K]
     valid = positions[None, :] < num_draft[:, None].to(torch.int64)
     accept = (u * q_draft < p_draft) & (q_draft > 0) & in_vocab
     num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]

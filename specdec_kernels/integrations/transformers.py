@@ -22,7 +22,7 @@ import torch
 from specdec_kernels._dispatch import check_backend
 from specdec_kernels.decoding import Decoder, HFAdapter, ModelDrafter, Sampling
 from specdec_kernels.decoding.core import verifiable
-from specdec_kernels.reference.verify_sampling import filter_mask
+from specdec_kernels.reference.verify_sampling import filter_mask, filters_alike
 from specdec_kernels.verification import verify_sampling
 
 __all__ = ["speculative_generate", "speculative_sampling"]  # and SpeculativeGenerateOutput
@@ -100,7 +100,7 @@ def speculative_generate(
         arXiv 2403.10444), lossless and accepting at least as many drafts in expectation;
         greedy decoding is the same either way.
     grammar : xgrammar.CompiledGrammar or list of them, optional
-        Constrain each row's new tokens (API.md section 9): compile with
+        Constrain each row's new tokens (docs: serving.md): compile with
         ``specdec_kernels.grammar.tokenizer_info(tokenizer, vocab_size=config.vocab_size)``. A
         row stops when its grammar ends (its stop token, the tokenizer's eos by default).
 
@@ -243,10 +243,8 @@ def _processed(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     kept set, :func:`specdec_kernels.reference.verify_sampling.filter_mask`)."""
     if sampling.greedy:
         return logits
-    b = logits.shape[0]
     x = logits / sampling.temperature
-    top_k = None if not sampling.top_k else torch.full((b,), sampling.top_k, device=x.device)
-    top_p = None if sampling.top_p is None else torch.full((b,), sampling.top_p, device=x.device)
+    top_k, top_p = filters_alike(x.shape[0], x.device, sampling.top_k or None, sampling.top_p)
     return x.masked_fill(~filter_mask(x, top_k, top_p), -torch.inf)
 
 

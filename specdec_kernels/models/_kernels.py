@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import torch
 
+from specdec_kernels import _extension
+
 
 def register_fakes() -> None:
     """Register the fakes once the C++ extension has defined the ops (a no-op without it)."""
-    if not hasattr(torch.ops.specdec, "rowinv_linear"):
+    if not _extension.has_op("rowinv_linear"):  # every model op, by the extension's ABI stamp
         return
 
     @torch.library.register_fake("specdec::rowinv_linear")
@@ -22,23 +24,14 @@ def register_fakes() -> None:
     def _attention(q, k, v, mask):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
-    if not hasattr(torch.ops.specdec, "causal_lm_pass"):
-        return
-
     @torch.library.register_fake("specdec::causal_lm_pass")
     def _pass(input_ids, kv_cache, lengths, kv_len, logits_index, weights, num_heads, eps):
         rows = input_ids.shape if logits_index is None else logits_index.shape
         return weights[-1].new_empty((*rows, weights[-1].shape[0]))
 
-    if not hasattr(torch.ops.specdec, "causal_lm_greedy_chain"):
-        return
-
     @torch.library.register_fake("specdec::causal_lm_greedy_chain")
     def _chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps):
         return input_ids.new_empty((input_ids.shape[0], num_tokens))
-
-    if not hasattr(torch.ops.specdec, "causal_lm_draft_chain"):
-        return
 
     @torch.library.register_fake("specdec::causal_lm_draft_chain")
     def _draft_chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps):
@@ -48,9 +41,6 @@ def register_fakes() -> None:
     def _draft_pass(input_ids, kv_cache, lengths, kv_len, logits_index, weights, n, eps):
         v = weights[-1].shape[0]
         return input_ids.new_empty((input_ids.shape[0], v), dtype=torch.float32)
-
-    if not hasattr(torch.ops.specdec, "causal_lm_draft_sample_chain"):
-        return
 
     @torch.library.register_fake("specdec::causal_lm_draft_sample_chain")
     def _sample_chain(input_ids, kv_cache, lengths, num_valid, kv_len, num_tokens, weights, n, eps,

@@ -42,7 +42,8 @@ TARGET_CONFIG, DRAFT_CONFIG = PAIRS["default"]
 
 
 def pair_dir(name: str = "default") -> str:
-    """The folder that holds pair ``name``'s weights, ``heldout.txt`` and ``train_log.json``."""
+    """The folder that holds pair ``name``'s weights, ``heldout.txt`` and ``acceptance.json``
+    (and, in a checkout, not in the wheel, the training logs ``train_log*.json``)."""
     if name not in PAIRS:
         raise ValueError(f"name must be one of {sorted(PAIRS)}, got {name!r}")
     return os.path.join(ASSETS, name)
@@ -144,14 +145,15 @@ def load_bundled(
 @functools.cache
 def stated_acceptance(name: str = "default") -> float | None:
     """Pair ``name``'s greedy acceptance rate at ``K = 1`` on its held-out text, as its
-    ``train_log.json`` recorded it when the pair was exported (``acceptance_heldout_greedy``:
+    ``train_log.json`` recorded it when the pair was exported, read from the copy of that table
+    that ships in the wheel, ``acceptance.json`` (``acceptance_heldout_greedy``:
     at ``K = 1`` accepted over drafted is the per-token acceptance itself); ``None`` where the
     log has none. The prior that ``"auto"`` starts from with this pair (``CausalLM.
     acceptance_prior``), instead of a guess for any pair: with the default pair's two-layer
     draft (0.89 then, 0.91 now) a guess of 0.7 priced drafting at the demo's batch of 3 as a
     loss in one run of four, which then decoded with the target alone (0.94x)."""
     try:
-        with open(os.path.join(pair_dir(name), "train_log.json")) as fh:
+        with open(os.path.join(pair_dir(name), "acceptance.json")) as fh:
             table = json.load(fh)["acceptance_heldout_greedy"]
         rate = float(table["1"]["acceptance_rate"])
     except (OSError, KeyError, TypeError, ValueError):
@@ -175,12 +177,12 @@ def fastest_dtype(
     cached passes of ``tokens`` tokens (default a one-token plus a five-token pass: a target's
     passes in a speculative step; a draft's are ``(1,)``) fastest on this machine, row-invariant
     kernels on where available; measured once and cached beside the pass
-    costs (:func:`specdec_kernels._cache.cache_path`), keyed by the model's config, the CPU,
+    costs (:func:`specdec_kernels.tuning._timing.cache_path`), keyed by the model's config, the CPU,
     the thread count and the torch version.
     """
     import json
 
-    from specdec_kernels._cache import cpu_name, kernels_id, passes_ms, remembered
+    from specdec_kernels.tuning._timing import cpu_name, kernels_id, passes_ms, remembered
 
     probe = load(DTYPE_CANDIDATES[0])
     key = "dtype:" + json.dumps(
@@ -224,7 +226,7 @@ def fastest_threads(load, *, tokens=(1, 5), repeats: int = 7, cache: bool = True
     ``torch.set_num_threads`` with the result, or sets :attr:`CausalLM.num_threads`."""
     import json
 
-    from specdec_kernels._cache import cpu_name, kernels_id, passes_ms, remembered
+    from specdec_kernels.tuning._timing import cpu_name, kernels_id, passes_ms, remembered
 
     cores = os.cpu_count() or 1
     model = load()

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from specdec_kernels import _dispatch, _extension
 from specdec_kernels.models.transformer import TANH_GELU, Block, activation, init_weights, linear
 
 # GPT-2's Conv1D stores [in, out]; nn.Linear stores [out, in]
@@ -108,6 +109,23 @@ class CausalLMConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+
+def kv_cache_for(config, num_kv_heads: int, batch_size: int, max_seq_len: int | None, like):
+    """An empty ``sk.KVCache`` for a model of ``config`` with ``num_kv_heads`` heads (all of
+    them, or a tensor-parallel rank's share), ``max_seq_len`` positions (default: the context),
+    in the dtype and on the device of the tensor ``like``; zero-filled, as ``sk.KVCache`` is."""
+    from specdec_kernels.kv_cache import KVCache
+
+    return KVCache(
+        config.n_layer,
+        batch_size,
+        num_kv_heads,
+        config.head_dim,
+        max_seq_len or config.n_positions,
+        dtype=like.dtype,
+        device=like.device,
+    )
 
 
 class CausalLM(nn.Module):
@@ -266,12 +284,10 @@ class CausalLM(nn.Module):
 
     def row_invariant_problem(self) -> str | None:
         """Why :attr:`row_invariant` cannot be turned on here, or ``None`` if it can."""
-        from specdec_kernels import _extension
-
         p = self.lm_head.weight
         if p.device.type != "cpu" or p.dtype not in (torch.float32, torch.bfloat16):
             return f"needs a float32 or bfloat16 model on the CPU, got {p.dtype} on {p.device}"
-        if not _extension.loaded() or not hasattr(torch.ops.specdec, "rowinv_linear"):
+        if not _extension.has_op("rowinv_linear"):
             return "needs the C++ extension, which is not built"
         if self.config.head_dim % 16:
             return f"needs a head size divisible by 16, got {self.config.head_dim}"
@@ -424,14 +440,14 @@ class CausalLM(nn.Module):
         run. Draft ``i`` of row ``b`` is drawn from ``q = filtered_probs(logits / temperature,
         top_k, top_p)`` (the reference's filter) by the race ``argmax(q / E)`` with the
         drafter's exponentials of ``(seeds[b], i)`` (:func:`~specdec_kernels.reference.rng.
-        draft_exponentials`), as :meth:`Sampling.draw <specdec_kernels.decoding.core.Sampling.
+        draft_exponentials`), as :meth:`Sampling.draw <specdec_kernels.decoding.sampling.Sampling.
         draw>` draws it, up to float rounding; returns the drafts ``[B, num_tokens]`` and the
         ``q`` they came from ``[B, num_tokens, V]`` (float32). Writes and commits as
         :meth:`greedy_chain` does."""
+        filters = (float(temperature), int(top_k or 0), 1.0 if top_p is None else float(top_p))
         return self._one_op(
             "causal_lm_draft_sample_chain", input_ids, cache, num_valid, kv_len, num_tokens,
-            seeds=seeds, temperature=float(temperature), top_k=int(top_k or 0),
-            top_p=1.0 if top_p is None else float(top_p),
+            tail=(seeds, *filters),
         )  # fmt: skip
 
     def draft_logits(
@@ -448,19 +464,21 @@ class CausalLM(nn.Module):
             return self(input_ids, cache, **kw).float()
         return logits
 
-    def _one_op(self, name: str, input_ids: torch.Tensor, cache, *args, **kwargs):
+    def _one_op(self, name: str, input_ids: torch.Tensor, cache, *args, tail=()):
         """:meth:`_native` on this model's threads where the one-op pass runs and the extension
         has ``specdec::<name>``; ``None`` (nothing done) elsewhere."""
-        if not (self._one_op_pass(cache) and hasattr(torch.ops.specdec, name)):
+        if not (self._one_op_pass(cache) and _extension.has_op(name)):
             return None
         with self._on_own_threads():
-            return self._native(name, input_ids, cache, *args, **kwargs)
+            return self._native(name, input_ids, cache, *args, tail=tail)
 
-    def _native(self, name: str, input_ids: torch.Tensor, cache, *args, **kwargs):
+    def _native(self, name: str, input_ids: torch.Tensor, cache, *args, tail=()):
         """``specdec::<name>`` on this model: ``(input_ids, cache.kv, cache.lengths, *args,
-        weights, n_head, eps, **kwargs)``, the order every native pass and chain takes."""
+        weights, n_head, eps, *tail)``, the order every native pass and chain takes (``tail``: a
+        sampled chain's seeds, temperature, top-k and top-p); the kernel is the routing table's
+        (:func:`specdec_kernels._dispatch.kernel`)."""
         c = self.config
-        op = getattr(torch.ops.specdec, name)
+        op = _dispatch.kernel(name, "native")
         weights = self._pass_weights()
         return op(
             input_ids,
@@ -470,7 +488,7 @@ class CausalLM(nn.Module):
             weights,
             c.n_head,
             c.layer_norm_epsilon,
-            **kwargs,
+            *tail,
         )
 
     def _one_op_pass(self, cache) -> bool:
@@ -484,9 +502,7 @@ class CausalLM(nn.Module):
             return False
         if torch.is_grad_enabled() and any(w.requires_grad for w in self._pass_weights()):
             return False  # the op has no backward: autograd records the Python ops
-        return self.config.activation_function in TANH_GELU and hasattr(
-            torch.ops.specdec, "causal_lm_pass"
-        )
+        return self.config.activation_function in TANH_GELU and _extension.has_op("causal_lm_pass")
 
     def _pass_weights(self) -> list[torch.Tensor]:
         """The weights ``specdec::causal_lm_pass`` takes, in its order.
@@ -519,23 +535,9 @@ class CausalLM(nn.Module):
         Zero-filling matters: attention reads positions past a row's length (masked out, weight
         exactly 0), and ``0 * nan`` would still be ``nan`` if the buffer held garbage.
         """
-        from specdec_kernels.kv_cache import KVCache
-
-        p = self.lm_head.weight
-        c = self.config
-        cache = KVCache(
-            c.n_layer,
-            batch_size,
-            c.n_head,
-            c.head_dim,
-            max_seq_len or c.n_positions,
-            dtype=p.dtype,
-            device=p.device,
+        return kv_cache_for(
+            self.config, self.config.n_head, batch_size, max_seq_len, self.lm_head.weight
         )
-        for layer in range(c.n_layer):
-            cache.key(layer).zero_()
-            cache.value(layer).zero_()
-        return cache
 
     # ------------------------------------------------------------------ conversion
     @classmethod

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from specdec_kernels._dispatch import kernel
+
 # GELU's tanh form under its GPT-2 names: the row-invariant linear layer computes it itself
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 
@@ -29,7 +31,7 @@ def linear(x: torch.Tensor, layer: nn.Linear, row_invariant: bool) -> torch.Tens
     """``layer(x)``; with ``row_invariant``, the native kernel whose result for one row of ``x``
     does not depend on the other rows (see :func:`specdec_kernels.models.row_invariant`)."""
     if row_invariant:
-        return torch.ops.specdec.rowinv_linear(x, layer.weight, layer.bias)
+        return kernel("rowinv_linear", "native")(x, layer.weight, layer.bias)
     return layer(x)
 
 
@@ -44,7 +46,7 @@ def attention(q, k, v, mask, row_invariant: bool) -> torch.Tensor:
         T = q.shape[2]
         mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()[None, None]
         mask = mask.expand(q.shape[0], 1, T, T)
-    return torch.ops.specdec.rowinv_attention(q, k, v, mask)
+    return kernel("rowinv_attention", "native")(q, k, v, mask)
 
 
 def activation(name: str):
@@ -105,7 +107,8 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         inv = self.row_invariant
         if inv and self.act_name in TANH_GELU:  # the kernel's own GELU, in its epilogue
-            h = torch.ops.specdec.rowinv_linear(x, self.c_fc.weight, self.c_fc.bias, "gelu_tanh")
+            rowinv_linear = kernel("rowinv_linear", "native")
+            h = rowinv_linear(x, self.c_fc.weight, self.c_fc.bias, "gelu_tanh")
         else:
             h = self.act(linear(x, self.c_fc, inv))
         return linear(h, self.c_proj, inv)

@@ -1,5 +1,5 @@
 """Token bitmasks in xgrammar's layout (``xgrammar.allocate_token_bitmask``): the specification of
-the ``token_bitmask=`` keyword of the verification ops (API.md section 9).
+the ``token_bitmask=`` keyword of the verification ops (docs: serving.md).
 
 A bitmask row is ``W = ceil(V / 32)`` int32 words; bit ``j`` of word ``w`` set means token
 ``32 w + j`` is allowed; bits past ``V`` are ignored. A disallowed token is a ``-inf`` logit,

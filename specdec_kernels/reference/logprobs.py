@@ -1,5 +1,5 @@
 """Reference log-probabilities of the emitted tokens: the specification of the ``logprobs=`` and
-``num_logprobs=`` keywords of the verification ops (API.md section 9).
+``num_logprobs=`` keywords of the verification ops (docs: serving.md).
 
 At every emitted position ``j < num_emitted[b]`` of a row, with ``x = target_logits[b, j]``:
 

@@ -31,8 +31,8 @@ from __future__ import annotations
 import torch
 
 from specdec_kernels.reference import rng
-from specdec_kernels.reference.verify_greedy import emitted_tokens, verify_greedy
-from specdec_kernels.reference.verify_sampling import filtered_probs, race_uniforms
+from specdec_kernels.reference.verify_greedy import emitted_tokens, with_greedy_rows
+from specdec_kernels.reference.verify_sampling import race_uniforms, split_greedy_rows
 
 
 def block_weights(p_draft: torch.Tensor, q_draft: torch.Tensor) -> torch.Tensor:
@@ -157,9 +157,8 @@ def verify_block(
     k = k1 - 1
     device = target_logits.device
     nd = num_draft_tokens.to(torch.int64)
-    greedy_row = temperature == 0  # [B]
-    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
-    p = filtered_probs(target_logits, temp, top_k, top_p)  # [B, K+1, V]: P_0 .. P_K
+    # p: [B, K+1, V], P_0 .. P_K
+    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p)
 
     drafts = draft_tokens.to(torch.int64)
     in_vocab = (drafts >= 0) & (drafts < v)
@@ -209,8 +208,7 @@ def verify_block(
     padded[rows, num_accepted] = recovered_or_bonus
     tokens = emitted_tokens(padded, num_accepted)
 
-    # Rows with temperature 0 are greedy rows: exactly verify_greedy's answer.
-    g_tokens, g_accepted, _ = verify_greedy(target_logits, draft_tokens, num_draft_tokens)
-    tokens = torch.where(greedy_row[:, None], g_tokens, tokens)
-    num_accepted = torch.where(greedy_row, g_accepted, num_accepted)
-    return tokens, num_accepted, num_accepted + 1
+    # greedy rows (temperature 0): exactly verify_greedy's answer
+    return with_greedy_rows(
+        greedy_row, tokens, num_accepted, target_logits, draft_tokens, num_draft_tokens
+    )

@@ -39,3 +39,19 @@ def verify_greedy(
     num_accepted = prefix_match_count(draft_tokens.to(torch.int64), target[:, :k], valid)
     tokens = emitted_tokens(target, num_accepted)
     return tokens, num_accepted, num_accepted + 1
+
+
+def with_greedy_rows(
+    greedy_row: torch.Tensor,
+    tokens: torch.Tensor,
+    num_accepted: torch.Tensor,
+    target_logits: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft_tokens: torch.Tensor,
+):
+    """A chain rule's ``(tokens [B, K+1], num_accepted [B], num_emitted [B])`` with the greedy
+    rows (``greedy_row [B]``, temperature 0) replaced by exactly :func:`verify_greedy`'s."""
+    g_tokens, g_accepted, _ = verify_greedy(target_logits, draft_tokens, num_draft_tokens)
+    tokens = torch.where(greedy_row[:, None], g_tokens, tokens)
+    num_accepted = torch.where(greedy_row, g_accepted, num_accepted)
+    return tokens, num_accepted, num_accepted + 1

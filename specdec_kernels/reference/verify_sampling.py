@@ -16,7 +16,7 @@ from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_greedy import (
     emitted_tokens,
     prefix_match_count,
-    verify_greedy,
+    with_greedy_rows,
 )
 
 
@@ -46,6 +46,45 @@ def filtered_probs(
     m = x.amax(dim=-1, keepdim=True)
     e = torch.exp(x - m) * filter_mask(x, top_k, top_p)  # unnormalised kept probabilities
     return e / e.sum(dim=-1, keepdim=True)
+
+
+def split_greedy_rows(
+    target_logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(greedy_row [B] bool, p)``: the rows with ``temperature == 0`` (greedy rows, decided by
+    argmax: the caller takes :func:`.verify_greedy.verify_greedy`'s answer for them) and the
+    :func:`filtered_probs` of every row, the greedy ones at temperature 1 (finite, unused)."""
+    greedy_row = temperature == 0  # [B]
+    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
+    return greedy_row, filtered_probs(target_logits, temp, top_k, top_p)
+
+
+def filtered_probs_alike(
+    target_logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None = None,
+    top_p: float | None = None,
+) -> torch.Tensor:
+    """:func:`filtered_probs` with one host value of each filter for every row (``None``: off).
+
+    >>> filtered_probs_alike(torch.tensor([[[2.0, 0.0, -1e9]]]), 1.0, top_k=1).tolist()
+    [[[1.0, 0.0, 0.0]]]
+    """
+    b, dev = target_logits.shape[0], target_logits.device
+    temp = torch.full((b,), float(temperature), dtype=torch.float32, device=dev)
+    return filtered_probs(target_logits, temp, *filters_alike(b, dev, top_k, top_p))
+
+
+def filters_alike(b: int, device, top_k: int | None, top_p: float | None) -> tuple:
+    """``(top_k [B] int64, top_p [B] float32)`` of one host value each for ``b`` rows, ``None``
+    where the value is ``None``: the filters of :func:`filtered_probs` and :func:`filter_mask`."""
+    return (
+        None if top_k is None else torch.full((b,), top_k, dtype=torch.int64, device=device),
+        None if top_p is None else torch.full((b,), top_p, dtype=torch.float32, device=device),
+    )
 
 
 def filter_mask(x: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None):
@@ -111,9 +150,7 @@ def verify_sampling(
     b, k1, v = target_logits.shape
     k = k1 - 1
     device = target_logits.device
-    greedy_row = temperature == 0  # [B]
-    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
-    p = filtered_probs(target_logits, temp, top_k, top_p)  # [B, K+1, V]
+    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p)  # [B, K+1, V]
 
     drafts = draft_tokens.to(torch.int64)
     in_vocab = (drafts >= 0) & (drafts < v)
@@ -125,7 +162,7 @@ def verify_sampling(
         q_draft = torch.ones_like(p_draft)
     positions = torch.arange(k, device=device)
     key = rng.row_key(seeds)  # [B]
-    u = rng.uniform(rng.stream_key(key[:, None], positions[None, :], rng.PURPOSE_ACCEPT), 0)
+    u = rng.accept_uniforms(seeds, k)  # [B, K]
     valid = positions[None, :] < num_draft_tokens[:, None].to(torch.int64)
     accept = (u * q_draft < p_draft) & (q_draft > 0) & in_vocab
     num_accepted = prefix_match_count(accept, torch.ones_like(accept), valid)  # [B]
@@ -158,8 +195,7 @@ def verify_sampling(
     padded[rows, num_accepted] = recovered_or_bonus
     tokens = emitted_tokens(padded, num_accepted)
 
-    # Rows with temperature 0 are greedy rows: exactly verify_greedy's answer.
-    g_tokens, g_accepted, _ = verify_greedy(target_logits, draft_tokens, num_draft_tokens)
-    tokens = torch.where(greedy_row[:, None], g_tokens, tokens)
-    num_accepted = torch.where(greedy_row, g_accepted, num_accepted)
-    return tokens, num_accepted, num_accepted + 1
+    # greedy rows (temperature 0): exactly verify_greedy's answer
+    return with_greedy_rows(
+        greedy_row, tokens, num_accepted, target_logits, draft_tokens, num_draft_tokens
+    )

@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from specdec_kernels.reference import rng
-from specdec_kernels.reference.verify_sampling import filtered_probs, race_uniforms
+from specdec_kernels.reference.verify_sampling import race_uniforms, split_greedy_rows
 
 DRAFT_MODES = ("deterministic", "independent", "without_replacement")
 MODE_DETERMINISTIC, MODE_INDEPENDENT, MODE_WITHOUT_REPLACEMENT = 0, 1, 2
@@ -158,9 +158,7 @@ def verify_tree_sampling(
     """
     b, n, v = target_logits.shape
     device = target_logits.device
-    greedy_row = temperature == 0  # [B]
-    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
-    p = filtered_probs(target_logits, temp, top_k, top_p)  # [B, N, V]
+    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p)  # [B, N, V]
     key = rng.row_key(seeds)  # [B]
     tokens = tree_tokens.to(torch.int64)
     walk = _Walk(b, n, device)

@@ -15,9 +15,9 @@ from specdec_kernels.reference import rng
 from specdec_kernels.reference.verify_greedy import (
     emitted_tokens,
     prefix_match_count,
-    verify_greedy,
+    with_greedy_rows,
 )
-from specdec_kernels.reference.verify_sampling import filtered_probs, race_uniforms
+from specdec_kernels.reference.verify_sampling import race_uniforms, split_greedy_rows
 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
@@ -51,9 +51,7 @@ def verify_typical(
     b, k1, v = target_logits.shape
     k = k1 - 1
     device = target_logits.device
-    greedy_row = temperature == 0  # [B]
-    temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
-    p = filtered_probs(target_logits, temp, top_k, top_p)  # [B, K+1, V]
+    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p)  # [B, K+1, V]
 
     drafts = draft_tokens.to(torch.int64)
     in_vocab = (drafts >= 0) & (drafts < v)
@@ -77,7 +75,7 @@ def verify_typical(
     padded[rows, num_accepted] = recovered_or_bonus
     tokens = emitted_tokens(padded, num_accepted)
 
-    g_tokens, g_accepted, _ = verify_greedy(target_logits, draft_tokens, num_draft_tokens)
-    tokens = torch.where(greedy_row[:, None], g_tokens, tokens)
-    num_accepted = torch.where(greedy_row, g_accepted, num_accepted)
-    return tokens, num_accepted, num_accepted + 1
+    # greedy rows (temperature 0): exactly verify_greedy's answer
+    return with_greedy_rows(
+        greedy_row, tokens, num_accepted, target_logits, draft_tokens, num_draft_tokens
+    )

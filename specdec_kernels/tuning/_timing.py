@@ -1,6 +1,6 @@
 """Measurements kept between processes: where they live, how they are read and written, the CPU
 they are keyed by, and the one timed model pass they are made of. A leaf module (it imports
-nothing of the package), shared by :mod:`specdec_kernels.adaptive` (pass costs),
+nothing of the package), shared by :mod:`specdec_kernels.tuning` (pass costs),
 :mod:`specdec_kernels.models.bundled` (the fastest dtype) and the benchmarks' machine record.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 
 def cache_path() -> str:
-    """Where measured :class:`specdec_kernels.adaptive.PassCosts` (and the fastest dtypes) are
+    """Where measured :class:`specdec_kernels.tuning.PassCosts` (and the fastest dtypes) are
     kept between processes: ``$SPECDEC_CACHE_DIR/pass_costs.json`` (default
     ``~/.cache/specdec_kernels``)."""
     root = os.environ.get("SPECDEC_CACHE_DIR") or os.path.join(
