@@ -784,6 +784,62 @@ def gpu_filter_section() -> str | None:
     )
 
 
+def traffic_section() -> str | None:
+    """Bytes loaded per call under the interpreter (``specdec bench ops --traffic``) and how
+    often the filters' candidate buffer falls back to the search (``bench/filter_fallback.py``)."""
+    data = load("traffic.json")
+    if not data:
+        return None
+    rows = data["traffic"]
+    body = [
+        [
+            r["case"],
+            r["strategy"],
+            f"{r['logits_passes']:.2f}",
+            "" if r["q_passes"] is None else f"{r['q_passes']:.2f}",
+            f"{r['loaded_vs_needed']:.2f}",
+            f"{r['row_pass_programs_per_position']:g}",
+            ", ".join(f"{n.strip('_')} {p}" for n, p in zip(r["launches"], r["programs"])),
+        ]
+        for r in rows
+    ]
+    parts = [
+        "## Memory traffic of the Triton verification kernels (counted, no GPU)",
+        f"Commit `{data.get('commit', '?')}`, {data.get('date', '?')}, "
+        f"`{data.get('command', 'specdec bench ops --traffic')}`: Triton's interpreter on a CPU, "
+        "loads counted by address range (docs/gpu.md). *logits passes*: bytes loaded from the "
+        "logits over the bytes of the rows touched; *loaded / needed*: logits and draft "
+        "probabilities loaded over the bytes the answer needs (rows up to the first rejection); "
+        "*programs / position*: of the launch that reads the rows. Shapes scaled to B <= 8, "
+        "V <= 32000; `-flat` rows are `randn * 0.1`.",
+        table(
+            [
+                "case",
+                "strategy",
+                "logits passes",
+                "q passes",
+                "loaded / needed",
+                "programs / position",
+                "launches (programs)",
+            ],
+            body,
+        ),
+    ]
+    fallback = load("filter_fallback.json")
+    if fallback:
+        fb = fallback["fallback"]
+        parts += [
+            f"Candidate buffer against the search fallback (`python bench/filter_fallback.py "
+            f"{fb[0]['V']} ...`, positions per case): which positions' thresholds came from the "
+            "one pass.",
+            table(
+                ["rows", "filter", "from the buffer", "searched"],
+                [[r["rows"], r["filter"], r["from_buffer"], r["searched"]] for r in fb],
+            ),
+        ]
+    return "\n\n".join(parts)
+
+
 SECTIONS = (
     demo_section,
     row_invariant_section,
@@ -796,6 +852,7 @@ SECTIONS = (
     compat_section,
     lambda: ops_section("gpu/ops.json", first_run),
     gpu_filter_section,
+    traffic_section,
     lambda: ops_section("gpu/ops_tree.json", title="tree verification against the chain"),
     lambda: ops_section(
         "gpu/ops_serving.json", title="serving keywords against plain verification"

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -37,6 +36,8 @@ import torch
 #: and ``V``'s chunk count where it can, with ``V`` capped here.
 TRAFFIC_MAX_V = 32000
 TRAFFIC_MAX_B = 8
+#: The batch size from which a GPU runs one program per row (``pick_strategy``: an H100's SMs).
+GPU_ROW_MIN_BATCH = 132
 
 
 @dataclasses.dataclass
@@ -111,19 +112,17 @@ def count_traffic(**regions: torch.Tensor) -> Iterator[Traffic]:
         out._addresses = {}
 
 
-def interpreter_active() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def scaled(case):
     """``case`` with its shapes capped for the interpreter (:data:`TRAFFIC_MAX_V`, ``_B``)."""
     return dataclasses.replace(case, B=min(case.B, TRAFFIC_MAX_B), V=min(case.V, TRAFFIC_MAX_V))
 
 
-def case_traffic(case, flat_rows: bool = False) -> dict:
+def case_traffic(case, flat_rows: bool = False, batch: int | None = None) -> dict:
     """One row of the traffic table: the Triton provider of ``case`` run once under
-    :func:`count_traffic`. ``flat_rows`` replaces the logits by ``randn * 0.1`` (a flat row:
-    the filters keep thousands of tokens, the candidate buffer's worst case)."""
+    :func:`count_traffic`, with the launch strategy a GPU picks at batch size ``batch`` (the
+    unscaled case's; default ``case.B``). ``flat_rows`` replaces the logits by ``randn * 0.1``
+    (a flat row: the filters keep thousands of tokens, the candidate buffer's worst case)."""
+    batch = case.B if batch is None else batch
     from specdec_kernels.benchmarks import ops as bench_ops
 
     device = torch.device("cpu")
@@ -138,9 +137,18 @@ def case_traffic(case, flat_rows: bool = False) -> dict:
         "verify_greedy": lambda: sk.verify_greedy(logits, drafts, backend="triton", validate=False),
         "verify_sampling": lambda: sk.verify_sampling(logits, drafts, q, backend="triton", **kw),
     }[case.op]
-    call()  # first call: nothing to warm, but keeps the counted call like every later one
-    with count_traffic(logits=logits, q=q) as t:
-        call()
+    from specdec_kernels.ops import verify_sampling as triton_chain
+
+    # the strategy a GPU would pick at the case's own batch size (one program per row from an
+    # H100's 132 SMs), not the scaled one's
+    strategy = "row" if batch >= GPU_ROW_MIN_BATCH else "split"
+    original = triton_chain.pick_strategy
+    triton_chain.pick_strategy = lambda *_: strategy
+    try:
+        with count_traffic(logits=logits, q=q) as t:
+            call()
+    finally:
+        triton_chain.pick_strategy = original
     needed_rows = bench.bytes_needed
     loaded = t.loaded["logits"] + t.loaded.get("q", 0)
     # the launch that reads the most logits (the pass over the rows): its programs per position
@@ -148,6 +156,8 @@ def case_traffic(case, flat_rows: bool = False) -> dict:
     spread = t.launches[heavy][1] / (case.B * (case.K + 1))
     return {
         "case": case.name + ("-flat" if flat_rows else ""),
+        "strategy": strategy,
+        "unscaled_B": batch,
         "op": case.op,
         "B": case.B,
         "K": case.K,
@@ -175,27 +185,29 @@ def traffic_rows(cases, flat: bool = True) -> list[dict]:
         if case.op not in ("verify_greedy", "verify_sampling"):
             continue
         c = scaled(case)
-        if c in seen:
+        row_strategy = case.B >= GPU_ROW_MIN_BATCH
+        if (c, row_strategy) in seen:
             continue
-        seen.add(c)
-        rows.append(case_traffic(c))
+        seen.add((c, row_strategy))
+        rows.append(case_traffic(c, batch=case.B))
         if flat and c.top_k_top_p:
-            rows.append(case_traffic(c, flat_rows=True))
+            rows.append(case_traffic(c, flat_rows=True, batch=case.B))
     return rows
 
 
 def format_traffic(rows: list[dict]) -> str:
     """The traffic table as Markdown."""
     head = (
-        "| case | logits passes | q passes | loaded / needed | programs / position (row pass) "
-        "| launches (programs) |\n|---|---|---|---|---|---|"
+        "| case (scaled) | strategy | logits passes | q passes | loaded / needed "
+        "| programs / position (row pass) | launches (programs) |\n|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         progs = ", ".join(f"{n.strip('_')} {p}" for n, p in zip(r["launches"], r["programs"]))
         q = "" if r["q_passes"] is None else f"{r['q_passes']:.2f}"
         lines.append(
-            f"| {r['case']} | {r['logits_passes']:.2f} | {q} | {r['loaded_vs_needed']:.2f} "
+            f"| {r['case']} | {r['strategy']} | {r['logits_passes']:.2f} | {q} "
+            f"| {r['loaded_vs_needed']:.2f} "
             f"| {r['row_pass_programs_per_position']:g} | {progs} |"
         )
     return "\n".join(lines)
