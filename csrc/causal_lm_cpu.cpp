@@ -5,7 +5,7 @@
 // dispatch; for the bundled draft (one layer, C = 128) that was half its pass
 // (bench/one_op_pass.py). Here the same ops run from C++, in the same order on the same
 // dtypes (embedding, layer_norm from ATen; projections, their GELU and attention from
-// model_cpu.cpp, each residual add in its projection's epilogue, rounded as the add rounds;
+// csrc/model/, each residual add in its projection's epilogue, rounded as the add rounds;
 // the cache write from kv_cache_cpu.cpp), so the logits and the cache are bitwise those of the
 // Python pass (tests/test_model_kernels.py compares them).
 //

@@ -1,8 +1,9 @@
-// Row-invariant CPU model kernels (csrc/model_cpu.cpp): a linear layer and cached attention whose
-// result for one token does not depend on how many tokens share the call. Registered in
-// bindings.cpp as specdec::rowinv_linear and specdec::rowinv_attention; used by
-// specdec_kernels.models when a model runs with row_invariant=True, and by
-// specdec::causal_lm_pass (csrc/causal_lm_cpu.cpp), a whole cached pass of such a model.
+// Row-invariant CPU model kernels (csrc/model/, one idea a file: see model/model_internal.h): a
+// linear layer and cached attention whose result for one token does not depend on how many
+// tokens share the call. Registered in bindings.cpp as specdec::rowinv_linear and
+// specdec::rowinv_attention; used by specdec_kernels.models when a model runs with
+// row_invariant=True, and by specdec::causal_lm_pass (csrc/causal_lm_cpu.cpp), a whole cached
+// pass of such a model.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -34,7 +35,7 @@ at::Tensor causal_lm_greedy_chain_cpu(const at::Tensor& input_ids, const at::Ten
                                       int64_t kv_len, int64_t num_tokens, at::TensorList weights,
                                       int64_t num_heads, double eps);
 
-// causal_lm_greedy_chain's tokens on float32 activations (model_cpu.cpp): a draft's chain
+// causal_lm_greedy_chain's tokens on float32 activations (model/drafter.cpp): a draft's chain
 // without the bitwise contract, ~4x faster for the bundled one-layer draft.
 at::Tensor causal_lm_draft_chain_cpu(const at::Tensor& input_ids, const at::Tensor& kv_cache,
                                      const at::Tensor& lengths, const at::Tensor& num_valid,

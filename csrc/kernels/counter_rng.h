@@ -1,7 +1,7 @@
 // The counter RNG of specdec_kernels/reference/rng.py, bit for bit: every random number is a pure
 // function of (seed, position, purpose, index), MurmurHash3's fmix32 over the key words. Used by
 // the verification kernels (verify_cpu_kernel.h) and the drafter's sampled chain
-// (model_cpu.cpp). In an anonymous namespace: each unit gets its own copy, as the verification
+// (model/drafter.cpp). In an anonymous namespace: each unit gets its own copy, as the verification
 // kernels are compiled once per CPU capability.
 #pragma once
 

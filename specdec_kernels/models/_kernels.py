@@ -1,6 +1,6 @@
 """Fake (meta) implementations of the row-invariant model kernels ``specdec::rowinv_linear``,
 ``specdec::rowinv_attention``, the drafter's ``specdec::causal_lm_draft_chain`` and
-``specdec::causal_lm_draft_pass`` (``csrc/model_cpu.cpp``), ``specdec::causal_lm_pass`` and
+``specdec::causal_lm_draft_pass`` (``csrc/model/``), ``specdec::causal_lm_pass`` and
 ``specdec::causal_lm_greedy_chain`` (``csrc/causal_lm_cpu.cpp``), so that they trace under
 ``torch.compile`` and pass ``torch.library.opcheck``."""
 
