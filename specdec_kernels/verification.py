@@ -2,15 +2,16 @@
 :func:`accept_reject`.
 
 The three chain verifications are one ``torch.library`` custom op,
-``torch.ops.specdec.verify_chain`` (called by keyword through :func:`run_chain`), and
+``torch.ops.specdec.verify_chain`` (called from a checked record, :class:`ChainCall`), and
 :func:`accept_reject` is ``torch.ops.specdec.accept_reject``; each has a fake implementation of the
 same signature, so ``torch.compile(fullgraph=True)`` traces through them (with ``validate=False``).
-The Python functions here check arguments, turn scalars into per-row tensors, pick the backend
-(:func:`specdec_kernels._dispatch.resolve_backend`) and call the op, whose body is one lookup in the
-routing table (:func:`specdec_kernels._dispatch.kernel`). The chain op takes every input form:
-padded ``[B, K+1, V]`` rows or vLLM's flattened layout (``cu_num_draft_tokens=``, read in place
-through per-row offsets), logits or probabilities (the drop-in adapters of
-:mod:`specdec_kernels.compat`).
+The Python functions here parse their arguments once (:func:`parse_chain` for the padded chain
+calls): check them, turn scalars into per-row tensors, pick the backend
+(:func:`specdec_kernels._dispatch.resolve_backend`); then they call the op, whose body is one
+lookup in the routing table (:func:`specdec_kernels._dispatch.kernel`). The chain op takes
+every input form: padded ``[B, K+1, V]`` rows or vLLM's flattened layout
+(``cu_num_draft_tokens=``, read in place through per-row offsets), logits or probabilities (the
+drop-in adapters of :mod:`specdec_kernels.compat`).
 
 Vocabulary (vLLM's rejection sampler's, used for chains and trees throughout the package, in
 docstrings, comments and local names; public argument names keep their own):
@@ -105,7 +106,7 @@ def _chain(
     posterior_alpha: float,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """One verification step in every input form (:func:`run_chain` documents the arguments;
+    """One verification step in every input form (:class:`ChainCall` documents the arguments;
     :func:`specdec_kernels.reference.verify_chain.verify_chain` is the specification)."""
     op = _CHAIN_KERNELS.get(mode, "verify_chain")
     tokens, accepted = kernel(op, backend)(
