@@ -2,15 +2,16 @@
 :func:`accept_reject`.
 
 The three chain verifications are one ``torch.library`` custom op,
-``torch.ops.specdec.verify_chain`` (called by keyword through :func:`run_chain`), and
+``torch.ops.specdec.verify_chain`` (called from a checked record, :class:`ChainCall`), and
 :func:`accept_reject` is ``torch.ops.specdec.accept_reject``; each has a fake implementation of the
 same signature, so ``torch.compile(fullgraph=True)`` traces through them (with ``validate=False``).
-The Python functions here check arguments, turn scalars into per-row tensors, pick the backend
-(:func:`specdec_kernels._dispatch.resolve_backend`) and call the op, whose body is one lookup in the
-routing table (:func:`specdec_kernels._dispatch.kernel`). The chain op takes every input form:
-padded ``[B, K+1, V]`` rows or vLLM's flattened layout (``cu_num_draft_tokens=``, read in place
-through per-row offsets), logits or probabilities (the drop-in adapters of
-:mod:`specdec_kernels.compat`).
+The Python functions here parse their arguments once (:func:`parse_chain` for the padded chain
+calls): check them, turn scalars into per-row tensors, pick the backend
+(:func:`specdec_kernels._dispatch.resolve_backend`); then they call the op, whose body is one
+lookup in the routing table (:func:`specdec_kernels._dispatch.kernel`). The chain op takes
+every input form: padded ``[B, K+1, V]`` rows or vLLM's flattened layout
+(``cu_num_draft_tokens=``, read in place through per-row offsets), logits or probabilities (the
+drop-in adapters of :mod:`specdec_kernels.compat`).
 
 Vocabulary (vLLM's rejection sampler's, used for chains and trees throughout the package, in
 docstrings, comments and local names; public argument names keep their own):
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -80,6 +82,8 @@ class Verification(NamedTuple):
 
 #: ``verify_sampling``'s acceptance rules: token by token, or block verification.
 METHODS = ("token", "block")
+#: The chain op's mode of each acceptance rule.
+_RULES = {"token": "sampling", "block": "block"}
 #: The routing table's kernel of each chain mode other than greedy and sampling.
 _CHAIN_KERNELS = {"block": "verify_block", "typical": "verify_typical"}
 
@@ -102,7 +106,7 @@ def _chain(
     posterior_alpha: float,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """One verification step in every input form (:func:`run_chain` documents the arguments;
+    """One verification step in every input form (:class:`ChainCall` documents the arguments;
     :func:`specdec_kernels.reference.verify_chain.verify_chain` is the specification)."""
     op = _CHAIN_KERNELS.get(mode, "verify_chain")
     tokens, accepted = kernel(op, backend)(
@@ -123,29 +127,13 @@ def _(target_logits, draft_tokens, *args):
     return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
 
 
-def run_chain(
-    target_logits: Tensor,
-    draft_tokens: Tensor,
-    *,
-    num_draft_tokens: Tensor,
-    mode: str,
-    backend: str,
-    draft_probs: Tensor | None = None,
-    temperature: Tensor | None = None,
-    top_k: Tensor | None = None,
-    top_p: Tensor | None = None,
-    seeds: Tensor | None = None,
-    logits_row_start: Tensor | None = None,
-    probs_row_start: Tensor | None = None,
-    token_bitmask: Tensor | None = None,
-    log_input: bool = False,
-    posterior_threshold: float = 0.0,
-    posterior_alpha: float = 0.0,
-    direct: bool = False,
-) -> Verification:
-    """``torch.ops.specdec.verify_chain`` by keyword: the one chain op behind
-    :func:`verify_greedy`, :func:`verify_sampling`, :func:`verify_typical` and the drop-in
-    adapters of :mod:`specdec_kernels.compat`. Checks nothing: its callers have.
+@dataclass(frozen=True, eq=False)
+class ChainCall:
+    """One chain verification, checked: ``torch.ops.specdec.verify_chain``'s arguments and the
+    serving keywords to add after it. Made by :func:`parse_chain` (the padded public calls and
+    the decoding loop), by the flattened layouts' parsing in :func:`verify_greedy` /
+    :func:`verify_sampling` and by :func:`verify_typical` and the drop-in adapters of
+    :mod:`specdec_kernels.compat` from their own checked inputs; :meth:`run` checks nothing.
 
     ``target_logits`` is ``[B, K+1, V]``, or with ``logits_row_start [B]`` a flat ``[R, V]``
     (position ``j`` of row ``b`` is row ``logits_row_start[b] + j``, clamped into ``[0, R)``);
@@ -157,64 +145,74 @@ def run_chain(
     ``[R, W]``, read through ``logits_row_start``). ``mode``: ``"greedy"``, ``"sampling"``,
     ``"block"`` (block verification) or ``"typical"`` (with ``posterior_threshold`` and
     ``posterior_alpha``). ``log_input``: the inputs are probabilities. ``backend``: resolved
-    (:func:`specdec_kernels._dispatch.resolve_backend`). ``direct``: run the op's body itself,
-    not through the dispatcher (in eager mode; under ``torch.compile`` the op): the decoding
-    loop's call, where the dispatch cost more than the kernel (:func:`verify_loop_chain`).
+    (:func:`specdec_kernels._dispatch.resolve_backend`). ``logprobs`` / ``num_logprobs``:
+    checked (:func:`verify_greedy`'s), added by :meth:`run` after the op.
     """
-    op = _chain if direct and not torch.compiler.is_compiling() else torch.ops.specdec.verify_chain
-    tokens, accepted, emitted = op(
-        target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
-        seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
-        float(posterior_threshold), float(posterior_alpha), backend,
-    )  # fmt: skip
-    return Verification(tokens, accepted, emitted)
 
+    target_logits: Tensor  # [B, K+1, V], or flat [R, V] with logits_row_start
+    draft_tokens: Tensor  # [B, K] contiguous
+    num_draft_tokens: Tensor  # [B] int
+    mode: str
+    backend: str
+    draft_probs: Tensor | None = None  # [B, K, V], or flat [T, V] with probs_row_start
+    temperature: Tensor | None = None  # [B] float32
+    top_k: Tensor | None = None  # [B] int64
+    top_p: Tensor | None = None  # [B] float32
+    seeds: Tensor | None = None  # [B] int64
+    logits_row_start: Tensor | None = None  # [B] int64
+    probs_row_start: Tensor | None = None  # [B] int64
+    token_bitmask: Tensor | None = None  # int32 [B, K+1, W] or [R, W]
+    log_input: bool = False
+    posterior_threshold: float = 0.0
+    posterior_alpha: float = 0.0
+    logprobs: str | None = None
+    num_logprobs: int = 0
 
-def verify_loop_chain(
-    target_logits: Tensor,
-    draft_tokens: Tensor,
-    num_draft_tokens: Tensor,
-    draft_probs: Tensor | None,
-    *,
-    temperature: float,
-    top_k: int | None,
-    top_p: float | None,
-    method: str,
-    seeds: Tensor | None,
-    backend: str | None,
-) -> Verification:
-    """What :func:`verify_greedy` (``temperature == 0``) or :func:`verify_sampling` return for
-    the decoding loop's own, well-formed inputs (``[B, K+1, V]`` logits, ``[B, K]`` drafts,
-    ``[B]`` int64 counts, ``[B]`` int64 ``seeds``, checked ``Sampling`` controls), without
-    their checks and the op's dispatch: at batch 1 on the CPU, right after a target pass, those
-    took ~0.18 ms of a ~3 ms step, the kernel ~0.02 ms. No logprobs, no bitmask (the loop
-    takes the public functions for those)."""
-    resolved = resolve_backend(backend, target_logits.device)
-    draft_tokens = draft_tokens.contiguous()
-    if check.all_greedy(temperature):
-        return run_chain(
-            target_logits,
-            draft_tokens,
-            num_draft_tokens=num_draft_tokens,
-            mode="greedy",
-            backend=resolved,
-            direct=True,
+    def run(self, direct: bool = False) -> Verification:
+        """The op's result, with the log-probabilities asked for. ``direct``: run the op's body
+        itself, not through the dispatcher (in eager mode; under ``torch.compile`` the op): the
+        decoding loop's call, where the dispatch cost more than the kernel (docs: kernels.md)."""
+        dispatched = not direct or torch.compiler.is_compiling()
+        op = torch.ops.specdec.verify_chain if dispatched else _chain
+        tokens, accepted, emitted = op(
+            self.target_logits, self.draft_tokens, self.draft_probs, self.num_draft_tokens,
+            self.temperature, self.top_k, self.top_p, self.seeds, self.logits_row_start,
+            self.probs_row_start, self.token_bitmask, self.mode, self.log_input,
+            float(self.posterior_threshold), float(self.posterior_alpha), self.backend,
+        )  # fmt: skip
+        ver = Verification(tokens, accepted, emitted)
+        return ver if self.logprobs is None else self._add_logprobs(ver)
+
+    def _add_logprobs(self, ver: Verification) -> Verification:
+        """``ver`` with ``logprobs`` / ``top_logprobs`` / ``top_ids``: the processed
+        distribution's controls are none for a greedy call (temperature 1, no filters)."""
+        k1 = ver.tokens.shape[1]
+        positions = torch.arange(k1, device=ver.tokens.device)[None, :]
+        if self.logits_row_start is not None:  # flat layout: request b's rows start there
+            rows = self.logits_row_start[:, None] + positions
+        else:
+            rows = positions.expand(ver.tokens.shape[0], -1)
+        rows = torch.where(positions < ver.num_emitted[:, None], rows, -1)
+        greedy = self.mode == "greedy"
+        lp, top, ids = emitted_logprobs(
+            self.target_logits,
+            rows,
+            ver.tokens,
+            mode=self.logprobs,
+            num_logprobs=self.num_logprobs,
+            backend=self.backend,
+            token_bitmask=self.token_bitmask,
+            temperature=None if greedy else self.temperature,
+            top_k=None if greedy else self.top_k,
+            top_p=None if greedy else self.top_p,
         )
-    b = draft_tokens.shape[0]
-    temp, topk, topp = check.sampling_controls(b, target_logits.device, temperature, top_k, top_p)
-    return run_chain(
-        target_logits,
-        draft_tokens,
-        draft_probs=draft_probs,
-        num_draft_tokens=num_draft_tokens,
-        temperature=temp,
-        top_k=topk,
-        top_p=topp,
-        seeds=seeds,
-        mode="block" if method == "block" else "sampling",
-        backend=resolved,
-        direct=True,
-    )
+        return ver._replace(logprobs=lp, top_logprobs=top, top_ids=ids)
+
+
+def run_chain(target_logits: Tensor, draft_tokens: Tensor, **fields) -> Verification:
+    """``torch.ops.specdec.verify_chain`` by keyword (:class:`ChainCall`'s fields): the one chain
+    op behind every chain verification. Checks nothing: its callers have."""
+    return ChainCall(target_logits, draft_tokens, **fields).run()
 
 
 @torch.library.custom_op("specdec::accept_reject", mutates_args=())
@@ -306,48 +304,12 @@ def flat_inputs(
     return _FlatInputs(drafts, counts, rows, start)
 
 
-class _Serving(NamedTuple):
-    """The serving keywords of a chain call (docs: serving.md), checked: what :meth:`finish`
-    needs to add the log-probabilities after the verification op."""
-
-    target_logits: Tensor
-    token_bitmask: Tensor | None
-    logprobs: str | None
-    num_logprobs: int
-    logits_row_start: Tensor | None
-
-    def finish(self, ver: Verification, backend: str, temperature=None, top_k=None, top_p=None):
-        """``ver`` with ``logprobs`` / ``top_logprobs`` / ``top_ids`` (when asked for)."""
-        if self.logprobs is None:
-            return ver
-        k1 = ver.tokens.shape[1]
-        positions = torch.arange(k1, device=ver.tokens.device)[None, :]
-        if self.logits_row_start is not None:  # flat layout: request b's rows start there
-            rows = self.logits_row_start[:, None] + positions
-        else:
-            rows = positions.expand(ver.tokens.shape[0], -1)
-        rows = torch.where(positions < ver.num_emitted[:, None], rows, -1)
-        lp, top, ids = emitted_logprobs(
-            self.target_logits,
-            rows,
-            ver.tokens,
-            mode=self.logprobs,
-            num_logprobs=self.num_logprobs,
-            backend=backend,
-            token_bitmask=self.token_bitmask,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-        )
-        return ver._replace(logprobs=lp, top_logprobs=top, top_ids=ids)
-
-
-def _serving(
+def _check_serving(
     target_logits, token_bitmask, logprobs, num_logprobs, validate, flat=None, nd=None
-) -> _Serving:
+) -> int:
     """Check the serving keywords: ``token_bitmask`` has the logits' row layout (padded
     ``[B, K+1, W]`` with ``nd``, or flat ``[R, W]`` with ``flat``); ``validate=True`` also
-    checks that every decided position allows a finite logit."""
+    checks that every decided position allows a finite logit. Returns ``num_logprobs``."""
     n = check.check_logprob_args(logprobs, num_logprobs)
     if token_bitmask is not None:
         *leading, v = target_logits.shape
@@ -359,8 +321,7 @@ def _serving(
             else:
                 decided = torch.arange(leading[1], device=nd.device)[None, :] <= nd[:, None]
             check.check_bitmask_values(target_logits, token_bitmask, decided)
-    starts = flat.logits_row_start if flat is not None else None
-    return _Serving(target_logits, token_bitmask, logprobs, n, starts)
+    return n
 
 
 def verify_greedy(
@@ -473,45 +434,96 @@ def verify_greedy(
             num_draft_tokens,
             validate,
         )
-        serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
-        resolved = resolve_backend(backend, target_logits.device)
-        ver = run_chain(
+        n = _check_serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
+        return ChainCall(
             target_logits,
             flat.drafts,
-            num_draft_tokens=flat.num_draft_tokens,
+            flat.num_draft_tokens,
+            "greedy",
+            resolve_backend(backend, target_logits.device),
             logits_row_start=flat.logits_row_start,
             token_bitmask=token_bitmask,
-            mode="greedy",
-            backend=resolved,
-        )
-        return serving.finish(ver, resolved)
+            logprobs=logprobs,
+            num_logprobs=n,
+        ).run()
+    return parse_chain(
+        target_logits,
+        draft_tokens,
+        num_draft_tokens=num_draft_tokens,
+        token_bitmask=token_bitmask,
+        logprobs=logprobs,
+        num_logprobs=num_logprobs,
+        backend=backend,
+        validate=validate,
+    ).run()
+
+
+def parse_chain(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None = None,
+    *,
+    temperature: float | Tensor = 0.0,
+    top_k: int | Tensor | None = None,
+    top_p: float | Tensor | None = None,
+    num_draft_tokens: Tensor | None = None,
+    seed: int | Tensor | None = None,
+    generator: torch.Generator | None = None,
+    method: str = "token",
+    token_bitmask: Tensor | None = None,
+    logprobs: str | None = None,
+    num_logprobs: int = 0,
+    backend: str | None = None,
+    validate: bool = True,
+) -> ChainCall:
+    """The one parse of a padded chain call (``[B, K+1, V]`` logits, ``[B, K]`` drafts):
+    :func:`verify_greedy`'s (the default ``temperature`` 0), :func:`verify_sampling`'s (``method``
+    in :data:`METHODS`, ``seed`` and ``generator`` not both: checked by it) and the decoding
+    loop's (:class:`~specdec_kernels.decoding.Sampling` checked them).
+    A host ``temperature == 0`` makes the call greedy: its controls, seeds and ``draft_probs``
+    (checked) are not used. Raises what the public functions document."""
     b, k, v = check.check_logits(target_logits)
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
     draft_tokens = draft_tokens.contiguous()  # [B, K]: tiny, the kernels want unit stride
+    if draft_probs is not None:
+        check.check_draft_probs(draft_probs, b, k, v, device)
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
-    serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
-    return _greedy(target_logits, draft_tokens, nd, token_bitmask, serving, validate, backend)
-
-
-def _greedy(
-    target_logits, draft_tokens, nd, token_bitmask, serving, validate, backend, resolved=None
-):
-    """The greedy chain of checked ``[B, K+1, V]`` logits and ``[B, K]`` drafts (contiguous):
-    :func:`verify_greedy` once its arguments are parsed, and :func:`verify_sampling`'s call
-    whose rows are all greedy (parsed once, by it; ``resolved``: its backend, resolved)."""
+    check.check_scalar_ranges(temperature, top_k, top_p)
+    check.check_seed(seed, b, device)
+    n = _check_serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
+    resolved = resolve_backend(backend, device)
+    if check.all_greedy(temperature):
+        if validate:
+            check.check_values(target_logits, draft_tokens, nd)
+        return ChainCall(
+            target_logits,
+            draft_tokens,
+            nd,
+            "greedy",
+            resolved,
+            token_bitmask=token_bitmask,
+            logprobs=logprobs,
+            num_logprobs=n,
+        )
+    temp, topk, topp = check.controls_per_row(b, device, temperature, top_k, top_p)
     if validate:
-        check.check_values(target_logits, draft_tokens, nd)
-    resolved = resolved or resolve_backend(backend, target_logits.device)
-    ver = run_chain(
+        check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
+    return ChainCall(
         target_logits,
         draft_tokens,
-        num_draft_tokens=nd,
+        nd,
+        _RULES[method],
+        resolved,
+        draft_probs=draft_probs,
+        temperature=temp,
+        top_k=topk,
+        top_p=topp,
+        seeds=rng.seeds_for_batch(b, device, seed, generator),
         token_bitmask=token_bitmask,
-        mode="greedy",
-        backend=resolved,
+        logprobs=logprobs,
+        num_logprobs=n,
     )
-    return serving.finish(ver, resolved)
 
 
 def verify_sampling(
@@ -638,7 +650,6 @@ def verify_sampling(
         raise ValueError("pass at most one of seed and generator, got both")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    rule = "block" if method == "block" else "sampling"
     if cu_num_draft_tokens is not None:
         flat = flat_inputs(
             target_logits,
@@ -656,15 +667,15 @@ def verify_sampling(
         if validate:
             check.check_control_values(temp, topk, topp)
             check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
-        serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
+        n = _check_serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
         seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
-        greedy = check.all_greedy(temperature)
-        resolved = resolve_backend(backend, target_logits.device)
-        ver = run_chain(
+        return ChainCall(
             target_logits,
             flat.drafts,
+            flat.num_draft_tokens,
+            "greedy" if check.all_greedy(temperature) else _RULES[method],
+            resolve_backend(backend, target_logits.device),
             draft_probs=draft_probs,
-            num_draft_tokens=flat.num_draft_tokens,
             temperature=temp,
             top_k=topk,
             top_p=topp,
@@ -672,45 +683,26 @@ def verify_sampling(
             logits_row_start=flat.logits_row_start,
             probs_row_start=flat.probs_row_start if draft_probs is not None else None,
             token_bitmask=token_bitmask,
-            mode="greedy" if greedy else rule,
-            backend=resolved,
-        )
-        return serving.finish(ver, resolved, *(None, None, None) if greedy else (temp, topk, topp))
-
-    b, k, v = check.check_logits(target_logits)
-    device = target_logits.device
-    check.check_draft_tokens(draft_tokens, b, k, device)
-    draft_tokens = draft_tokens.contiguous()  # [B, K]: tiny, the kernels want unit stride
-    if draft_probs is not None:
-        check.check_draft_probs(draft_probs, b, k, v, device)
-    nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
-    check.check_scalar_ranges(temperature, top_k, top_p)
-    check.check_seed(seed, b, device)
-    serving = _serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
-    resolved = resolve_backend(backend, device)
-    if check.all_greedy(temperature):  # all rows greedy: verify_greedy's call, parsed once
-        return _greedy(
-            target_logits, draft_tokens, nd, token_bitmask, serving, validate, backend, resolved
-        )
-
-    temp, topk, topp = check.controls_per_row(b, device, temperature, top_k, top_p)
-    if validate:
-        check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
-    seeds = rng.seeds_for_batch(b, device, seed, generator)
-    ver = run_chain(
+            logprobs=logprobs,
+            num_logprobs=n,
+        ).run()
+    return parse_chain(
         target_logits,
         draft_tokens,
-        draft_probs=draft_probs,
-        num_draft_tokens=nd,
-        temperature=temp,
-        top_k=topk,
-        top_p=topp,
-        seeds=seeds,
+        draft_probs,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        num_draft_tokens=num_draft_tokens,
+        seed=seed,
+        generator=generator,
+        method=method,
         token_bitmask=token_bitmask,
-        mode=rule,
-        backend=resolved,
-    )
-    return serving.finish(ver, resolved, temp, topk, topp)
+        logprobs=logprobs,
+        num_logprobs=num_logprobs,
+        backend=backend,
+        validate=validate,
+    ).run()
 
 
 def _controls(b: int, device: torch.device, temperature, top_k, top_p, seed):
@@ -811,20 +803,19 @@ def verify_typical(
     resolved = resolve_backend(backend, device)
     if validate:
         check.check_values(target_logits, draft_tokens, nd, None, temp, topk, topp)
-    seeds = rng.seeds_for_batch(b, device, seed, generator)
-    return run_chain(
+    return ChainCall(
         target_logits,
         draft_tokens,
-        num_draft_tokens=nd,
+        nd,
+        "typical",
+        resolved,
         temperature=temp,
         top_k=topk,
         top_p=topp,
-        seeds=seeds,
-        mode="typical",
+        seeds=rng.seeds_for_batch(b, device, seed, generator),
         posterior_threshold=posterior_threshold,
         posterior_alpha=posterior_alpha,
-        backend=resolved,
-    )
+    ).run()
 
 
 def accept_reject(

@@ -174,11 +174,12 @@ def test_decoder_checks_arguments():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_loops_verification_is_the_public_ops(dtype):
-    """``verify_loop_chain`` (the decoding loop's call: no checks, no op dispatch) returns what
-    ``sk.verify_greedy`` / ``sk.verify_sampling`` return for the same inputs: greedy, sampling
-    with and without filters, block verification, with and without draft probabilities, ragged
-    counts, ``K = 0``, ties and ``-inf`` logits, on every CPU backend."""
-    from specdec_kernels.verification import verify_loop_chain
+    """The decoding loop's chain verification (``ChainProposal.verify``: the public ops' parse
+    without value checks, the op's body without its dispatch) returns what ``sk.verify_greedy`` /
+    ``sk.verify_sampling`` return for the same inputs: greedy, sampling with and without
+    filters, block verification, with and without draft probabilities, ragged counts, ``K = 0``,
+    ties and ``-inf`` logits, on every CPU backend."""
+    from specdec_kernels.decoding.proposals import ChainProposal
 
     g = torch.Generator().manual_seed(3)
     checked = 0
@@ -196,10 +197,8 @@ def test_the_loops_verification_is_the_public_ops(dtype):
         top_k, top_p = ((None, None), (5, None), (None, 0.8), (3, 0.9))[trial % 4]
         method = ("token", "block")[(trial // 3) % 2]
         for backend in ("native", "reference"):
-            got = verify_loop_chain(
-                logits, drafts, nd, q, temperature=temperature, top_k=top_k, top_p=top_p,
-                method=method, seeds=seeds, backend=backend,
-            )  # fmt: skip
+            sampling = Sampling(temperature, top_k, top_p, verify_method=method)
+            got = ChainProposal(drafts, nd, q).verify(logits, sampling, seeds, backend=backend)
             if temperature == 0:
                 want = sk.verify_greedy(logits, drafts, num_draft_tokens=nd, backend=backend)
             else:

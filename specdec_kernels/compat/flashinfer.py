@@ -18,7 +18,7 @@ from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import as_int64_bits, mixed_seeds, require
 from specdec_kernels.reference import rng
-from specdec_kernels.verification import run_chain
+from specdec_kernels.verification import ChainCall
 
 __all__ = ["chain_speculative_sampling"]
 
@@ -156,7 +156,7 @@ def chain_speculative_sampling(
     drafts = draft_token_ids.contiguous()
     resolved = resolve_backend(backend, device)
 
-    ver = run_chain(
+    ver = ChainCall(
         target_probs,
         drafts,
         draft_probs=q,
@@ -166,7 +166,7 @@ def chain_speculative_sampling(
         mode="sampling",
         log_input=True,  # probability inputs: x = log p, read in place
         backend=resolved,
-    )
+    ).run()
     tokens, emitted = ver.tokens, ver.num_accepted
     # the positions after the first rejection that pass their own accept test (one kernel:
     # specdec::accept_tests_passed, the reference's ~60 small ops were most of this call's time)

@@ -23,7 +23,7 @@ from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import check_backend, resolve_backend
 from specdec_kernels.compat._common import require
 from specdec_kernels.reference import rng
-from specdec_kernels.verification import flat_inputs, run_chain
+from specdec_kernels.verification import ChainCall, flat_inputs
 
 __all__ = ["PLACEHOLDER_TOKEN_ID", "rejection_sample"]
 
@@ -163,14 +163,14 @@ def rejection_sample(
 
     backend = resolve_backend(backend, device)
     if all_greedy:
-        tokens, accepted, _, *_ = run_chain(  # argmax of the values as given (probs or logits)
+        tokens, accepted, _, *_ = ChainCall(  # argmax of the values as given (probs or logits)
             target_probs,
             flat.drafts,
             num_draft_tokens=flat.num_draft_tokens,
             logits_row_start=flat.logits_row_start,
             mode="greedy",
             backend=backend,
-        )
+        ).run()
     else:
         if sampling_metadata.all_random:
             temperature = torch.ones(b, dtype=torch.float32, device=device)
@@ -183,7 +183,7 @@ def rejection_sample(
                 greedy |= t.to(device) == value
             temperature = (~greedy).to(torch.float32)  # 0: greedy row, 1: p as given
         seeds = _seeds(b, device, num_draft_tokens, sampling_metadata.generators)
-        tokens, accepted, _, *_ = run_chain(
+        tokens, accepted, _, *_ = ChainCall(
             target_probs,
             flat.drafts,
             draft_probs=draft_probs,
@@ -195,7 +195,7 @@ def rejection_sample(
             mode="sampling",
             log_input=True,  # probability inputs: x = log p, read in place
             backend=backend,
-        )
+        ).run()
     # Every draft accepted: the bonus token is the caller's bonus token, not the kernels' draw
     # (they read some other request's row there: clamped in bounds, and discarded here).
     positions = torch.arange(max_spec_len + 1, device=device)

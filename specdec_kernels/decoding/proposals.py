@@ -21,14 +21,13 @@ masks as it drafts) or :meth:`fill_bitmask`'s, and verification passes them to t
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 
 from specdec_kernels.models.causal_lm import TreeAttention
 from specdec_kernels.tree_verification import verify_tree_greedy, verify_tree_sampling
-from specdec_kernels.verification import verify_greedy, verify_loop_chain, verify_sampling
+from specdec_kernels.verification import parse_chain
 
 
 @dataclass
@@ -70,27 +69,27 @@ class ChainProposal:
 
     def verify(self, logits, sampling, seeds, ops=None, backend=None):
         """``sk.verify_greedy`` / ``sk.verify_sampling`` on ``backend`` (``None``: the automatic
-        choice), or ``ops``, the target adapter's ``verify_ops`` pair: a sharded target's
-        vocabulary-parallel ops, which run on the shard's device and take no ``backend``.
-        Without logprobs and a grammar, the same op without their checks and its dispatch
-        (:func:`~specdec_kernels.verification.verify_loop_chain`)."""
+        choice): their parse (:func:`~specdec_kernels.verification.parse_chain`, without the
+        value checks) and the op's body run directly, not through the dispatcher (the loop's
+        inputs are its own; docs: kernels.md). Or ``ops``, the target adapter's ``verify_ops``
+        pair: a sharded target's vocabulary-parallel ops, which run on the shard's device and
+        take no ``backend``."""
         mask = _mask_kwargs(self.token_bitmask, ops)
-        if ops is None and not mask and not sampling.logprob_kwargs:  # the loop's own inputs
-            return verify_loop_chain(
+        if ops is None:
+            return parse_chain(
                 logits,
                 self.drafts,
-                self.num_draft,
                 self.draft_probs,
-                **sampling.filter_kwargs,
+                num_draft_tokens=self.num_draft,
+                seed=seeds,
                 method=sampling.verify_method,
-                seeds=seeds,
                 backend=backend,
-            )
-        if ops is None:
-            greedy_op = functools.partial(verify_greedy, backend=backend)
-            sampling_op = functools.partial(verify_sampling, backend=backend)
-        else:
-            greedy_op, sampling_op = ops
+                validate=False,
+                **sampling.filter_kwargs,
+                **sampling.logprob_kwargs,
+                **mask,
+            ).run(direct=True)
+        greedy_op, sampling_op = ops
         if sampling.greedy:  # verify_method changes nothing here
             return greedy_op(
                 logits,
