@@ -78,6 +78,11 @@ POINTER_TYPES = {
     "ids_ptr": "*i64",
     "p_ptr": "*fp32",
     "after_ptr": "*i64",
+    "pivot_ptr": "*i64",
+    "cnt_ptr": "*i32",
+    "cidx_ptr": "*i32",
+    "cx_ptr": "*fp32",
+    "mode_ptr": "*i32",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
@@ -91,6 +96,26 @@ MASK_FLAGS = ("HAS_MASK",)
 # non-boolean mode constexprs and their values (NTOP: the logprobs' top-n off and at its largest;
 # METHOD: block verification, issue 22, with every sampling flag combination of the chain kernels)
 MODES = {"MODE": (0, 1, 2), "NTOP": (0, 20), "METHOD": (0, 1)}
+# The statistics pass's extra work (issue 52), a mode of the split statistics kernel: 0 none,
+# 1 gather filter candidates, 2 the fused one-hot race; elsewhere derived from the flags (the
+# launchers' rules: :func:`_derived`).
+PASS_MODES = {"GATHER": (False, True, False), "FUSED": (False, False, True)}
+
+
+def _derived(fn, constexprs):
+    """The constexprs a launcher computes from the others (``_Args.gather`` / ``fused_race``)."""
+    names = fn.arg_names
+    sampling = not constexprs.get("GREEDY_ONLY", False)
+    filtered = constexprs.get("HAS_TOPK", False) or constexprs.get("HAS_TOPP", False)
+    filtered = filtered or constexprs.get("HAS_FILTER", False)
+    one_hot = sampling and not constexprs.get("HAS_Q", False) and not filtered
+    out = {}
+    if "GATHER" in names and "HAS_TOPK" in names:  # the row kernel
+        out["GATHER"] = sampling and filtered
+        out["FUSED"] = one_hot and constexprs.get("METHOD", 0) == 0
+    if "LOG_RACE" in names:
+        out["LOG_RACE"] = one_hot
+    return out
 
 
 def _signature(fn, constexprs):
@@ -130,9 +155,13 @@ def kernels():
         "NPIV": cfg["NPIV"],
         "BLOCK_K": 16,
         "BLOCK_N": 16,
+        "CAP": cfg["CAP"],
+        "SB": cfg["SB"],
+        "SW": cfg["SW"],
     }
     for fn in (
         verify_sampling._verify_row_kernel,
+        verify_sampling._split_pivot_kernel,
         verify_sampling._split_stats_kernel,
         verify_sampling._split_threshold_kernel,
         verify_sampling._split_race_kernel,
@@ -150,9 +179,25 @@ def kernels():
         if "BLOCK_K" in fn.arg_names and fn is accept_reject._accept_reject_kernel:
             fixed["BLOCK_K"] = 64
         choices = [(False, True)] * len(flags) + [MODES[m] for m in modes]
+        passes = [{}]
+        if fn is verify_sampling._split_stats_kernel:
+            passes = [{k: v[i] for k, v in PASS_MODES.items()} for i in range(3)]
         layout = {k: False for k in LAYOUT_FLAGS if k in fn.arg_names}
-        for values in itertools.product(*choices):
+        for values, extra in itertools.product(itertools.product(*choices), passes):
             constexprs = dict(zip(flags + modes, values))
+            if extra and constexprs.get("GREEDY_ONLY") and any(extra.values()):
+                continue  # greedy-only calls neither gather nor race
+            constexprs.update(extra)
+            constexprs.update(_derived(fn, constexprs))
+            if (
+                fn is verify_sampling._verify_row_kernel
+                and constexprs["GATHER"]
+                and constexprs["HAS_TOPK"] != constexprs["HAS_TOPP"]
+            ):
+                # one filter alone is a branch of select_filter and thresholds, compiled in every
+                # combination by the split threshold kernel; the walk with a filter (40-70 s a
+                # variant) is compiled with both
+                continue
             if constexprs.get("GREEDY_ONLY") and (
                 constexprs.get("MODE", 0)
                 or constexprs.get("HAS_TOPK")
@@ -171,6 +216,9 @@ def kernels():
             yield fn, {**fixed, **layout, **masks, **constexprs}
         richest = {f: f != "GREEDY_ONLY" for f in flags}
         richest.update({m: MODES[m][1] for m in modes})  # tree: the mode compiled with filters
+        if fn is verify_sampling._split_stats_kernel:
+            richest.update({"GATHER": True, "FUSED": False})
+        richest.update(_derived(fn, richest))
         if layout:  # vLLM's flat rows + probability inputs: the sampling variant with everything on
             yield fn, {**fixed, **richest, **masks, **{k: True for k in layout}}
         if masks:  # grammar masks: the richest sampling variant, and greedy-only
@@ -178,6 +226,9 @@ def kernels():
             if "GREEDY_ONLY" in flags:
                 greedy = {f: f == "GREEDY_ONLY" for f in flags}
                 greedy.update({m: MODES[m][0] for m in modes})
+                if fn is verify_sampling._split_stats_kernel:
+                    greedy.update({"GATHER": False, "FUSED": False})
+                greedy.update(_derived(fn, greedy))
                 yield fn, {**fixed, **greedy, **layout, **{k: True for k in masks}}
 
 

@@ -39,7 +39,7 @@ INT32_MIN = tl.constexpr(-2147483648)
 # sample of SAMPLE_BLOCKS blocks of SAMPLE_WIDTH tokens, aimed at CANDIDATES / 4 of them); a
 # position whose kept set is not inside the buffer falls back to the pivot search.
 CANDIDATES = 1024
-SAMPLE_BLOCKS = 32
+SAMPLE_BLOCKS = 16
 SAMPLE_WIDTH = 128
 # Rounds that always finish a threshold search over 32-bit keys with 16 pivots a round
 # (the range shrinks to at most ceil(range / 17) per round: 2**32 + 1 -> 1 in 8; one spare).
@@ -380,17 +380,22 @@ def gather(x, idx, mask, pivot, count_ptr, cidx_ptr, cx_ptr, CAP: tl.constexpr):
 def key_search(keys, weights, lo, hi, target, NPIV: tl.constexpr):
     """Smallest key ``k`` in ``(lo, hi]`` with ``sum(weights[keys > k]) < target``, given
     ``f(lo) >= target > f(hi)``, over keys held in registers (a sample or a candidate buffer):
-    the row search's pivots and narrowing (:func:`search_pivots`), with int64 weights, so the
-    sums are exact and do not depend on the order of the keys."""
+    the row search's pivots and narrowing (:func:`search_pivots`, :func:`search_step`), one
+    pivot at a time (a ``[len(keys), NPIV]`` tile would not fit in registers), with int64
+    weights, so the sums are exact and do not depend on the order of the keys."""
+    lo = tl.zeros([], tl.int64) + lo  # a tensor from the first round on (KEY_FLOOR is constexpr)
+    hi = tl.zeros([], tl.int64) + hi
     for _ in range(SEARCH_ROUNDS):
         if hi - lo > 1:
-            pivots = search_pivots(lo, hi, NPIV)
-            above = keys[:, None] > pivots[None, :]
-            f = tl.sum(tl.where(above, weights[:, None], 0), axis=0)
-            good = f < target
-            new_lo = tl.max(tl.where(good, lo, pivots), axis=0)
-            hi = tl.min(tl.where(good, pivots, hi), axis=0)
+            new_lo = lo
+            new_hi = hi
+            for i in tl.static_range(NPIV):
+                pivot = lo + ((hi - lo) * (i + 1)) // (NPIV + 1)
+                good = tl.sum(tl.where(keys > pivot, weights, 0), axis=0) < target
+                new_lo = tl.where(good, new_lo, tl.maximum(new_lo, pivot))
+                new_hi = tl.where(good, tl.minimum(new_hi, pivot), new_hi)
             lo = new_lo
+            hi = new_hi
     return hi
 
 
@@ -415,14 +420,16 @@ def sample_pivot(row_ptr,  # [V] one logits row
     mask = tl.reshape((blk[:, None] < nb) & (idx < V), [SB * SW])
     idx = tl.reshape(idx, [SB * SW])
     x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
-    keys = tl.where(mask, float_key(x), KEY_FLOOR)
+    # int32 keys (a float key fits; INT32_MIN, below every pivot, marks the unsampled lanes):
+    # half the registers of int64 ones in the walking kernel
+    keys = tl.where(mask, float_key(x), INT32_MIN).to(tl.int32)
     n_s = tl.sum(mask.to(tl.int64), axis=0)
     target = tl.full([], CAP // 4, tl.int64)
     if HAS_TOPK:
         if (top_k > 0) & (top_k < V):
             target = tl.minimum(tl.maximum(2 * top_k.to(tl.int64), CAP // 4), CAP // 2)
     rank = tl.minimum(tl.maximum((target * n_s + V - 1) // V, 1), n_s)  # 1-based
-    return key_search(keys, mask.to(tl.int64), KEY_FLOOR, tl.max(keys, axis=0), rank, NPIV)
+    return key_search(keys, mask.to(tl.int32), KEY_FLOOR, tl.max(keys, axis=0), rank, NPIV)
 # fmt: on
 
 

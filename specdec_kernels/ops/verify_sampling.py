@@ -109,13 +109,20 @@ METHODS = {"token": 0, "block": 1}
 # variants spill a few bytes (at 64 and 32 registers); a 128-register cap removes every spill at
 # sm_80 and sm_90 (tests/aot_compile.py --fail-on-spills).
 SPLIT_COMPILE = {**COMPILE, "maxnreg": 128}
+# The threshold kernel selects over a position's candidate buffer ([CAP] keys and masses in
+# registers) besides the search: 128 registers spilled 8-48 bytes; one program a position, so
+# occupancy is not what bounds it. The race kernel with the buffer's race beside the row's
+# spilled 12-44 bytes at ptxas's own choice of 168 registers in its richest variants.
+THRESHOLD_COMPILE = {**COMPILE, "maxnreg": 240}
 
 
 def compile_options(kernel) -> dict:
     """The compile options a kernel of this module is launched with (for the AOT checks)."""
     if kernel is _verify_row_kernel:
         return WALK_COMPILE
-    split = (_split_pivot_kernel, _split_threshold_kernel, _split_decide_kernel)
+    if kernel in (_split_threshold_kernel, _split_race_kernel):
+        return THRESHOLD_COMPILE
+    split = (_split_pivot_kernel, _split_decide_kernel)
     return SPLIT_COMPILE if kernel in split else COMPILE
 
 
@@ -743,20 +750,25 @@ def _split_race_kernel(
                     tl.where(j < kb, V, 0), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
                 )
                 tl.store(mass_ptr + pid * NCHUNK + c, mass)
-        from_buf = kb < 0
-        if HAS_FILTER:
-            from_buf = tl.load(mode_ptr + pid) != 0
         rb = tl.zeros([], tl.float32)
         ri = tl.zeros([], tl.int32)
         pb = tl.full([], -1.0, tl.float32)
         pi = tl.zeros([], tl.int32)
-        if from_buf:
-            if c == 0:
-                rb, ri, pb, pi = buffer_race(
-                    tl.load(cnt_ptr + pid), cidx_ptr + pid * CAP, cx_ptr + pid * CAP, q_row,
-                    draft, big_m, z, kappa, stream, tl.where(j < kb, V, 0), HAS_Q, weight, CAP,
-                )
-        else:
+        from_buf = kb < 0
+        if HAS_FILTER:
+            # block verification with draft probabilities reads the row for R_j anyway: it
+            # races over the row (the same winners: the buffer holds the kept set), which keeps
+            # the buffer's race out of that variant's registers
+            if (METHOD == METHOD_TOKEN) or (not HAS_Q):
+                if tl.load(mode_ptr + pid) != 0:
+                    from_buf = kb >= 0
+                    if c == 0:
+                        rb, ri, pb, pi = buffer_race(
+                            tl.load(cnt_ptr + pid), cidx_ptr + pid * CAP, cx_ptr + pid * CAP,
+                            q_row, draft, big_m, z, kappa, stream, tl.where(j < kb, V, 0), HAS_Q,
+                            weight, CAP,
+                        )
+        if not from_buf:
             rb, ri, pb, pi = chunk_race(
                 row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa, stream,
                 tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
@@ -1085,7 +1097,7 @@ def _launch_split_thresholds(a: _Args, parts: _Partials, positions: int):
         parts.cand.mode,
         *a.sizes,
         HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p, **a.tiles("NPIV", "CHUNK", "TBLOCK"),
-        **a.layout, **a.tiles("CAP"), **SPLIT_COMPILE,
+        **a.layout, **a.tiles("CAP"), **THRESHOLD_COMPILE,
     )
 
 
@@ -1105,7 +1117,7 @@ def _launch_split_race(a: _Args, parts: _Partials, positions: int):
         parts.cand.ids, parts.cand.x,
         *a.sizes, a.rows.qrows,
         HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, **a.tiles("CHUNK", "BLOCK"), **a.layout,
-        METHOD=a.method, **a.tiles("CAP"), **COMPILE,
+        METHOD=a.method, **a.tiles("CAP"), **THRESHOLD_COMPILE,
     )
 
 
