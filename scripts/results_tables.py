@@ -797,7 +797,7 @@ def traffic_section() -> str | None:
             r["strategy"],
             f"{r['logits_passes']:.2f}",
             "" if r["q_passes"] is None else f"{r['q_passes']:.2f}",
-            f"{r['loaded_vs_needed']:.2f}",
+            "–" if r["loaded_vs_needed"] is None else f"{r['loaded_vs_needed']:.2f}",
             f"{r['row_pass_programs_per_position']:g}",
             ", ".join(f"{n.strip('_')} {p}" for n, p in zip(r["launches"], r["programs"])),
         ]
@@ -811,7 +811,7 @@ def traffic_section() -> str | None:
         "logits over the bytes of the rows touched; *loaded / needed*: logits and draft "
         "probabilities loaded over the bytes the answer needs (rows up to the first rejection); "
         "*programs / position*: of the launch that reads the rows. Shapes scaled to B <= 8, "
-        "V <= 32000; `-flat` rows are `randn * 0.1`.",
+        "V <= 32000; `-flat` rows are `randn * 0.1` (their bytes needed are not computed).",
         table(
             [
                 "case",

@@ -332,7 +332,7 @@ def _traffic(args) -> int:
     rows = traffic.traffic_rows(ops.cases(g, ops_ or ("verify_greedy", "verify_sampling")))
     print(traffic.format_traffic(rows))
     if args.traffic_json:
-        traffic.save_traffic(rows, args.traffic_json)
+        traffic.save_traffic(rows, args.traffic_json, "specdec bench ops " + " ".join(sys.argv[3:]))
         print(f"wrote {len(rows)} rows to {args.traffic_json}")
     return 0
 

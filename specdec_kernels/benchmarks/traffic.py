@@ -168,7 +168,8 @@ def case_traffic(case, flat_rows: bool = False, batch: int | None = None) -> dic
         "flat_rows": flat_rows,
         "logits_passes": round(t.passes("logits"), 3),
         "q_passes": round(t.passes("q"), 3) if "q" in t.loaded else None,
-        "loaded_vs_needed": round(loaded / needed_rows, 3),
+        # the bytes needed come from the case's own rows (their acceptance): not flat rows'
+        "loaded_vs_needed": None if flat_rows else round(loaded / needed_rows, 3),
         "launches": [name for name, _ in t.launches],
         "programs": [p for _, p in t.launches],
         "logits_by_launch": [d.get("logits", 0) for d in t.launch_loads],
@@ -207,12 +208,27 @@ def format_traffic(rows: list[dict]) -> str:
         q = "" if r["q_passes"] is None else f"{r['q_passes']:.2f}"
         lines.append(
             f"| {r['case']} | {r['strategy']} | {r['logits_passes']:.2f} | {q} "
-            f"| {r['loaded_vs_needed']:.2f} "
+            f"| {'–' if r['loaded_vs_needed'] is None else format(r['loaded_vs_needed'], '.2f')} "
             f"| {r['row_pass_programs_per_position']:g} | {progs} |"
         )
     return "\n".join(lines)
 
 
-def save_traffic(rows: list[dict], path: str) -> None:
+def save_traffic(rows: list[dict], path: str, command: str = "") -> None:
+    """``rows`` with where they came from (commit, date, command) as ``path``."""
+    import datetime
+    import subprocess
+
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    header = {
+        "commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+        "command": command or "specdec bench ops --traffic",
+    }
     with open(path, "w") as fh:
-        json.dump({"traffic": rows}, fh, indent=1)
+        json.dump({**header, "traffic": rows}, fh, indent=1)
