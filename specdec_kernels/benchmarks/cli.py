@@ -252,14 +252,7 @@ def _ops(args) -> int:
     if args.threads and device.type == "cpu":
         torch.set_num_threads(args.threads)
     grid_name = args.grid or ("full" if args.full or ops.full_requested() else "smoke")
-    g = ops.GRIDS[grid_name]
-    g = ops.Grid(
-        B=args.batch or g.B,
-        K=args.k or g.K,
-        V=args.vocab or g.V,
-        dtypes=args.dtypes or g.dtypes,
-        acceptance=args.acceptance or g.acceptance,
-    )
+    g = _grid(args, grid_name)
     providers = args.providers or ops.default_providers(device)
     header = results.run_header(device, "ops", grid=grid_name)
     copy = results.copy_bandwidth_gbs(device)
@@ -311,6 +304,20 @@ def _ops(args) -> int:
     return 0
 
 
+def _grid(args, name: str):
+    """Grid ``name`` with the shapes the command line overrides (``--batch``, ``--k``, ...)."""
+    from specdec_kernels.benchmarks import ops
+
+    g = ops.GRIDS[name]
+    return ops.Grid(
+        B=args.batch or g.B,
+        K=args.k or g.K,
+        V=args.vocab or g.V,
+        dtypes=args.dtypes or g.dtypes,
+        acceptance=args.acceptance or g.acceptance,
+    )
+
+
 def _traffic(args) -> int:
     """``specdec bench ops --traffic``: loads counted under the interpreter (a re-run of this
     command with ``TRITON_INTERPRET=1`` when it is not set: the kernels are compiled at import)."""
@@ -320,14 +327,7 @@ def _traffic(args) -> int:
         return subprocess.call(argv, env=env)
     from specdec_kernels.benchmarks import ops, traffic
 
-    g = ops.GRIDS[args.grid or "gpu"]
-    g = ops.Grid(
-        B=args.batch or g.B,
-        K=args.k or g.K,
-        V=args.vocab or g.V,
-        dtypes=args.dtypes or g.dtypes,
-        acceptance=args.acceptance or g.acceptance,
-    )
+    g = _grid(args, args.grid or "gpu")
     ops_ = tuple(o for o in args.ops if o in ("verify_greedy", "verify_sampling"))
     rows = traffic.traffic_rows(ops.cases(g, ops_ or ("verify_greedy", "verify_sampling")))
     print(traffic.format_traffic(rows))
