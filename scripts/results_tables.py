@@ -811,7 +811,10 @@ def traffic_section() -> str | None:
         "logits over the bytes of the rows touched; *loaded / needed*: logits and draft "
         "probabilities loaded over the bytes the answer needs (rows up to the first rejection); "
         "*programs / position*: of the launch that reads the rows. Shapes scaled to B <= 8, "
-        "V <= 32000; `-flat` rows are `randn * 0.1` (their bytes needed are not computed).",
+        "V <= 32000; `-flat` rows are `randn * 0.1` (their bytes needed are not computed). "
+        "Measured with the fused one-hot race on; it has been switched off since (docs/gpu.md), "
+        "so the unfiltered one-hot rows (`-noq-` without `-topkp`) read 2.00 passes again, as "
+        "before it.",
         table(
             [
                 "case",
