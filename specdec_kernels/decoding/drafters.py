@@ -78,12 +78,24 @@ class ModelDrafter:
     Under a grammar each draft is drawn from the draft's logits masked by the row's matcher
     after the drafts before it (``q`` is that masked distribution, so sampling stays lossless
     against the masked target), and the masks of positions ``0 .. k_loop`` go with the proposal.
+
+    ``stop_below`` (``None``: off): a row stops drafting after a draft whose probability under
+    the draft (its distribution at temperature 1, or the sampled one) is below it, and the step
+    stops drafting once every row has stopped; ``transformers``' assisted generation does the same
+    with its ``assistant_confidence_threshold`` (0.4 by default there). What a row drafts depends
+    on the draft's values only, so verification stays lossless. It costs a host sync per draft
+    token (a test of every row), and skips the native chains, which draft ``k_loop`` tokens in one
+    call.
     """
 
     drafts_under_grammar = True
 
-    def __init__(self, model):
+    def __init__(self, model, stop_below: float | None = None):
+        if stop_below is not None and not 0.0 <= stop_below <= 1.0:
+            raise ValueError(f"stop_below must be in [0, 1] or None, got {stop_below}")
         self.model = model  # a CachedModel
+        self.stop_below = stop_below
+        self._passes = 0  # draft passes of the last step (with stop_below)
 
     def prefill(self, prompts, capacity):
         self.model.prefill([r[:-1] for r in prompts], capacity)
@@ -106,7 +118,8 @@ class ModelDrafter:
 
     def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
         chain = _own_method(self.model, "greedy_chain")
-        if sampling.greedy and grammar is None and chain is not None:
+        stops = self.stop_below is not None
+        if sampling.greedy and grammar is None and chain is not None and not stops:
             # the whole chain in one native call where the model has one; drafts need no
             # bitwise contract (float32 activations, CausalLM.greedy_chain's exact=False)
             drafts = chain(*self.behind(tokens, seq_len), k_loop, exact=False)
@@ -118,6 +131,7 @@ class ModelDrafter:
             and grammar is None
             and isinstance(seeds, torch.Tensor)
             and sample_chain is not None
+            and not stops
         ):
             # sampled drafts and their q in one native call (no bitwise contract either)
             out = sample_chain(*self.behind(tokens, seq_len), k_loop, seeds, sampling)
@@ -137,9 +151,14 @@ class ModelDrafter:
             probs.append(p)
             if grammar is not None:  # rows past their num_draft keep their bonus mask
                 grammar.push_drafts(x, i < num_draft)
+            if stops:
+                num_draft = self._stop(num_draft, logits, x, p, i)
+                if not bool((num_draft > i + 1).any()):
+                    break  # every row has stopped: no more draft passes this step
             if i + 1 < k_loop:
                 ones = torch.ones_like(x)
                 logits = self._extend(x[:, None], ones, ones - 1)
+        self._passes = len(drafts)  # the catch-up, then one pass a further draft
         q = None if sampling.greedy else torch.stack(probs, 1)  # [B, k_loop, V]
         prop = ChainProposal(torch.stack(drafts, 1), num_draft, q)
         if grammar is not None:
@@ -147,6 +166,14 @@ class ModelDrafter:
             grammar.discard_drafts()
             prop.token_bitmask = torch.stack(masks, 1)  # [B, k_loop + 1, W]
         return prop
+
+    def _stop(self, num_draft, logits, x, p, i: int) -> torch.Tensor:
+        """``num_draft`` ``[B]`` cut to ``i + 1`` for the rows whose draft ``x`` ``[B]`` at
+        position ``i`` has probability below ``stop_below`` (under ``p`` ``[B, V]`` when sampled,
+        else the softmax of ``logits`` ``[B, V]``)."""
+        q = p if p is not None else torch.softmax(logits.float(), -1)
+        conf = q.gather(1, x[:, None])[:, 0]  # [B]
+        return torch.where(conf < self.stop_below, num_draft.clamp(max=i + 1), num_draft)
 
     def _extend(self, tokens, num_valid, logits_index):
         """The model's pass with one logits row a row: the adapter's drafter pass
@@ -170,7 +197,7 @@ class ModelDrafter:
         self.model.on_sync(values)
 
     def forwards_per_step(self, k_loop):
-        return k_loop
+        return k_loop if self.stop_below is None else self._passes
 
 
 class NgramDrafter:

@@ -20,12 +20,16 @@ import functools
 import torch
 
 from specdec_kernels._dispatch import check_backend
-from specdec_kernels.decoding import Decoder, HFAdapter, ModelDrafter, Sampling
+from specdec_kernels.decoding import Decoder, HFAdapter, ModelDrafter, NgramDrafter, Sampling
 from specdec_kernels.decoding.core import verifiable
 from specdec_kernels.reference.verify_sampling import filter_mask, filters_alike
 from specdec_kernels.verification import verify_sampling
 
-__all__ = ["speculative_generate", "speculative_sampling"]  # and SpeculativeGenerateOutput
+__all__ = [
+    "measure_pass_costs_hf",
+    "speculative_generate",
+    "speculative_sampling",
+]  # and SpeculativeGenerateOutput
 
 
 def speculative_generate(
@@ -52,6 +56,9 @@ def speculative_generate(
     num_logprobs: int = 0,
     verify_method: str = "token",
     grammar=None,
+    assistant_confidence_threshold: float | None = None,
+    costs=None,
+    ngram_size: int = 3,
 ):
     """Lossless batched speculative decoding with two Hugging Face causal LMs.
 
@@ -60,6 +67,9 @@ def speculative_generate(
     target_model, draft_model : transformers.PreTrainedModel
         Causal LMs sharing a tokenizer (same vocabulary size), on the same device and dtype.
         They must accept ``position_ids`` and a 2-D ``attention_mask`` with zeros anywhere.
+        ``draft_model=None``: prompt-lookup drafting instead of a model (the drafts are the
+        tokens that followed the row's last ``ngram_size`` tokens where they occurred before
+        in the row; :func:`specdec_kernels.ngram_draft`).
     input_ids : Tensor
         ``[B, T]`` int64, left-padded like ``generate()``'s input.
     attention_mask : Tensor, optional
@@ -99,6 +109,19 @@ def speculative_generate(
         The acceptance rule when sampling: ``"block"`` is block verification (Sun et al. 2024,
         arXiv 2403.10444), lossless and accepting at least as many drafts in expectation;
         greedy decoding is the same either way.
+    assistant_confidence_threshold : float, optional
+        ``transformers``' option of the same name: a row stops drafting after a draft token
+        whose probability under the draft is below it (the draft is unsure: its next tokens
+        would likely be rejected), and the step's drafting ends when every row has stopped
+        (:class:`~specdec_kernels.decoding.ModelDrafter`'s ``stop_below``). ``None`` (default):
+        every row drafts its ``K``. Lossless either way.
+    ngram_size : int
+        With ``draft_model=None``: the n-gram the lookup matches (default 3).
+    costs : specdec_kernels.tuning.PassCosts, optional
+        What ``"auto"`` prices a step with: measured passes of this pair on this machine
+        (:func:`measure_pass_costs_hf`). Default: the parameter-count
+        ratio as the draft's cost per token and a target pass costing the same for any
+        token count (a GPU's shape, not a CPU's).
     grammar : xgrammar.CompiledGrammar or list of them, optional
         Constrain each row's new tokens (docs: serving.md): compile with
         ``specdec_kernels.grammar.tokenizer_info(tokenizer, vocab_size=config.vocab_size)``. A
@@ -152,13 +175,14 @@ def speculative_generate(
             f"input_ids must be a non-empty [B, T] tensor, got "
             f"{list(getattr(input_ids, 'shape', []))}"
         )
-    target, draft = HFAdapter(target_model), HFAdapter(draft_model)
-    if (target.device, target.dtype) != (draft.device, draft.dtype):
+    target = HFAdapter(target_model)
+    draft = None if draft_model is None else HFAdapter(draft_model)
+    if draft is not None and (target.device, target.dtype) != (draft.device, draft.dtype):
         raise ValueError(
             f"draft is on {draft.device}/{draft.dtype} but the target is on "
             f"{target.device}/{target.dtype}"
         )
-    if target.vocab_size != draft.vocab_size:
+    if draft is not None and target.vocab_size != draft.vocab_size:
         raise ValueError(
             f"draft vocabulary size {draft.vocab_size} differs from the target's "
             f"{target.vocab_size}"
@@ -170,15 +194,18 @@ def speculative_generate(
     if bool((mask[:, -1] == 0).any()):
         raise ValueError("input must be left-padded: the last column of attention_mask must be 1")
     prompts = [row[m.bool()].tolist() for row, m in zip(input_ids, mask)]
-    cost = sum(p.numel() for p in draft_model.parameters()) / sum(
-        p.numel() for p in target_model.parameters()
-    )
+    if draft is None:  # prompt lookup: drafting costs (almost) nothing
+        cost, drafter = 0.0, NgramDrafter(ngram_size)
+    else:
+        cost = draft_model.num_parameters() / target_model.num_parameters()
+        drafter = ModelDrafter(draft, stop_below=assistant_confidence_threshold)
     decoder = Decoder(
         target,
-        ModelDrafter(draft),
+        drafter,
         num_speculative_tokens,
         max_speculative_tokens=max_speculative_tokens,
         cost_ratio=cost,
+        costs=costs,
         backend=backend,
     )
     sampling = Sampling(
@@ -210,6 +237,89 @@ def speculative_generate(
     if not return_dict_in_generate:
         return sequences
     return _output(sequences, rows, result, max_new_tokens, input_ids.device)
+
+
+def measure_pass_costs_hf(
+    target_model,
+    draft_model,
+    *,
+    max_k: int = 8,
+    batch_sizes: tuple[int, ...] = (1,),
+    context: int = 64,
+    repeats: int = 3,
+    cache: bool = True,
+):
+    """Time a ``transformers`` pair's passes on this machine, once, for ``"auto"``
+    (``speculative_generate(..., costs=...)``): target passes of ``1 .. max_k + 1`` tokens and
+    draft passes of one token, at each of ``batch_sizes`` after a ``context``-token prefix in a
+    ``DynamicCache`` (the passes a step makes), each the lower quartile of ``repeats`` calls
+    timed round-robin; a pass never costs less with more tokens or rows (running maximum).
+
+    Cached like :func:`specdec_kernels.tuning.measure_pass_costs` (per models, dtypes, thread
+    count, torch version and CPU; ``cache=False``: measure afresh).
+
+    Returns
+    -------
+    specdec_kernels.tuning.PassCosts
+    """
+    import itertools
+    import json
+    import time
+
+    from transformers import DynamicCache
+
+    from specdec_kernels.tuning import PassCosts
+    from specdec_kernels.tuning._timing import cpu_name, kernels_id, remembered
+
+    batch = tuple(sorted(set(batch_sizes)))
+    tokens = tuple(range(1, max_k + 2))
+
+    def describe(m):
+        p = next(m.parameters())
+        linear = type(m.get_output_embeddings()).__name__
+        return [m.config.model_type, m.num_parameters(), str(p.dtype), str(p.device), linear]
+
+    key = "hf_pass_costs:" + json.dumps(
+        dict(
+            models=[describe(target_model), describe(draft_model)],
+            grid=[max_k, list(batch), context],
+            cpu=cpu_name(),
+            kernels=kernels_id(),
+            threads=torch.get_num_threads(),
+            torch=torch.__version__,
+        ),
+        sort_keys=True,
+    )
+
+    @torch.inference_mode()
+    def timed(model, b: int, counts) -> list[float]:
+        dev, v = next(model.parameters()).device, model.config.vocab_size
+        kv = DynamicCache()
+        cache_kw = HFAdapter(model)._cache_kw  # "cache", or "past_key_values" before 5.x
+        ids = torch.randint(0, v, (b, context), device=dev)
+        model(input_ids=ids, **{cache_kw: kv}, use_cache=True, logits_to_keep=1)
+        times = [[] for _ in counts]
+        for _ in range(repeats + 1):  # a warm-up round first
+            for i, t in enumerate(counts):
+                x = torch.randint(0, v, (b, t), device=dev)
+                t0 = time.perf_counter()
+                model(input_ids=x, **{cache_kw: kv}, use_cache=True)
+                times[i].append(time.perf_counter() - t0)
+                kv.crop(-t)
+        return [sorted(ts[1:])[len(ts[1:]) // 4] * 1e3 for ts in times]
+
+    def measure() -> PassCosts:
+        rows, prev = [], [0.0] * len(tokens)
+        for b in batch:
+            prev = [
+                max(x, y)
+                for x, y in zip(itertools.accumulate(timed(target_model, b, tokens), max), prev)
+            ]
+            rows.append(tuple(prev))
+        draft = tuple(itertools.accumulate((timed(draft_model, b, (1,))[0] for b in batch), max))
+        return PassCosts(batch, tokens, tuple(rows), draft)
+
+    return remembered(key, measure, dump=PassCosts.to_dict, load=PassCosts.from_dict, cache=cache)
 
 
 class _StepRows:
@@ -272,6 +382,7 @@ def _output(sequences, rows: _StepRows, result, max_new_tokens: int, device):
         logprobs=lp,
         top_logprobs=top,
         top_ids=ids,
+        stats=result.stats,
     )
 
 
@@ -288,9 +399,11 @@ def _output_class():
         ``logits``; see :func:`speculative_generate`'s Notes) with the verification pass's
         ``logprobs`` ``[B, max_new_tokens]`` float32 and, with ``num_logprobs = n``,
         ``top_logprobs`` / ``top_ids`` ``[B, max_new_tokens, n]`` float32 / int64 (``-inf`` /
-        ``-1`` past each row's end)."""
+        ``-1`` past each row's end), and ``stats``, the loop's
+        :class:`specdec_kernels.GenerationStats` (acceptance, passes, wall time)."""
 
         logprobs: torch.FloatTensor | None = None
+        stats: object | None = None
         top_logprobs: torch.FloatTensor | None = None
         top_ids: torch.LongTensor | None = None
 
