@@ -82,8 +82,8 @@ def test_the_pins_are_whole():
 
 def test_cache_dir_and_errors(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
-    assert P.cache_dir() == tmp_path
-    assert P.model_dir("smollm2-135m", "bfloat16") == tmp_path / "smollm2-135m" / "bfloat16"
+    assert P.cache_dir() == tmp_path / "models"
+    assert P.model_dir("smollm2-135m", "bfloat16") == tmp_path / "models/smollm2-135m/bfloat16"
     with pytest.raises(ValueError, match="unknown model 'gpt2'"):
         P.model_dir("gpt2")
     with pytest.raises(ValueError, match="dtype must be one of"):

