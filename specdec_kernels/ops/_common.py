@@ -55,7 +55,8 @@ SERIES_LIMIT = tl.constexpr(2.0**-9)  # E = -log(1 - v) by its series below it
 # this margin of log scores (nats); closer, the race over the row decides. The margins' rounding
 # (the x differences, two logs) and that of p / E in the race over the row are each below ~1e-5
 # where a token can win (GPU's approximate exp and log included): 2**-13 = 1.2e-4 leaves them
-# 3x. About that fraction of the races (the top two's log gap is ~Exp(1)) reads its row again.
+# 3x. At most about that fraction of the races reads its row again (the log gap of the top two
+# is ~Exp(1) among many equally likely tokens, wider where one token dominates).
 RACE_TOL = tl.constexpr(2.0**-13)
 TILES_PER_CHUNK = 4
 NUM_PIVOTS = 16
