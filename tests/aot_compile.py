@@ -113,8 +113,8 @@ def _derived(fn, constexprs):
     if "GATHER" in names and "HAS_TOPK" in names:  # the row kernel
         out["GATHER"] = sampling and filtered
         out["FUSED"] = one_hot and constexprs.get("METHOD", 0) == 0
-    if "LOG_RACE" in names:
-        out["LOG_RACE"] = one_hot
+    if "FUSED" in names and "GATHER" not in names:  # the split decide kernel
+        out["FUSED"] = one_hot
     return out
 
 

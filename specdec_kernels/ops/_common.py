@@ -51,6 +51,13 @@ UNIFORM_SCALE = tl.constexpr(2.0**-23)
 FINE_LIMIT = tl.constexpr(0x800000)
 FINE_SCALE = tl.constexpr(2.0**-32)
 SERIES_LIMIT = tl.constexpr(2.0**-9)  # E = -log(1 - v) by its series below it
+# The fused race (chunk_stats_race) takes its winner where it beats every other token by more than
+# this margin of log scores (nats); closer, the race over the row decides. The margins' rounding
+# (the x differences, two logs) and that of p / E in the race over the row are each below ~1e-5
+# where a token can win (GPU's approximate exp and log included): 2**-13 = 1.2e-4 leaves them
+# 3x. At most about that fraction of the races reads its row again (the log gap of the top two
+# is ~Exp(1) among many equally likely tokens, wider where one token dominates).
+RACE_TOL = tl.constexpr(2.0**-13)
 TILES_PER_CHUNK = 4
 NUM_PIVOTS = 16
 # No FMA contraction: every kernel then rounds the shared chunk arithmetic the same way, which the
@@ -312,6 +319,39 @@ def chunk_stats(row_ptr,  # [V] one logits row
 # fmt: on
 
 
+@triton.jit
+def log_exponential(stream, idx):
+    """``log E`` of the race's exponentials at the token ids ``idx`` (the fused race's noise)."""
+    return tl.log(exponential(uniform(stream, idx)))
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _race_tile(row_ptr,  # [V] one logits row
+               idx, V, temp, stream, draft, m_vec, s_vec, i_vec, b_x, b_le, b_i, gap,
+               LOG_X: tl.constexpr,
+               bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+               HAS_MASK: tl.constexpr):
+    """One tile of :func:`chunk_stats_race`: the lanes' statistics and race state updated."""
+    x = load_x(row_ptr + idx, idx < V, temp, LOG_X, bits_row, idx, HAS_MASK)
+    i_vec = tl.where(x > m_vec, idx, i_vec)
+    new_m = tl.maximum(m_vec, x)
+    safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # no (-inf) - (-inf)
+    s_vec = s_vec * tl.exp(m_vec - safe) + tl.exp(x - safe)
+    le = log_exponential(stream, idx)
+    live = (x > float("-inf")) & (idx != draft)
+    # the new token's margin over the lane's best (+inf where the lane has none)
+    margin = (tl.where(live, x, 0.0) - b_x) - (le - b_le)
+    take = live & (margin > 0.0)
+    gap = tl.where(take, margin, tl.where(live, tl.minimum(gap, -margin), gap))
+    b_x = tl.where(take, x, b_x)
+    b_le = tl.where(take, le, b_le)
+    b_i = tl.where(take, idx, b_i)
+    return new_m, s_vec, i_vec, b_x, b_le, b_i, gap
+# fmt: on
+
+
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
@@ -319,44 +359,108 @@ def chunk_stats_race(row_ptr,  # [V] one logits row
                      chunk_start, V, temp, stream, draft, CHUNK: tl.constexpr,
                      BLOCK: tl.constexpr, LOG_X: tl.constexpr,
                      bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
-                     HAS_MASK: tl.constexpr):
-    """:func:`chunk_stats` and, in the same pass, :func:`chunk_race` of an unfiltered position
-    with a one-hot draft, in the log domain: the race's argmax of ``p / E`` is the argmax of
-    ``x - log E`` (``p = exp(x - max) / Z`` for every token), which needs neither the row's max
-    nor its normaliser, so the row is read once. The residual ``max(0, p - onehot(draft))`` is
-    ``p`` off the draft token and 0 on it. Returns ``(max, sum, argmax, residual_best,
-    residual_index, plain_best, plain_index)`` with log scores (``-inf``: no token)."""
+                     HAS_MASK: tl.constexpr, UNROLL: tl.constexpr):
+    """:func:`chunk_stats` and, in the same pass, the race of an unfiltered position with a
+    one-hot draft over the chunk's tokens but the draft, without the row's max or normaliser.
+
+    The race's winner is the argmax of ``p / E = exp(x - m) / (Z E)``: of the log score
+    ``x - log E``, which needs neither ``m`` nor ``Z``. Its absolute value is not kept (at
+    ``T = 1e-6``, ``x ~ 1e7`` and a float32 ulp of 1 would swallow ``log E``); two tokens are
+    compared by their margin ``(x_a - x_b) - (log E_a - log E_b)``, which is exact to a few ulps
+    of the margin's terms wherever the two could win (within ~26 nats of each other, where
+    ``x_a - x_b`` is exact or nearly). Each lane keeps its best token and its *gap*: the margin
+    by which it beats every other token the lane has seen (``+inf`` alone, 0 on a tie); the
+    lanes are merged by their scores relative to the chunk's max ``x``. The winner is the race
+    over the row's only where its gap exceeds ``RACE_TOL`` (:func:`race_choice`); elsewhere the
+    caller races the row again (the margin cannot tell the rounding of ``p / E``, which decides
+    true ties). ``UNROLL``: the tiles unrolled (not in the walking kernel, whose registers it
+    would spill). Returns ``(max, sum, argmax, best_x, best_index, gap)``: ``-inf`` and index
+    0 where the chunk has no finite token but the draft."""
     offs = tl.arange(0, BLOCK)
     m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
     s_vec = tl.zeros([BLOCK], tl.float32)
     i_vec = tl.zeros([BLOCK], tl.int32)
-    r_best = tl.full([BLOCK], float("-inf"), tl.float32)
-    r_idx = tl.zeros([BLOCK], tl.int32)
-    p_best = tl.full([BLOCK], float("-inf"), tl.float32)
-    p_idx = tl.zeros([BLOCK], tl.int32)
-    for t in tl.static_range(0, CHUNK, BLOCK):
-        idx = chunk_start + t + offs
-        mask = idx < V
-        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
-        i_vec = tl.where(x > m_vec, idx, i_vec)
-        new_m = tl.maximum(m_vec, x)
-        safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # no (-inf) - (-inf)
-        s_vec = s_vec * tl.exp(m_vec - safe) + tl.exp(x - safe)
-        m_vec = new_m
-        score = x - tl.log(exponential(uniform(stream, idx)))  # -inf where x is -inf or masked
-        p_best, p_idx = merge_best(p_best, p_idx, score, idx)
-        r_best, r_idx = merge_best(
-            r_best, r_idx, tl.where(idx == draft, float("-inf"), score), idx
-        )
+    b_x = tl.full([BLOCK], float("-inf"), tl.float32)  # each lane's best token: x, log E, id
+    b_le = tl.zeros([BLOCK], tl.float32)
+    b_i = tl.zeros([BLOCK], tl.int32)
+    gap = tl.full([BLOCK], float("inf"), tl.float32)
+    if UNROLL:
+        for t in tl.static_range(0, CHUNK, BLOCK):
+            m_vec, s_vec, i_vec, b_x, b_le, b_i, gap = _race_tile(
+                row_ptr, chunk_start + t + offs, V, temp, stream, draft, m_vec, s_vec, i_vec,
+                b_x, b_le, b_i, gap, LOG_X, bits_row, HAS_MASK,
+            )
+    else:  # the walking kernel: a tile's loads at a time keep its registers
+        for t in range(0, CHUNK, BLOCK):
+            m_vec, s_vec, i_vec, b_x, b_le, b_i, gap = _race_tile(
+                row_ptr, chunk_start + t + offs, V, temp, stream, draft, m_vec, s_vec, i_vec,
+                b_x, b_le, b_i, gap, LOG_X, bits_row, HAS_MASK,
+            )
     m = tl.max(m_vec, axis=0)
     a = tl.min(tl.where(m_vec == m, i_vec, 2147483647), axis=0)
     safe_m = tl.where(m == float("-inf"), 0.0, m)
     s = tl.sum(s_vec * tl.exp(m_vec - safe_m), axis=0)
-    rb = tl.max(r_best, axis=0)
-    ri = tl.min(tl.where(r_best == rb, r_idx, 2147483647), axis=0)
-    pb = tl.max(p_best, axis=0)
-    pi = tl.min(tl.where(p_best == pb, p_idx, 2147483647), axis=0)
-    return m, s, a, rb, ri, pb, pi
+    score = (b_x - safe_m) - b_le  # relative to the chunk's max (-inf: an empty lane)
+    best = tl.max(score, axis=0)
+    bi = tl.min(tl.where(score == best, b_i, 2147483647), axis=0)
+    chosen = (score == best) & (b_i == bi)  # every lane where the chunk has none
+    bx = tl.max(tl.where(chosen, b_x, float("-inf")), axis=0)
+    g = tl.min(tl.where(chosen, gap, best - tl.where(chosen, 0.0, score)), axis=0)
+    return m, s, a, bx, bi, g
+# fmt: on
+
+
+@triton.jit
+def merge_race(best_x, best_index, best_gap, x, index, gap, stream):
+    """Merge a chunk's race winner (``x`` of token ``index``, its ``gap``) into the running one
+    (:func:`chunk_stats_race`); ``x = -inf``: no token."""
+    live = x > float("-inf")
+    margin = (tl.where(live, x, 0.0) - best_x) - (
+        log_exponential(stream, index) - log_exponential(stream, best_index)
+    )
+    take = live & (margin > 0.0)  # best_x = -inf: margin = +inf
+    new_gap = tl.where(
+        take, tl.minimum(gap, margin), tl.where(live, tl.minimum(best_gap, -margin), best_gap)
+    )
+    return tl.where(take, x, best_x), tl.where(take, index, best_index), new_gap
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def race_choice(row_ptr,  # [V] the logits row of the stop position
+                best_x, best_index, gap, m, z, draft, residual, V, temp, stream,
+                LOG_X: tl.constexpr,
+                bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+                HAS_MASK: tl.constexpr):
+    """The token of the fused race (:func:`chunk_stats_race`'s winner ``best_index`` over the
+    row but the draft, merged with :func:`merge_race`) and whether it is sure: ``(token,
+    sure)``. With ``residual`` (a rejected draft) the race is over ``max(0, p - onehot(draft))``
+    (the draft has none), else over ``p``, the draft included; a token with ``p = 0`` never wins
+    and no winner is token 0, as in :func:`chunk_race`. ``p`` is computed as ``target_prob``
+    computes it, from the same ``m`` and ``z``. Sure when the winner's margin over every other
+    token exceeds ``RACE_TOL``; where it is not, the race over the row decides."""
+    in_vocab = (draft >= 0) & (draft < V)
+    d = tl.minimum(tl.maximum(draft, 0), V - 1)
+    dx = load_x(row_ptr + d, d == d, temp, LOG_X, bits_row, d, HAS_MASK)
+    dx = tl.where(in_vocab, dx, float("-inf"))
+    safe_m = tl.where(m == float("-inf"), 0.0, m)  # m, z themselves wherever m is finite
+    safe_z = tl.where(z > 0.0, z, 1.0)
+    best_ok = tl.exp(best_x - safe_m) / safe_z > 0.0  # p > 0
+    draft_ok = tl.exp(dx - safe_m) / safe_z > 0.0
+    # the best's margin over the draft (where both can win)
+    margin = (tl.where(best_ok, best_x, 0.0) - tl.where(draft_ok, dx, 0.0)) - (
+        log_exponential(stream, best_index) - log_exponential(stream, d)
+    )
+    alone = residual | (draft_ok == 0)  # the draft is no rival
+    use_best = best_ok & (alone | (margin > 0.0))
+    token = tl.where(use_best, best_index, tl.where(draft_ok, d, 0))
+    sure_by = tl.where(
+        use_best,
+        tl.where(alone, gap, tl.minimum(gap, margin)),
+        tl.where(draft_ok & best_ok, -margin, float("inf")),
+    )
+    return token, sure_by > RACE_TOL
 # fmt: on
 
 
@@ -737,22 +841,21 @@ def position_stats_race(row_ptr,  # [V] one position's logits row
                         bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
                         HAS_MASK: tl.constexpr):
     """:func:`chunk_stats_race` over a row, merged in chunk order: ``(max, argmax, sum,
-    residual_best, residual_index, plain_best, plain_index)`` (log-domain race scores)."""
+    best_x, best_index, gap)`` (the race's winner but the draft, for :func:`race_choice`)."""
     big_m = tl.full([], float("-inf"), tl.float32)
     big_s = tl.zeros([], tl.float32)
     big_a = tl.zeros([], tl.int32)
-    r_best = tl.full([], float("-inf"), tl.float32)
-    r_idx = tl.zeros([], tl.int32)
-    p_best = tl.full([], float("-inf"), tl.float32)
-    p_idx = tl.zeros([], tl.int32)
+    best_x = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.zeros([], tl.int32)
+    gap = tl.full([], float("inf"), tl.float32)
     for c in range(0, NCHUNK):
-        m, s, a, rb, ri, pb, pi = chunk_stats_race(
-            row_ptr, c * CHUNK, V, temp, stream, draft, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+        m, s, a, bx, bi, g = chunk_stats_race(
+            row_ptr, c * CHUNK, V, temp, stream, draft, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+            False,
         )
         big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
-        r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
-        p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
-    return big_m, big_a, big_s, r_best, r_idx, p_best, p_idx
+        best_x, best_i, gap = merge_race(best_x, best_i, gap, bx, bi, g, stream)
+    return big_m, big_a, big_s, best_x, best_i, gap
 # fmt: on
 
 

@@ -52,7 +52,8 @@ position: its rows (:func:`_row`), its statistics and filter threshold
 (``_common.position_stats`` in the row kernel, :func:`_merged_stats` and :func:`_filter_state`
 from the split partials), the step :func:`_decide` shared by both strategies (the token rule
 :func:`_accepts`, or block verification's :func:`_block_fires` and :func:`_next_weight`), after
-the walk the race :func:`_recovered_or_bonus` at the stop position, and the row's output
+the walk the race :func:`_recovered_or_bonus` at the stop position (one-hot drafts without a
+filter: :func:`_fused_race`, from the race the statistics pass ran), and the row's output
 (:func:`_write_row`). Every logit is read through ``_common.load_x``.
 """
 
@@ -82,10 +83,12 @@ from specdec_kernels.ops._common import (
     launch,
     launch_config,
     merge_best,
+    merge_race,
     merge_stats,
     position_filter_stats,
     position_stats,
     position_stats_race,
+    race_choice,
     row_controls,
     row_count,
     row_filters,
@@ -320,23 +323,16 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
                         race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race (PARTIALS)
                         draft, j, kb, V, temp, key, m, z, kappa, weight, pos, NCHUNK,
                         PARTIALS: tl.constexpr, HAS_Q: tl.constexpr, CHUNK: tl.constexpr,
-                        BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
-                        LOG_RACE: tl.constexpr = False):
+                        BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
     """The token a sampling row emits at its stop position ``j``: the recovered token (the race
     over ``max(0, weight * p - q)``: ``weight`` is 1 but for block verification with draft
     probabilities) at a rejected draft, else the bonus token (the race over ``p``). The chunks'
     race winners are merged in chunk order; they are run here over the row, or with
-    ``PARTIALS`` read from the split race kernel's partials of position ``pos`` (``LOG_RACE``:
-    the statistics kernel's log-domain partials, ``_common.chunk_stats_race``)."""
+    ``PARTIALS`` read from the split race kernel's partials of position ``pos``."""
     stream = stream_key(key, j, PURPOSE_SAMPLE)
-    floor = 0.0
-    if LOG_RACE:
-        floor = float("-inf")
-    r_best = tl.full([], floor, tl.float32)
+    r_best = tl.zeros([], tl.float32)
     r_idx = tl.zeros([], tl.int32)
     p_best = tl.full([], -1.0, tl.float32)
-    if LOG_RACE:
-        p_best = tl.full([], float("-inf"), tl.float32)
     p_idx = tl.zeros([], tl.int32)
     for c in range(0, NCHUNK):
         if PARTIALS:
@@ -352,7 +348,28 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
             )
         r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
         p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
-    return tl.where((j < kb) & (r_best > floor), r_idx, p_idx)
+    return tl.where((j < kb) & (r_best > 0.0), r_idx, p_idx)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _fused_race(row_ptr,  # [V] logits row of the stop position j
+                bits_row,  # [W] its token bitmask row (if HAS_MASK)
+                token, sure, draft, j, kb, V, temp, key, m, z, NCHUNK, CHUNK: tl.constexpr,
+                BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+    """:func:`_recovered_or_bonus` of a one-hot draft without a filter from the race its
+    statistics pass ran (``_common.chunk_stats_race``, ``_common.race_choice``): its ``token``
+    where it is ``sure``, else the race over the row in ``CHUNK``s of ``NCHUNK`` (the same token:
+    the race picks the first best score, whatever the tiles)."""
+    if sure == 0:  # a near-tie: the race over the row, as without the fused race
+        token = _recovered_or_bonus(
+            row_ptr, row_ptr, bits_row, row_ptr, row_ptr, row_ptr, row_ptr, draft, j, kb, V,
+            temp, key, m, z, KEY_FLOOR, 1.0, 0, NCHUNK, False, False, CHUNK, BLOCK, LOG_X,
+            HAS_MASK,
+        )
+    return token
 # fmt: on
 
 
@@ -423,7 +440,9 @@ def _verify_row_kernel(
     stop_z = tl.zeros([], tl.float32)
     stop_w = tl.full([], 1.0, tl.float32)
     stop_buf = kb < 0  # the stop's filter came from the candidate buffer (False so far)
-    stop_race = tl.zeros([], tl.int32)  # FUSED: the stop's race winner, from its stats pass
+    # FUSED: the race's token at the stop, from its statistics pass, and whether it is sure
+    stop_race = tl.zeros([], tl.int32)
+    stop_sure = kb < 0
     cidx_row = cidx_ptr + b * CAP
     cx_row = cx_ptr + b * CAP
     for _ in range(0, K + 1):  # each position is decided in order until the walk ends
@@ -435,13 +454,17 @@ def _verify_row_kernel(
             from_buf = kb < 0
             draft = _draft(draft_ptr, stride_db, b, j, kb)
             race = tl.zeros([], tl.int32)
+            sure = kb < 0
             if FUSED:  # one-hot drafts, no filter: the race rides on the statistics pass
-                m, a, z, rb, ri, pb, pi = position_stats_race(
-                    row, V, temp, stream_key(key, j, PURPOSE_SAMPLE), draft, NCHUNK, CHUNK,
-                    BLOCK, LOG_X, bits_row, HAS_MASK,
+                stream = stream_key(key, j, PURPOSE_SAMPLE)
+                m, a, z, bx, bi, gap = position_stats_race(
+                    row, V, temp, stream, draft, NCHUNK, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
                 )
                 kappa = tl.full([], KEY_FLOOR, tl.int64)
-                race = tl.where((j < kb) & (rb > float("-inf")), ri, pi)
+                race, sure = race_choice(
+                    row, bx, bi, gap, m, z, draft, j < kb, V, temp, stream, LOG_X, bits_row,
+                    HAS_MASK,
+                )
             elif GATHER:
                 m, a, kappa, z, from_buf = position_filter_stats(
                     row, V, temp, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
@@ -468,6 +491,7 @@ def _verify_row_kernel(
                     stop_z = z
                     stop_buf = from_buf  # the walk ends here: the buffer is this position's
                     stop_race = race
+                    stop_sure = sure
             weight = next_weight
             j += 1
     jj = n_acc.to(tl.int64)
@@ -494,7 +518,10 @@ def _verify_row_kernel(
             draft = _draft(draft_ptr, stride_db, b, n_acc, kb)
             race_w = _race_weight(stop_w, HAS_Q, METHOD)
             if FUSED:
-                recovered_or_bonus = stop_race
+                recovered_or_bonus = _fused_race(
+                    row, bits_row, stop_race, stop_sure, draft, n_acc, kb, V, temp, key, stop_m,
+                    stop_z, NCHUNK, CHUNK, BLOCK, LOG_X, HAS_MASK,
+                )
             elif stop_buf:  # the kept set is in the buffer: race over it, not the row
                 slot = jj
                 if METHOD == METHOD_BLOCK:
@@ -529,8 +556,8 @@ def _split_stats_kernel(
     pivot_ptr, cnt_ptr,  # [B*(K+1)] gather cutoff keys, zeroed candidate counts (GATHER)
     cidx_ptr, cx_ptr,  # [B*(K+1), CAP] out: candidate token ids, x (GATHER)
     draft_ptr, stride_db, seed_ptr,  # [B, K] draft token ids, [B] int64 seeds (FUSED)
-    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: residual race best log score, token
-    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] out: plain race best log score, token
+    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: race winner's x, token (FUSED)
+    race_pb_ptr,  # [B*(K+1), NCHUNK] out: its gap (FUSED)
     V, K, NCHUNK, NROWS,
     GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FLAT: tl.constexpr,
     LOG_X: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
@@ -538,7 +565,7 @@ def _split_stats_kernel(
 ):
     """One chunk's statistics of one position; with ``GATHER`` it also fills the position's
     filter candidates, with ``FUSED`` (one-hot drafts, no filter) it also runs the chunk's race
-    in the log domain (``_common.chunk_stats_race``): no race launch, one read of the row."""
+    (``_common.chunk_stats_race``): no race launch, one read of the row."""
     pid = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     b = pid // (K + 1)
@@ -549,16 +576,16 @@ def _split_stats_kernel(
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
         if FUSED:
-            m, s, a, rb, ri, pb, pi = chunk_stats_race(
+            m, s, a, bx, bi, gap = chunk_stats_race(
                 row, c * CHUNK, V, temp, stream_key(row_key(tl.load(seed_ptr + b)), j,
                                                     PURPOSE_SAMPLE),
                 _draft(draft_ptr, stride_db, b, j, kb), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+                True,
             )
             at = pid * NCHUNK + c
-            tl.store(race_rb_ptr + at, rb)
-            tl.store(race_ri_ptr + at, ri)
-            tl.store(race_pb_ptr + at, pb)
-            tl.store(race_pi_ptr + at, pi)
+            tl.store(race_rb_ptr + at, bx)
+            tl.store(race_ri_ptr + at, bi)
+            tl.store(race_pb_ptr + at, gap)
         elif GATHER:  # the statistics pass also fills the position's candidate buffer
             m, s, a = chunk_stats(
                 row, c * CHUNK, V, temp, True, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK, True,
@@ -792,8 +819,8 @@ def _split_decide_kernel(
     nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
     kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
-    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials
-    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials
+    race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] residual race partials (FUSED: winner x, id)
+    race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race partials (FUSED: the winner's gap)
     mass_ptr,  # [B*(K+1), NCHUNK] block residual mass partials (METHOD block with HAS_Q)
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
@@ -801,8 +828,12 @@ def _split_decide_kernel(
     V, K, NCHUNK, NROWS, QROWS,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr,
-    HAS_MASK: tl.constexpr, LOG_RACE: tl.constexpr,
+    HAS_MASK: tl.constexpr, FUSED: tl.constexpr, TBLOCK: tl.constexpr,
 ):
+    """The walk of row ``b`` over its positions' merged partials (:func:`_decide`), then the
+    token at its stop: the race kernel's partials merged, or with ``FUSED`` the statistics
+    pass's race winners (:func:`_fused_race`; where it is not sure, this program races the
+    stop's row in ``TBLOCK`` tiles)."""
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
     temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY)
@@ -834,11 +865,36 @@ def _split_decide_kernel(
     if not GREEDY_ONLY:
         if greedy == 0:  # the race winners of the stop position are the partials
             pos = b * (K + 1) + n_acc
-            recovered_or_bonus = _recovered_or_bonus(
-                logits_ptr, q_ptr, bits_ptr, race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,
-                0, n_acc, kb, V, temp, key, 0.0, 1.0, 0, 1.0, pos, NCHUNK, True, HAS_Q, 1, 1,
-                LOG_X, HAS_MASK, LOG_RACE,
-            )
+            if FUSED:
+                m, s, a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK)
+                stream = stream_key(key, n_acc, PURPOSE_SAMPLE)
+                bx = tl.full([], float("-inf"), tl.float32)
+                bi = tl.zeros([], tl.int32)
+                gap = tl.full([], float("inf"), tl.float32)
+                for c in range(0, NCHUNK):
+                    bx, bi, gap = merge_race(
+                        bx, bi, gap, tl.load(race_rb_ptr + pos * NCHUNK + c),
+                        tl.load(race_ri_ptr + pos * NCHUNK + c),
+                        tl.load(race_pb_ptr + pos * NCHUNK + c), stream,
+                    )
+                jj = n_acc.to(tl.int64)
+                row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
+                bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
+                draft = _draft(draft_ptr, stride_db, b, n_acc, kb)
+                race, sure = race_choice(
+                    row, bx, bi, gap, m, s, draft, n_acc < kb, V, temp, stream, LOG_X, bits_row,
+                    HAS_MASK,
+                )
+                recovered_or_bonus = _fused_race(
+                    row, bits_row, race, sure, draft, n_acc, kb, V, temp, key, m, s,
+                    tl.cdiv(V, TBLOCK), TBLOCK, TBLOCK, LOG_X, HAS_MASK,
+                )
+            else:
+                recovered_or_bonus = _recovered_or_bonus(
+                    logits_ptr, q_ptr, bits_ptr, race_rb_ptr, race_ri_ptr, race_pb_ptr,
+                    race_pi_ptr, 0, n_acc, kb, V, temp, key, 0.0, 1.0, 0, 1.0, pos, NCHUNK, True,
+                    HAS_Q, 1, 1, LOG_X, HAS_MASK,
+                )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
     )
@@ -943,11 +999,11 @@ class _Args:
     def fused_race(self) -> bool:
         """Does the statistics pass run the race too (sampling, one-hot drafts, no filter)?
 
-        Off: its log-domain score ``x - log E`` rounds the noise away where ``|x|`` is large
-        (``T = 1e-6``: ``x ~ 1e7``, an ulp of 1), so near-ties at the top were not sampled as
-        the reference samples them. A max-relative score would fix it; until then the race
-        reads the row again (``_split_race_kernel`` / the row kernel's race at its stop)."""
-        return False
+        It compares tokens by their log-score margins, never by an absolute ``x - log E``
+        (which at ``T = 1e-6``, ``x ~ 1e7``, rounds the noise away), and takes its winner only
+        where the margin over every other token leaves no doubt; a near-tie races the row again
+        (``_common.chunk_stats_race``): the same tokens as the race over the row."""
+        return not (self.greedy_only or self.rows.has_q or self.has_filter)
 
     @property
     def gather(self) -> bool:
@@ -1080,7 +1136,7 @@ def _launch_split_stats(a: _Args, parts: _Partials, positions: int):
         parts.cand.pivot, parts.cand.count,
         parts.cand.ids, parts.cand.x,
         *a.drafts, a.controls.seeds,
-        *parts.race[:4],
+        *parts.race[:3],
         *a.sizes,
         GREEDY_ONLY=a.greedy_only, **a.tiles("CHUNK", "BLOCK"), **a.layout, GATHER=a.gather,
         **a.tiles("CAP"), FUSED=a.fused_race, **COMPILE,
@@ -1142,7 +1198,7 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
         a.rows.lstart, a.rows.qstart,
         *a.sizes, a.rows.qrows,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, BLOCK_K=a.block_k,
-        **a.layout, METHOD=a.method, LOG_RACE=a.fused_race, **SPLIT_COMPILE,
+        **a.layout, METHOD=a.method, FUSED=a.fused_race, **a.tiles("TBLOCK"), **SPLIT_COMPILE,
     )
 # fmt: on
 
