@@ -303,7 +303,30 @@ def pretrained_section() -> str | None:
             "repeats; batch 1 decodes each of 4 prompts alone. `hf_assisted` is "
             "`generate(assistant_model=...)` on the same two model objects (fixed K: constant "
             "schedule, no confidence stop; auto: transformers' defaults, 20 tokens with its "
-            "0.4 confidence stop); `specdec` stops drafting below the same 0.4 confidence.",
+            "0.4 confidence stop); `specdec` stops drafting below the same 0.4 confidence."
+            if pair != "smollm2"
+            else "Prompt lookup (3-grams of the row, no draft model: `transformers`' assisted "
+            "generation has no such system here) on prompts asking for an edit of code they "
+            "quote.",
+            table(head, body),
+        ]
+    data = load("native_linear.json")
+    if data:
+        rows = latest_run(data)
+        ms = {(r["linear"], r["dtype"], r["tokens"]): r["ms"] for r in rows}
+        tokens = sorted({r["tokens"] for r in rows})
+        body = [
+            [lin, dt, *[num(ms[(lin, dt, t)]) for t in tokens],
+             num(ms[(lin, dt, tokens[-1])] / ms[(lin, dt, tokens[0])]) + "x"]
+            for lin, dt in dict.fromkeys((r["linear"], r["dtype"]) for r in rows)
+        ]  # fmt: skip
+        head = ["linear layers", "dtype", *[f"{t}-token pass, ms" for t in tokens],
+                f"{tokens[-1]} tokens / 1"]  # fmt: skip
+        parts += [
+            f"One cached pass of `{rows[0]['model']}` (64-token context) under transformers, "
+            "its linear layers on torch's matmul or on the package's row-invariant one "
+            f"(`use_native_linears`), median of {rows[0]['rounds']} round-robin rounds:",
+            provenance(rows, "native_linear.json", rows[0].get("command") or ""),
             table(head, body),
         ]
     data = load("demo_pretrained.json")

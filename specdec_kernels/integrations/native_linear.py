@@ -5,21 +5,15 @@ takes a different path for one row than for several (a 5-token pass of Qwen2.5-C
 2.8x a one-token pass in float32 on one AMD EPYC core), and a row's result may round
 differently with the pass it shares. ``specdec::rowinv_linear`` (``csrc/model/linear*.cpp``,
 the kernel under the bundled models) reads each weight once for every row of the pass, in
-float32 or bfloat16 (float32 accumulation), and gives every row the same bits whatever else
-is in the pass. :func:`use_native_linears` puts it under every ``torch.nn.Linear`` of a model:
+float32 or bfloat16 (float32 accumulation), and gives every row the same bits whatever else is
+in the pass. :func:`use_native_linears` puts it under every ``torch.nn.Linear`` of a model. One
+cached pass of Qwen2.5-Coder-1.5B (AMD EPYC Zen 3, AVX2, 2 threads, ``bench/native_linear.py``,
+the table in docs/results.md): 1 token 433 ms and 5 tokens 1,237 ms on torch's float32 matmul,
+169 and 214 ms on this one in bfloat16.
 
-=====================================================  =========  ==========  ==========
-one ``[T, 1536] x [1536, 8960]`` matmul, ms            T = 1      T = 5       T = 9
-=====================================================  =========  ==========  ==========
-``torch.nn.functional.linear``, float32                3.31       11.55       12.09
-``rowinv_linear``, float32                             2.52       4.62        5.83
-``rowinv_linear``, bfloat16                            1.72       2.51        4.46
-=====================================================  =========  ==========  ==========
-
-(AMD EPYC Zen 3, AVX2, one thread, torch 2.13.0; ``bench/results/native_linear.json`` has the
-whole models.) Greedy decoding then gives the same tokens whether a position was scored alone or
-in a pass of ``K + 1`` as far as the linear layers go; attention is ``transformers``' own
-(docs/models.md says where its rounding still differs).
+Greedy decoding then gives the same tokens whether a position was scored alone or in a pass of
+``K + 1`` as far as the linear layers go; attention is ``transformers``' own (docs/models.md
+says where its rounding still differs).
 """
 
 from __future__ import annotations
