@@ -898,10 +898,9 @@ def traffic_section() -> str | None:
         "probabilities loaded over the bytes the answer needs (rows up to the first rejection); "
         "*programs / position*: of the launch that reads the rows. Shapes scaled to B <= 8, "
         "V <= 32000; `-flat` rows are `randn * 0.1` (their bytes needed are not computed). "
-        "Measured with the fused one-hot race in its first, log-domain form; that form was "
-        "switched off for its rounding at temperature 1e-6 and replaced by the margin form "
-        "(docs/gpu.md), which reads the unfiltered one-hot rows (`-noq-` without `-topkp`) once "
-        "too, but for a near-tie (at most ~1e-4 of the races), whose row it reads again.",
+        "The unfiltered one-hot rows (`-noq-` without `-topkp`) run the fused race in its margin "
+        "form (docs/gpu.md): one read of the row, and a second only for a near-tie (at most "
+        "~1e-4 of the races; none in these rows).",
         table(
             [
                 "case",
