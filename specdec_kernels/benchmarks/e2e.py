@@ -210,6 +210,20 @@ def leviathan_speedup(alpha: float, gamma: float, c: float, verify_ratio: float 
 
 
 # ----------------------------------------------------------------------------- systems
+def set_assistant(draft, k, auto_schedule: str = "constant") -> None:
+    """Configure ``draft`` (a ``transformers`` model) as ``generate(assistant_model=...)``'s
+    assistant: a fixed ``k`` drafts a step (schedule ``"constant"``, no confidence stop), or
+    ``k="auto"``: 20 tokens on ``auto_schedule`` with the 0.4 confidence stop (``"constant"``:
+    ``transformers``' own defaults since 4.45)."""
+    gc = draft.generation_config
+    if k == "auto":
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 20, auto_schedule
+        gc.assistant_confidence_threshold = 0.4
+    else:
+        gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = int(k), "constant"
+        gc.assistant_confidence_threshold = 0.0
+
+
 class _HF:
     """The pair as ``transformers`` models (same weights), and their ``generate`` calls."""
 
@@ -235,13 +249,7 @@ class _HF:
         else:
             kw.update(do_sample=False)
         if k is not None:
-            gc = self.draft.generation_config
-            if k == "auto":
-                gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 20, "heuristic"
-                gc.assistant_confidence_threshold = 0.4
-            else:
-                gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = int(k), "constant"
-                gc.assistant_confidence_threshold = 0.0
+            set_assistant(self.draft, k, auto_schedule="heuristic")
             kw["assistant_model"] = self.draft
         t0 = time.perf_counter()
         out = self.target.generate(ids, **kw)

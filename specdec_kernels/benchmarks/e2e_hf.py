@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specdec_kernels.benchmarks.e2e import paired_quartiles, paired_ratio, schedule
+from specdec_kernels.benchmarks.e2e import paired_quartiles, paired_ratio, schedule, set_assistant
 
 #: coding prompts (chat-free completions: the models continue the code)
 CODE_PROMPTS = (
@@ -189,13 +189,7 @@ class _Pair:
     @torch.inference_mode()
     def hf_assisted(self, prompts, temperature, seed, k=None):
         ids, mask = self.batch(prompts)
-        gc = self.draft.generation_config
-        if k == "auto":
-            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = 20, "constant"
-            gc.assistant_confidence_threshold = 0.4
-        else:
-            gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = int(k), "constant"
-            gc.assistant_confidence_threshold = 0.0
+        set_assistant(self.draft, k)  # "auto": transformers' defaults
         t0 = time.perf_counter()
         out = self.target.generate(
             ids, attention_mask=mask, max_new_tokens=self.cfg.max_new_tokens,
