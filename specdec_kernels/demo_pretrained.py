@@ -38,7 +38,7 @@ def run(args) -> int:
         dtype=args.dtype, confidence=0.4,
     )  # fmt: skip
     try:
-        pair = e2e_hf._Pair(cfg, log=lambda m: print(m, flush=True))
+        pair = e2e_hf.PretrainedPair(cfg, log=lambda m: print(m, flush=True))
     except FileNotFoundError as exc:
         print(f"specdec demo: error: {exc}", file=sys.stderr)
         return 2
@@ -56,7 +56,7 @@ def run(args) -> int:
         runs = {s: [] for s in systems}
         for rep in range(args.repeats):
             for s in systems if rep % 2 == 0 else systems[::-1]:
-                runs[s].append(e2e_hf._run(pair, s, groups, k, t, args.seed + rep))
+                runs[s].append(e2e_hf.run_system(pair, s, groups, k, t, args.seed + rep))
         alone = [r["tokens_per_second"] for r in runs["target_only"]]
         print(f"\n== {label}, {cfg.max_new_tokens} new tokens a row, {args.repeats} rounds ==")
         mine = runs["specdec"][-1]

@@ -143,8 +143,10 @@ def fastest_hf_dtype(name: str, native: bool = True, tokens=(1, 5), repeats: int
     return remembered(key, measure, cache=True)
 
 
-class _Pair:
-    """The loaded pair, its prompts and its systems' calls."""
+class PretrainedPair:
+    """The loaded pair of ``cfg.pair`` (models in the fastest dtype, native linears), its
+    prompts, its measured pass costs, and one method per system:
+    ``system(prompts, temperature, seed, k) -> (new_tokens, wall_seconds, stats or None)``."""
 
     def __init__(self, cfg: HFConfig, log=print):
         from specdec_kernels.integrations.transformers import measure_pass_costs_hf
@@ -214,7 +216,9 @@ class _Pair:
         return out.sequences[:, ids.shape[1] :].tolist(), wall, out.stats
 
 
-def _run(pair: _Pair, system: str, groups, k, temperature, seed) -> dict:
+def run_system(pair: PretrainedPair, system: str, groups, k, temperature, seed) -> dict:
+    """One run of ``system`` over ``groups`` of prompts decoded one after another: times and
+    tokens summed, the acceptance figures of the sums, ``tokens_per_second``."""
     call = getattr(pair, system)
     r = {"wall_seconds": 0.0, "generated_tokens": 0, "new_tokens": []}
     acc = drafted = passes = 0
@@ -252,7 +256,7 @@ def configs(cfg: HFConfig, has_draft: bool):
 def run_e2e_hf(cfg: HFConfig, log=print) -> list[dict]:
     """Every configuration ``cfg.repeats`` times, interleaved; one row per
     ``(system, batch_size, K, temperature)`` with the median figures and paired ratios."""
-    pair = _Pair(cfg, log)
+    pair = PretrainedPair(cfg, log)
     prompts = list(pair.prompts)
     groups_of = {
         b: ([[p] for p in prompts[: cfg.interactive_prompts]] if b == 1 else
@@ -264,11 +268,11 @@ def run_e2e_hf(cfg: HFConfig, log=print) -> list[dict]:
     for sys_, _, k, t in configs(
         dataclasses.replace(cfg, batch_sizes=(1,)), pair.draft is not None
     ):
-        _run(pair, sys_, groups_of[1][:1], k, t, 0)
+        run_system(pair, sys_, groups_of[1][:1], k, t, 0)
     pair.cfg = cfg
     runs: dict[tuple, list[dict]] = {}
     for rep, (sys_, b, k, t) in schedule(cfg, list(configs(cfg, pair.draft is not None))):
-        r = _run(pair, sys_, groups_of[b], k, t, cfg.seed + rep)
+        r = run_system(pair, sys_, groups_of[b], k, t, cfg.seed + rep)
         runs.setdefault((sys_, b, k, t), []).append(r)
         extra = f", accepted {r['mean_accepted']:.2f}/pass" if "mean_accepted" in r else ""
         log(f"[e2e-hf] rep {rep} {sys_:>12} B={b:<2} K={str(k):>4} T={t}: "
@@ -276,7 +280,7 @@ def run_e2e_hf(cfg: HFConfig, log=print) -> list[dict]:
     return _rows(cfg, pair, runs)
 
 
-def _rows(cfg: HFConfig, pair: _Pair, runs: dict) -> list[dict]:
+def _rows(cfg: HFConfig, pair: PretrainedPair, runs: dict) -> list[dict]:
     rows = []
     for (sys_, b, k, t), rs in runs.items():
         tps = [r["tokens_per_second"] for r in rs]
