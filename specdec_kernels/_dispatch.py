@@ -50,6 +50,7 @@ from specdec_kernels.reference import finish_ms as ref_finish_ms
 from specdec_kernels.reference import kv_cache as ref_kv
 from specdec_kernels.reference import layout as ref_layout
 from specdec_kernels.reference import logprobs as ref_logprobs
+from specdec_kernels.reference import processors as ref_processors
 from specdec_kernels.reference import verify_chain as ref_chain
 from specdec_kernels.reference import verify_tree as ref_tree
 
@@ -169,8 +170,10 @@ def interpreter_active() -> bool:
 # --- the routing table -----------------------------------------------------------------------
 # Chain kernels: (target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k,
 # top_p, seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
-# posterior_threshold, posterior_alpha) -> (tokens, num_accepted); mode "greedy", "sampling",
-# "block" (routed as verify_block) or "typical" (routed as verify_typical). Tree kernels:
+# posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals) -> (tokens, num_accepted);
+# mode "greedy", "sampling", "block" (routed as verify_block) or "typical" (routed as
+# verify_typical); min_p [B] and the processors' edit list (edit_ids [B, E], edit_vals
+# [B, K+1, E]: specdec_kernels.reference.processors) or None. Tree kernels:
 # (target_logits, tree_tokens, parents, draft_probs, num_nodes, mode, temperature, top_k, top_p,
 # seeds, token_bitmask, greedy_only) -> (tokens, num_accepted, accepted_nodes), all [B, N] wide.
 # Logprob kernels: see specdec_kernels.logprobs. KV kernels: the public op's arguments -> None.
@@ -181,7 +184,11 @@ _NATIVE_CHAIN_MODE = {"greedy": 0, "sampling": 0, "block": 1, "typical": 2}
 
 
 def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
-                  log_input, threshold, alpha):  # fmt: skip
+                  log_input, threshold, alpha, min_p, edit_ids, edit_vals):  # fmt: skip
+    if min_p is not None or edit_ids is not None:  # not in the C++ kernels yet
+        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
+                                bitmask, mode, log_input, threshold, alpha, min_p, edit_ids,
+                                edit_vals)  # fmt: skip
     return torch.ops.specdec.native_verify_ex(
         logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs, bitmask,
         log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha,
@@ -189,8 +196,13 @@ def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
 
 
 def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
-                  log_input, threshold, alpha):  # fmt: skip
+                  log_input, threshold, alpha, min_p, edit_ids, edit_vals):  # fmt: skip
     from specdec_kernels.ops import verify_sampling  # imports triton: lazily
+
+    if min_p is not None or edit_ids is not None:  # not in the Triton kernels yet
+        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
+                                bitmask, mode, log_input, threshold, alpha, min_p, edit_ids,
+                                edit_vals)  # fmt: skip
 
     return verify_sampling.verify(
         logits, drafts, probs, nd, temp, topk, topp, seeds, greedy_only=mode == "greedy",
@@ -224,10 +236,13 @@ def _reference_tree(logits, tokens, parents, probs, nn, mode, temp, topk, topp, 
     )
 
 
-def _reference_logprobs(logits, rows, tokens, bitmask, temp, topk, topp, processed, n):
+def _reference_logprobs(logits, rows, tokens, bitmask, temp, topk, topp, processed, n,
+                        min_p=None, edit_ids=None, edit_vals=None):  # fmt: skip
     b, _, v = logits.shape
     safe = rows.clamp(0, logits.shape[1] - 1)
     gathered = logits.gather(1, safe[..., None].expand(-1, -1, v))  # [B, P, V]
+    if processed and edit_ids is not None:
+        gathered = ref_processors.apply_edits(gathered, edit_ids, edit_vals)
     if processed and bitmask is not None:
         words = bitmask.gather(1, safe[..., None].expand(-1, -1, bitmask.shape[-1]))
         gathered = ref_bitmask.masked_logits(gathered, words)
@@ -236,14 +251,22 @@ def _reference_logprobs(logits, rows, tokens, bitmask, temp, topk, topp, process
     live = (rows >= 0) & (tokens >= 0)
     return ref_logprobs.emitted_logprobs(
         gathered, torch.where(live, tokens, -1), live.sum(1),
-        "processed" if processed else "raw", n, temp, topk, topp,
+        "processed" if processed else "raw", n, temp, topk, topp, min_p if processed else None,
     )  # fmt: skip
 
 
 def _triton_logprobs(*args):
     from specdec_kernels.ops import logprobs  # imports triton: lazily
 
-    return logprobs.emitted_logprobs(*args)
+    if any(a is not None for a in args[9:]):  # min_p / edits: not in the Triton kernel yet
+        return _reference_logprobs(*args)
+    return logprobs.emitted_logprobs(*args[:9])
+
+
+def _native_logprobs(*args):
+    if any(a is not None for a in args[9:]):  # min_p / edits: not in the C++ kernel yet
+        return _reference_logprobs(*args)
+    return torch.ops.specdec.native_emitted_logprobs(*args[:9])
 
 
 def _triton_accept_reject(draft_tokens, verifier_tokens):
@@ -294,7 +317,7 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("verify_block", "native"): _native_chain,
     ("verify_block", "triton"): _triton_chain,
     ("verify_block", "reference"): _reference_chain,
-    ("emitted_logprobs", "native"): _native("native_emitted_logprobs"),
+    ("emitted_logprobs", "native"): _native_logprobs,
     ("emitted_logprobs", "triton"): _triton_logprobs,
     ("emitted_logprobs", "reference"): _reference_logprobs,
     ("accept_reject", "native"): _native("native_accept_reject"),

@@ -197,14 +197,27 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
         return 2
     prompts = args.prompt or list(JSON_PROMPTS if grammar is not None else DEFAULT_PROMPTS)
     ids = [encode(p) for p in prompts]
-    gen = sk.SpeculativeGenerator(target, "ngram" if args.draft == "ngram" else draft, k)
+    gen = sk.SpeculativeGenerator(
+        target, "ngram" if args.draft == "ngram" else draft, k, method=args.method
+    )
     kw = dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         eos_token_id=EOS_ID,
         seed=args.seed,
         grammar=grammar,
+        **{name: getattr(args, name) for name in sorted(_SAMPLING_OPTIONS)},
     )
+    try:  # a bad combination (top_p 0, say) is refused by name before anything runs
+        sk.decoding.Sampling(
+            args.temperature, args.top_k, args.top_p, args.method, min_p=args.min_p,
+            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"specdec demo: error: {exc}", file=sys.stderr)
+        return 2
+    exact = args.temperature == 0 or args.method == "match"  # output = the target alone's
     total = args.max_new_tokens * len(ids)
     drafter = (
         "n-gram lookup"
@@ -314,6 +327,7 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
                 acceptance_rate=round(accepted / max(drafted, 1), 4),
                 mean_k=round(drafted / max(passes, 1) / rows, 4),
                 greedy_identical=seqs == base_seqs if args.temperature == 0 else None,
+                identical_to_target=seqs == base_seqs if exact else None,
             )
         if args.record and not quiet:
             from specdec_kernels.benchmarks import results
@@ -330,6 +344,8 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
                 repeats=args.repeats,
                 temperature=args.temperature,
                 num_speculative_tokens=str(k),
+                method=args.method,
+                **{name: getattr(args, name) for name in sorted(_SAMPLING_OPTIONS)},
             )
             if grammar is not None:
                 common["grammar"] = grammar_what
@@ -340,10 +356,13 @@ def _demo(args, rank: int = 0, world_size: int = 1, device="cpu") -> int:
             same = "identical to" if same_all else "differs from"
             under = " under the same grammar" if grammar is not None else ""
             print(f"greedy output {same} the target's own greedy decoding{under}")
-            if world_size > 1 and not quiet:  # the unsplit model, in this process alone
-                alone = sk.autoregressive_generate(single, ids, **kw)
-                same = "identical to" if spec.sequences == alone.sequences else "differs from"
-                print(f"tensor-parallel output {same} the single-process target's")
+        elif args.method == "match":
+            same = "identical to" if same_all else "differs from"
+            print(f"sampled output {same} the target's own sampling with seed {args.seed}")
+        if args.temperature == 0 and world_size > 1 and not quiet:
+            alone = sk.autoregressive_generate(single, ids, **kw)  # the unsplit model, here
+            same = "identical to" if spec.sequences == alone.sequences else "differs from"
+            print(f"tensor-parallel output {same} the single-process target's")
     return 0
 
 
@@ -386,6 +405,37 @@ def _finite(text: str, least: float, strict: bool) -> float:
 def _temperature(text: str) -> float:
     """``-t``: a finite float ``>= 0`` (0: greedy)."""
     return _finite(text, 0.0, strict=False)
+
+
+def _positive(text: str) -> float:
+    """``--repetition-penalty``: a finite float ``> 0``."""
+    return _finite(text, 0.0, strict=True)
+
+
+def _any_finite(text: str) -> float:
+    """``--presence-penalty`` / ``--frequency-penalty``: any finite float."""
+    return _finite(text, -math.inf, strict=True)
+
+
+def _unit(text: str) -> float:
+    """``--top-p`` / ``--min-p``: a float in ``[0, 1]`` (``--top-p 0`` is refused later by
+    name, with the sampling checks)."""
+    x = _finite(text, 0.0, strict=False)
+    if x > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text!r}")
+    return x
+
+
+def _nonnegative_int(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"must be an int >= 0, got {text!r}")
+    return int(text)
+
+
+#: ``specdec demo``'s sampling options beyond ``--temperature`` (``None``: not given).
+_SAMPLING_OPTIONS = {
+    "top_k", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty",
+}  # fmt: skip
 
 
 def _seconds(text: str) -> float:
@@ -514,6 +564,25 @@ def main(argv=None) -> int:
     )
     d.add_argument("-t", "--temperature", type=_temperature, default=0.0, help="0: greedy")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--top-k", type=_nonnegative_int, default=None, help="0 or unset: off")
+    d.add_argument("--top-p", type=_unit, default=None, help="in (0, 1]; unset: off")
+    d.add_argument("--min-p", type=_unit, default=None, help="in [0, 1]; unset: off")
+    d.add_argument(
+        "--repetition-penalty",
+        type=_positive,
+        default=None,
+        help="transformers' repetition penalty over the prompt and the output (1: off)",
+    )
+    d.add_argument("--presence-penalty", type=_any_finite, default=None, help="OpenAI's (0: off)")
+    d.add_argument("--frequency-penalty", type=_any_finite, default=None, help="OpenAI's (0: off)")
+    d.add_argument(
+        "--method",
+        choices=("token", "block", "match"),
+        default="token",
+        help="the acceptance rule when sampling: token-level rejection sampling, block "
+        "verification, or match: the target's own seeded samples (then the output equals the "
+        "target alone's with the same seed, which the demo checks)",
+    )
     d.add_argument(
         "--repeats",
         type=_positive_int,
@@ -568,14 +637,25 @@ def main(argv=None) -> int:
 
     add_bench_parser(sub)  # specdec bench ops|e2e ... (see bench/README.md)
     args = parser.parse_args(argv)
+    sampling_options = (
+        args.command == "demo"
+        and (args.method != "token" or _SAMPLING_OPTIONS.intersection(
+            k for k, v in vars(args).items() if v is not None))
+    )  # fmt: skip
     if args.command == "demo" and args.pair == "qwen2.5-coder":
         if args.json or args.schema or args.grammar or args.tp > 1 or args.draft != "bundled":
             parser.error("--pair qwen2.5-coder takes no --json/--grammar/--tp/--draft")
+        if sampling_options:
+            parser.error(
+                "--pair qwen2.5-coder takes no --top-k/--top-p/--min-p/--*-penalty/--method"
+            )
         from specdec_kernels import demo_pretrained
 
         args.max_new_tokens = args.max_new_tokens or 48
         args.repeats = min(args.repeats, 3)
         return demo_pretrained.run(args)
+    if args.command == "demo" and sampling_options and args.tp > 1:
+        parser.error("--tp takes no --min-p/--*-penalty/--method (a sharded target's ops)")
     if args.command == "demo":
         constrained = args.json or args.schema or args.grammar
         if args.max_new_tokens is None:

@@ -29,6 +29,7 @@ from specdec_kernels.decoding import (
 from specdec_kernels.decoding.adapters import CausalLMAdapter, adapter_for
 from specdec_kernels.decoding.trees import DynamicTree, StaticTree, TreeDrafter
 from specdec_kernels.tuning import AcceptanceTracker, PassCosts, measure_pass_costs
+from specdec_kernels.verification import METHODS
 
 __all__ = [
     "GenerationOutput",
@@ -132,6 +133,16 @@ class SpeculativeGenerator:
         choice is ``K = 0`` measures nothing, and decodes with the target alone). Default: the
         draft's ``acceptance_prior`` attribute where it has one (the bundled pairs state theirs,
         measured on held-out text when they were trained: ``load_bundled``), else 0.7.
+    method : {"token", "block", "match"}
+        The default ``verify_method`` of :meth:`generate`: with ``"match"`` every sampled
+        token is the target's own sample at its output position, keyed by (seed, row,
+        position), so the output equals :func:`autoregressive_generate`'s with the same seed
+        and arguments, token for token, wherever the target's logits do not depend on how
+        many tokens share a pass (the bundled CPU models: row-invariant kernels).
+    coupled : bool
+        Under ``"match"``, the draft model draws its drafts with the verifier's noise at the
+        same position (:class:`~specdec_kernels.decoding.ModelDrafter`'s ``coupled``): more
+        drafts match; the output is the same either way.
 
     Raises
     ------
@@ -169,8 +180,13 @@ class SpeculativeGenerator:
         tree: StaticTree | DynamicTree | None = None,
         backend: str | None = None,
         acceptance_prior: float | None = None,
+        method: str = "token",
+        coupled: bool = True,
     ):
         check_backend(backend)
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        self.method = method
         if num_speculative_tokens is None:
             num_speculative_tokens = 4 if tree is not None else "auto"
         self.target, self.draft = target, draft
@@ -209,7 +225,7 @@ class SpeculativeGenerator:
                 return NgramDrafter(ngram_size)
             if tree is not None:
                 return TreeDrafter(CausalLMAdapter(draft), tree)
-            return ModelDrafter(CausalLMAdapter(draft))
+            return ModelDrafter(CausalLMAdapter(draft), coupled=coupled)
 
         if acceptance_prior is None:
             stated = None if ngram else getattr(draft, "acceptance_prior", None)
@@ -242,10 +258,15 @@ class SpeculativeGenerator:
         seed: int | None = None,
         progress=None,
         *,
-        verify_method: str = "token",
+        verify_method: str | None = None,
         logprobs: str | None = None,
         num_logprobs: int = 0,
         grammar=None,
+        min_p: float | None = None,
+        repetition_penalty: float | None = None,
+        presence_penalty: float | None = None,
+        frequency_penalty: float | None = None,
+        logit_bias: dict | None = None,
     ) -> GenerationOutput:
         """Generate up to ``max_new_tokens`` tokens for every prompt.
 
@@ -266,10 +287,11 @@ class SpeculativeGenerator:
             prompt, its index in ``prompts`` and the seed, never on the other rows.
         progress : callable, optional
             Called as ``progress(generated_tokens_so_far, live_rows)`` after each target pass.
-        verify_method : {"token", "block"}
+        verify_method : {"token", "block", "match"}, optional
             The acceptance rule when sampling (:class:`~specdec_kernels.decoding.Sampling`):
-            ``"block"`` is block verification (chains only: ``ValueError`` with ``tree``);
-            greedy decoding is the same either way.
+            ``"block"`` is block verification, ``"match"`` the target's own samples (chains
+            only: ``ValueError`` with ``tree``); greedy decoding is the same either way.
+            Default: the generator's ``method``.
         logprobs : {None, "raw", "processed"}
             Also return each generated token's log-probability (``GenerationOutput.logprobs``):
             of the target's raw logits, or of the distribution it was drawn from.
@@ -282,6 +304,17 @@ class SpeculativeGenerator:
             proposed under it and verified with its masks; a row stops when its grammar ends
             (at the stop token, ``<eos>`` for the bundled models). Greedy output equals the
             target's own constrained greedy decoding; sampling follows its masked distribution.
+        min_p : float, optional
+            In ``[0, 1]``: after top-p, keep the tokens at least ``min_p`` times as likely as
+            the most likely one.
+        repetition_penalty, presence_penalty, frequency_penalty : float, optional
+            transformers' repetition penalty (``> 0``, ``1`` = off) and OpenAI's presence /
+            frequency penalties (``0`` = off) over each row's prompt and generated tokens.
+        logit_bias : dict, optional
+            ``{token id: bias}`` added to those logits (finite or ``-inf``), every row alike.
+            The processors apply before temperature and the filters (API.md section 10);
+            speculative output follows plain decoding with the same processors exactly
+            (:class:`~specdec_kernels.decoding.Sampling`).
 
         Returns
         -------
@@ -292,7 +325,10 @@ class SpeculativeGenerator:
         ValueError
             A bad argument (named in the message), before any work.
         """
-        sampling = Sampling(temperature, top_k, top_p, verify_method, logprobs, num_logprobs)
+        sampling = Sampling(
+            temperature, top_k, top_p, verify_method or self.method, logprobs, num_logprobs,
+            min_p, repetition_penalty, presence_penalty, frequency_penalty, logit_bias,
+        )  # fmt: skip
         kw = dict(eos_token_id=eos_token_id, seed=seed, progress=progress, grammar=grammar)
         if not self._running.acquire(blocking=False):  # a call is running (another thread's,
             # or this one's progress callback): this one gets adapters and caches of its own
@@ -440,18 +476,36 @@ def autoregressive_generate(
     logprobs: str | None = None,
     num_logprobs: int = 0,
     grammar=None,
+    min_p: float | None = None,
+    repetition_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    logit_bias: dict | None = None,
 ) -> GenerationOutput:
     """The target alone: one token per forward pass, batched over ragged prompts with a KV
     cache. The baseline that speculative generation must equal (greedy) and beat (speed).
     Same arguments and output as :meth:`SpeculativeGenerator.generate` (``logprobs`` and
     ``num_logprobs`` included: greedy speculative logprobs equal these; ``grammar`` too: each
-    token is drawn under its row's grammar mask); the tokens are drawn by the same verification
-    ops with no draft (``K = 0``), on ``backend`` (as in :class:`SpeculativeGenerator`; a bad
-    name raises ``ValueError`` before any work)."""
+    token is drawn under its row's grammar mask; and the processors ``min_p``, ``logit_bias`` and
+    the penalties); the tokens are drawn by the same verification ops with no draft (``K = 0``),
+    on ``backend`` (as in :class:`SpeculativeGenerator`; a bad name raises ``ValueError``
+    before any work), the token at each output position by the race keyed by (seed, row,
+    position): what ``SpeculativeGenerator(..., method="match")`` reproduces."""
     result = Decoder(adapter_for(model), backend=backend).run(
         prompts,
         max_new_tokens,
-        Sampling(temperature, top_k, top_p, logprobs=logprobs, num_logprobs=num_logprobs),
+        Sampling(
+            temperature,
+            top_k,
+            top_p,
+            logprobs=logprobs,
+            num_logprobs=num_logprobs,
+            min_p=min_p,
+            repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty,
+            logit_bias=logit_bias,
+        ),  # fmt: skip
         eos_token_id=eos_token_id,
         seed=seed,
         progress=progress,

@@ -42,6 +42,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from specdec_kernels import _processors as processors
 from specdec_kernels import _validate as check
 from specdec_kernels._dispatch import kernel, resolve_backend
 from specdec_kernels.logprobs import emitted_logprobs
@@ -80,10 +81,14 @@ class Verification(NamedTuple):
 # --- the custom ops --------------------------------------------------------------------------
 
 
-#: ``verify_sampling``'s acceptance rules: token by token, or block verification.
-METHODS = ("token", "block")
-#: The chain op's mode of each acceptance rule.
-_RULES = {"token": "sampling", "block": "block"}
+#: ``verify_sampling``'s acceptance rules: token by token, block verification, or the target's
+#: own sample at every position (``"match"``).
+METHODS = ("token", "block", "match")
+#: The chain op's mode of each acceptance rule (``"match"`` runs the sampling mode with no
+#: drafts at every position: :meth:`ChainCall.run`).
+_RULES = {"token": "sampling", "block": "block", "match": "match"}
+#: The low 63 bits: seeds are non-negative int64.
+_SEED_MASK = (1 << 63) - 1
 #: The routing table's kernel of each chain mode other than greedy and sampling.
 _CHAIN_KERNELS = {"block": "verify_block", "typical": "verify_typical"}
 
@@ -104,6 +109,9 @@ def _chain(
     log_input: bool,
     posterior_threshold: float,
     posterior_alpha: float,
+    min_p: Tensor | None,
+    edit_ids: Tensor | None,
+    edit_vals: Tensor | None,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One verification step in every input form (:class:`ChainCall` documents the arguments;
@@ -112,7 +120,7 @@ def _chain(
     tokens, accepted = kernel(op, backend)(
         target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
         seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
-        posterior_threshold, posterior_alpha,
+        posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals,
     )  # fmt: skip
     return tokens, accepted, accepted + 1
 
@@ -165,6 +173,9 @@ class ChainCall:
     log_input: bool = False
     posterior_threshold: float = 0.0
     posterior_alpha: float = 0.0
+    min_p: Tensor | None = None  # [B] float32
+    edit_ids: Tensor | None = None  # [B, E] int32, sorted, unique, padded with V
+    edit_vals: Tensor | None = None  # [B, K+1, E] float32
     logprobs: str | None = None
     num_logprobs: int = 0
 
@@ -174,14 +185,51 @@ class ChainCall:
         decoding loop's call, where the dispatch cost more than the kernel (docs: kernels.md)."""
         dispatched = not direct or torch.compiler.is_compiling()
         op = torch.ops.specdec.verify_chain if dispatched else _chain
+        if self.mode == "match":
+            ver = self._match(op)
+            return ver if self.logprobs is None else self._add_logprobs(ver)
         tokens, accepted, emitted = op(
             self.target_logits, self.draft_tokens, self.draft_probs, self.num_draft_tokens,
             self.temperature, self.top_k, self.top_p, self.seeds, self.logits_row_start,
             self.probs_row_start, self.token_bitmask, self.mode, self.log_input,
-            float(self.posterior_threshold), float(self.posterior_alpha), self.backend,
+            float(self.posterior_threshold), float(self.posterior_alpha), self.min_p,
+            self.edit_ids, self.edit_vals, self.backend,
         )  # fmt: skip
         ver = Verification(tokens, accepted, emitted)
         return ver if self.logprobs is None else self._add_logprobs(ver)
+
+    def _match(self, op) -> Verification:
+        """``method="match"``: the target's own sample at every position ``j`` (the sampling
+        mode with no drafts, on the position's row alone, keyed by the seed ``seed[b] + j``), then
+        the drafts accepted while they equal it. One op over ``B (K+1)`` rows of one token."""
+        b, k = self.draft_tokens.shape
+        k1, dev = k + 1, self.draft_tokens.device
+        flat, rows = _position_rows(self.target_logits, self.logits_row_start, k1)  # rows [B, K+1]
+        n = b * k1
+        offsets = torch.arange(k1, device=dev).repeat(b)  # [B (K+1)]: j of each pseudo-row
+        each = lambda t: None if t is None else t.repeat_interleave(k1, 0)  # noqa: E731
+        mask = self.token_bitmask
+        if mask is not None and mask.dim() == 3:  # padded [B, K+1, W]: in the flat numbering
+            words = mask.reshape(n, mask.shape[-1])
+            mask = words.new_zeros((flat.shape[0], words.shape[-1]))
+            mask[rows.flatten()] = words
+        seeds = (each(self.seeds) + offsets) & _SEED_MASK
+        samples, _, _ = op(
+            flat, self.draft_tokens.new_zeros((n, 0)), None, torch.zeros_like(offsets),
+            each(self.temperature), each(self.top_k), each(self.top_p), seeds,
+            rows.flatten().contiguous(), None, mask, "sampling", self.log_input, 0.0, 0.0,
+            each(self.min_p), each(self.edit_ids),
+            None if self.edit_vals is None else self.edit_vals.reshape(n, 1, -1),
+            self.backend,
+        )  # fmt: skip
+        samples = samples[:, 0].view(b, k1)  # [B, K+1]: the target's token at each position
+        positions = torch.arange(k, device=dev)[None, :]
+        same = (self.draft_tokens.to(torch.int64) == samples[:, :k]) & (
+            positions < self.num_draft_tokens[:, None]
+        )
+        accepted = same.to(torch.int64).cumprod(1).sum(1)  # [B]
+        keep = torch.arange(k1, device=dev)[None, :] <= accepted[:, None]
+        return Verification(torch.where(keep, samples, -1), accepted, accepted + 1)
 
     def _add_logprobs(self, ver: Verification) -> Verification:
         """``ver`` with ``logprobs`` / ``top_logprobs`` / ``top_ids``: the processed
@@ -205,8 +253,31 @@ class ChainCall:
             temperature=None if greedy else self.temperature,
             top_k=None if greedy else self.top_k,
             top_p=None if greedy else self.top_p,
+            min_p=None if greedy else self.min_p,
+            edit_ids=self.edit_ids,
+            edit_vals=self.edit_vals,
         )
         return ver._replace(logprobs=lp, top_logprobs=top, top_ids=ids)
+
+
+def _position_rows(logits: Tensor, row_start: Tensor | None, k1: int) -> tuple[Tensor, Tensor]:
+    """``(flat [R, V], rows [B, K+1])``: the logits as rows of one ``[R, V]`` tensor and the row
+    of each position, read in place where the strides allow (a padded ``[B, K+1, V]`` whose
+    batch stride is a multiple of its position stride: every slice of a bigger buffer), else a
+    contiguous copy."""
+    if row_start is not None:  # the flat layout: clamped as the kernels clamp it
+        j = torch.arange(k1, device=logits.device)
+        return logits, (row_start[:, None] + j[None, :]).clamp(0, logits.shape[0] - 1)
+    b, _, v = logits.shape
+    s0, s1 = logits.stride(0), logits.stride(1)
+    step = 1 if k1 == 1 else (s0 // s1 if s1 > 0 and s0 % s1 == 0 and s0 >= s1 * k1 else 0)
+    if step == 0 or b == 0:
+        logits, step = logits.reshape(b * k1, v).view(b, k1, v), k1
+        s0, s1 = logits.stride(0), logits.stride(1)
+    unit = s0 if k1 == 1 else s1
+    flat = logits.as_strided(((b - 1) * step + k1 if b else 0, v), (unit, 1))
+    j = torch.arange(k1, device=logits.device)
+    return flat, torch.arange(b, device=logits.device)[:, None] * step + j[None, :]
 
 
 def run_chain(target_logits: Tensor, draft_tokens: Tensor, **fields) -> Verification:
@@ -334,6 +405,11 @@ def verify_greedy(
     token_bitmask: Tensor | None = None,
     logprobs: str | None = None,
     num_logprobs: int = 0,
+    logit_bias: tuple[Tensor, Tensor] | None = None,
+    repetition_penalty: float | Tensor | None = None,
+    presence_penalty: float | Tensor | None = None,
+    frequency_penalty: float | Tensor | None = None,
+    context_tokens: Tensor | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> Verification:
@@ -385,6 +461,25 @@ def verify_greedy(
         ``top_ids`` int64, `[B, K+1, n]`: the ``n`` most likely tokens of the same distribution
         at each emitted position, most likely first, ties by the lower id; ``-inf`` / ``-1`` at
         padding and in slots past the tokens with nonzero probability.
+    logit_bias : tuple of Tensor, optional
+        ``(ids [B, M] integer, -1 padded; bias [B, M] float)``: ``bias`` is added to the logits
+        of those tokens (finite or ``-inf``; the biases of an id repeated in a row add up).
+    repetition_penalty, presence_penalty, frequency_penalty : float or Tensor, optional
+        Scalar or `[B]`. transformers' repetition rule (``r > 0``, ``1`` = off: a counted
+        token's logit ``l`` becomes ``l * r`` if ``l < 0`` else ``l / r``) and OpenAI's
+        ``l - presence * [c > 0] - frequency * c`` (``0`` = off), with ``c`` the token's count
+        in ``context_tokens[b]`` **plus draft tokens** ``0 .. j-1`` at position ``j``: what plain
+        decoding would have generated before it. Order: bias, repetition, presence /
+        frequency, then the token bitmask (and, when sampling, temperature, top-k, top-p,
+        ``min_p``). The result is the call's on the logits processed densely position by
+        position (:func:`specdec_kernels.reference.processors.processed_logits`), for the same
+        seeds; the kernels read an edit list of the few changed logits
+        (:func:`specdec_kernels.reference.processors.logit_edits`), no `[B, K+1, V]` copy.
+        ``logprobs="processed"`` scores the processed distribution, ``"raw"`` the logits as given.
+    context_tokens : Tensor, optional
+        `[B, L]` integer, ``-1`` padded: the tokens already in row ``b`` (prompt and generated;
+        pass only the generated ones for OpenAI's output-only presence / frequency counts).
+        Needed when a penalty is on. In the flat layout ``B`` is the number of requests.
     backend : {None, "triton", "native", "reference"}
         ``None``: Triton for CUDA tensors; for CPU tensors the native C++ kernels where the
         extension is built, else the reference; unless the environment variable
@@ -435,6 +530,16 @@ def verify_greedy(
             validate,
         )
         n = _check_serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
+        b, v = flat.drafts.shape[0], target_logits.shape[-1]
+        procs = processors.parse(
+            b, v, target_logits.device, logit_bias=logit_bias,
+            repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+            frequency_penalty=frequency_penalty, context_tokens=context_tokens, validate=validate,
+        )  # fmt: skip
+        ids, vals = procs.edits(
+            target_logits, flat.drafts, flat.num_draft_tokens, flat.logits_row_start,
+            validate=validate,
+        )  # fmt: skip
         return ChainCall(
             target_logits,
             flat.drafts,
@@ -443,6 +548,8 @@ def verify_greedy(
             resolve_backend(backend, target_logits.device),
             logits_row_start=flat.logits_row_start,
             token_bitmask=token_bitmask,
+            edit_ids=ids,
+            edit_vals=vals,
             logprobs=logprobs,
             num_logprobs=n,
         ).run()
@@ -453,6 +560,11 @@ def verify_greedy(
         token_bitmask=token_bitmask,
         logprobs=logprobs,
         num_logprobs=num_logprobs,
+        logit_bias=logit_bias,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        context_tokens=context_tokens,
         backend=backend,
         validate=validate,
     ).run()
@@ -473,6 +585,12 @@ def parse_chain(
     token_bitmask: Tensor | None = None,
     logprobs: str | None = None,
     num_logprobs: int = 0,
+    min_p: float | Tensor | None = None,
+    logit_bias: tuple[Tensor, Tensor] | None = None,
+    repetition_penalty: float | Tensor | None = None,
+    presence_penalty: float | Tensor | None = None,
+    frequency_penalty: float | Tensor | None = None,
+    context_tokens: Tensor | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> ChainCall:
@@ -493,9 +611,15 @@ def parse_chain(
     check.check_seed(seed, b, device)
     n = _check_serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, nd=nd)
     resolved = resolve_backend(backend, device)
+    procs = processors.parse(
+        b, v, device, min_p=min_p, logit_bias=logit_bias, repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+        context_tokens=context_tokens, validate=validate,
+    )  # fmt: skip
     if check.all_greedy(temperature):
         if validate:
             check.check_values(target_logits, draft_tokens, nd)
+        ids, vals = procs.edits(target_logits, draft_tokens, nd, validate=validate)
         return ChainCall(
             target_logits,
             draft_tokens,
@@ -503,12 +627,15 @@ def parse_chain(
             "greedy",
             resolved,
             token_bitmask=token_bitmask,
+            edit_ids=ids,
+            edit_vals=vals,
             logprobs=logprobs,
             num_logprobs=n,
         )
     temp, topk, topp = check.controls_per_row(b, device, temperature, top_k, top_p)
     if validate:
         check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
+    ids, vals = procs.edits(target_logits, draft_tokens, nd, temperature=temp, validate=validate)
     return ChainCall(
         target_logits,
         draft_tokens,
@@ -521,6 +648,9 @@ def parse_chain(
         top_p=topp,
         seeds=rng.seeds_for_batch(b, device, seed, generator),
         token_bitmask=token_bitmask,
+        min_p=procs.min_p,
+        edit_ids=ids,
+        edit_vals=vals,
         logprobs=logprobs,
         num_logprobs=n,
     )
@@ -543,6 +673,12 @@ def verify_sampling(
     token_bitmask: Tensor | None = None,
     logprobs: str | None = None,
     num_logprobs: int = 0,
+    min_p: float | Tensor | None = None,
+    logit_bias: tuple[Tensor, Tensor] | None = None,
+    repetition_penalty: float | Tensor | None = None,
+    presence_penalty: float | Tensor | None = None,
+    frequency_penalty: float | Tensor | None = None,
+    context_tokens: Tensor | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> Verification:
@@ -590,17 +726,32 @@ def verify_sampling(
         vLLM's flattened layout, as in :func:`verify_greedy`: ``target_logits [num_tokens + B,
         V]``, ``draft_tokens [num_tokens]``, ``draft_probs [num_tokens, V]`` (or None), read in
         place through per-request offsets; same tokens as the padded call with the same seeds.
-    method : {"token", "block"}
+    method : {"token", "block", "match"}
         ``"token"``: the rule above, draft by draft. ``"block"``: block verification (Sun et
         al., "Block Verification Accelerates Speculative Decoding", 2024,
         https://arxiv.org/abs/2403.10444; vLLM's ``use_block_verification``), which judges the
         draft block jointly: lossless like ``"token"`` and never fewer accepted tokens in
         expectation on the same inputs (the specification, with the paper's notation, is
         :func:`specdec_kernels.reference.verify_block.verify_block`). Same random numbers as
-        ``"token"``; greedy rows are unaffected.
+        ``"token"``; greedy rows are unaffected. ``"match"``: at every position ``j`` the
+        target's own sample (the exponential race over the fully processed ``p_j``, keyed by the
+        seed ``(seed[b] + j) mod 2**63``: the token a call with no drafts and that seed draws);
+        drafts are accepted while they equal it, and the token after them is the target's
+        sample there. Lossless for any logits and any drafter (``draft_probs`` are not read);
+        a caller that passes ``seed[b] = base + the row's output position`` (the decoding loop)
+        gets, at each output position, the token plain seeded decoding draws there, whatever
+        the drafts: sampled speculation that reproduces the target's own samples. Accepts no
+        more drafts than ``"token"`` in expectation (the probability a draft equals the
+        target's sample is at most ``sum min(p, q)``) unless the drafter shares the noise
+        (the loop's ``coupled`` drafters).
     token_bitmask, logprobs, num_logprobs
         As in :func:`verify_greedy`; ``"processed"`` is the filtered ``p_j`` above (greedy rows:
         the masked ``log_softmax`` at temperature 1).
+    min_p : float or Tensor, optional
+        Scalar or `[B]` in ``[0, 1]`` (``0``/``None`` = off): after top-p, keep the tokens whose
+        probability is at least ``min_p`` times the largest (transformers' and vLLM's rule).
+    logit_bias, repetition_penalty, presence_penalty, frequency_penalty, context_tokens
+        As in :func:`verify_greedy` (applied before the bitmask, temperature and filters).
     backend, validate
         As in :func:`verify_greedy`. ``validate`` also checks that ``draft_probs`` rows at live
         positions are non-negative and sum to 1 (tolerance ``max(1e-3, eps(dtype))``: bfloat16
@@ -669,11 +820,22 @@ def verify_sampling(
             check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
         n = _check_serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
         seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
+        procs = processors.parse(
+            b, target_logits.shape[-1], target_logits.device, min_p=min_p,
+            logit_bias=logit_bias, repetition_penalty=repetition_penalty,
+            presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
+            context_tokens=context_tokens, validate=validate,
+        )  # fmt: skip
+        ids, vals = procs.edits(
+            target_logits, flat.drafts, flat.num_draft_tokens, flat.logits_row_start,
+            temperature=temp, validate=validate,
+        )  # fmt: skip
+        greedy = check.all_greedy(temperature)
         return ChainCall(
             target_logits,
             flat.drafts,
             flat.num_draft_tokens,
-            "greedy" if check.all_greedy(temperature) else _RULES[method],
+            "greedy" if greedy else _RULES[method],
             resolve_backend(backend, target_logits.device),
             draft_probs=draft_probs,
             temperature=temp,
@@ -683,6 +845,9 @@ def verify_sampling(
             logits_row_start=flat.logits_row_start,
             probs_row_start=flat.probs_row_start if draft_probs is not None else None,
             token_bitmask=token_bitmask,
+            min_p=None if greedy else procs.min_p,
+            edit_ids=ids,
+            edit_vals=vals,
             logprobs=logprobs,
             num_logprobs=n,
         ).run()
@@ -700,6 +865,12 @@ def verify_sampling(
         token_bitmask=token_bitmask,
         logprobs=logprobs,
         num_logprobs=num_logprobs,
+        min_p=min_p,
+        logit_bias=logit_bias,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=presence_penalty,
+        frequency_penalty=frequency_penalty,
+        context_tokens=context_tokens,
         backend=backend,
         validate=validate,
     ).run()

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specdec_kernels.kv_cache import force_fallback
+from specdec_kernels.reference.processors import logit_edits
 
 from helpers import (
     DEVICES,
@@ -66,7 +67,7 @@ def _chain_greedy(backend):
         logits, drafts, _ = make_inputs(3, 4, 40, strided=True)
         nd = torch.tensor([4, 2, 0])
         return _on(device, logits, drafts, None, nd, *(None,) * 7, "greedy", False, 0.0, 0.0,
-                   backend)  # fmt: skip
+                   None, None, None, backend)  # fmt: skip
 
     return args
 
@@ -79,8 +80,13 @@ def _chain_sampling(backend, filters):
         top_p = torch.tensor([0.9, 1.0, 0.5]) if filters else None
         temperature = torch.tensor([1.0, 0.0, 0.7])
         nd, seeds = torch.tensor([4, 3, 1]), torch.tensor([1, 2, 3])
+        min_p = torch.tensor([0.0, 0.1, 0.05]) if filters else None
+        edits = (None, None)
+        if filters:  # the processors' edit list too: a repetition penalty over a short context
+            edits = logit_edits(logits, drafts, nd, torch.tensor([[1, 2], [3, -1], [5, 5]]),
+                                repetition_penalty=1.5)  # fmt: skip
         return _on(device, logits, drafts, q, nd, temperature, top_k, top_p, seeds, None, None,
-                   None, "sampling", False, 0.0, 0.0, backend)  # fmt: skip
+                   None, "sampling", False, 0.0, 0.0, min_p, *edits, backend)  # fmt: skip
 
     return args
 
@@ -118,7 +124,7 @@ def _chain_inputs(mode):
 
 
 def _chain_form(backend, mode):
-    return lambda device: _on(device, *_chain_inputs(mode), backend)
+    return lambda device: _on(device, *_chain_inputs(mode), None, None, None, backend)
 
 
 def _native_verify_ex_plain(device):
@@ -147,13 +153,20 @@ def _emitted_logprobs(backend):
         mask = torch.full((3, 5, 2), -1, dtype=torch.int32)
         mask[1, :, 0] = 0x0F0F0F0F
         temperature, top_k = torch.tensor([1.0, 0.0, 0.7]), torch.tensor([0, 5, 3])
-        return _on(device, logits, rows, tokens, mask, temperature, top_k, None, True, 3, backend)
+        min_p = torch.tensor([0.05, 0.0, 0.2])
+        drafts, context = (
+            torch.zeros(3, 4, dtype=torch.int64),
+            torch.tensor([[5, 1], [7, 7], [-1, 2]]),
+        )
+        ids, vals = logit_edits(logits, drafts, torch.zeros(3), context, presence_penalty=0.5)
+        return _on(device, logits, rows, tokens, mask, temperature, top_k, None, True, 3, min_p,
+                   ids, vals, backend)  # fmt: skip
 
     return args
 
 
 def _native_emitted_logprobs(device):
-    return _emitted_logprobs("native")(device)[:-1]
+    return _emitted_logprobs("native")(device)[:9]
 
 
 def _accept_tests(backend):

@@ -3,7 +3,7 @@
 The layers, lowest first (:data:`LAYERS`); a module imports only from its own layer or the
 ones below it::
 
-    _warnings, _version, _validate, reference, _C            leaves
+    _warnings, _version, _validate, _processors, reference, _C  leaves
     _extension                                              loads _C
     ops                                                     Triton kernels and launchers
     _dispatch                                               picks the backend; the routing table
@@ -39,7 +39,7 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 ENTRY_POINTS = {"cli", "__main__", "benchmarks"}
 EXTENSIONS = {f"{PKG}._C"}  # compiled: a leaf of the graph
 LAYERS = [
-    {"_warnings", "_version", "_validate", "reference", "_C"},
+    {"_warnings", "_version", "_validate", "_processors", "reference", "_C"},
     {"_extension"},
     {"ops"},
     {"_dispatch"},

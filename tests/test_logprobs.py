@@ -67,7 +67,8 @@ def _bitmask(backend, b, n, v, seed, allow=0.7):
 
 
 def _op(backend, *args):
-    return torch.ops.specdec.emitted_logprobs(*args, backend)
+    """The op without the processors (``min_p`` and the edit list: tests/test_processors.py)."""
+    return torch.ops.specdec.emitted_logprobs(*args, None, None, None, backend)
 
 
 def assert_same_logprobs(got, want, tol=TOL):

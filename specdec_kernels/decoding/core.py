@@ -353,7 +353,7 @@ class Decoder:
         if seed is None and self.caps.shared_seed is not None:
             seed = self.caps.shared_seed()  # the ranks of a sharded target must draw alike
         # every draw of the call (drafts and verification) is keyed by this seed, the row and
-        # its position (rng.step_seeds): no generator state, batch invariant
+        # its position (rng.position_seeds): no generator state, batch invariant
         base_seed = (
             seed if seed is not None or sampling.greedy else int(torch.randint(0, 2**62, (1,)))
         )
@@ -400,7 +400,27 @@ class Decoder:
         if self.caps.verify_ops is not None and (sampling.logprob_kwargs or sampling.method_kwargs):
             raise ValueError(
                 "a vocabulary-sharded target verifies with its own ops, which take no "
-                "logprobs and no verify_method='block'"
+                "logprobs and no verify_method='block' or 'match'"
+            )
+        procs = [
+            name
+            for name, on in (
+                ("min_p", bool(sampling.min_p)),
+                ("logit_bias / repetition_penalty / presence_penalty / frequency_penalty",
+                 sampling.processes_logits),
+                ("verify_method='match'", sampling.verify_method == "match"),
+            )
+            if on
+        ]  # fmt: skip
+        if procs and self.caps.tree is not None:
+            raise ValueError(
+                f"{procs[0]} is not supported with token trees (a TreeDrafter): the tree "
+                "verification ops take no logit processors; use a chain drafter"
+            )
+        if procs and self.caps.verify_ops is not None:
+            raise ValueError(
+                f"{procs[0]} is not supported with a vocabulary-sharded target (its "
+                "verification ops take no logit processors)"
             )
 
     # ------------------------------------------------------------------------------ verbs
@@ -461,7 +481,7 @@ class Decoder:
             else st.num_draft.clamp(max=(ctx - 1 - st.seq_len).clamp_min(0))
         )
         k = _useful(room, st).clamp(max=k_loop)  # [B]: tokens a path may add (chain, depth)
-        seeds = None if sampling.greedy else rng.step_seeds(base_seed, st.ids, st.seq_len)
+        seeds = None if sampling.greedy else rng.position_seeds(base_seed, st.ids, st.seq_len)
         if self.drafter is not None and k_loop == 0:
             run.draft_cold = True  # the policy chose the target alone: the draft stops following
         if self.drafter is not None and k_loop > 0:
@@ -481,7 +501,11 @@ class Decoder:
         logits = verifiable(prop.score(self.target, cur))  # [B, k_loop+1 or N, V(_r)]
         # a target sharded over the vocabulary verifies its V_r columns with its own ops
         ops = self.caps.verify_ops
-        ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend)
+        context = None
+        if sampling.processes_logits:  # the penalties count each row's tokens so far
+            held = torch.arange(st.tokens.shape[1], device=dev)[None, :] < st.seq_len[:, None]
+            context = torch.where(held, st.tokens, -1)  # [B, cap]
+        ver = prop.verify(logits, sampling, seeds, ops, backend=self.backend, context=context)
         prop.keep(self.target, self.drafter, ver)
         before = None if on_step is None else st.seq_len.clone()  # [B]
         self._commit(st, ver, eos, gs)
@@ -509,6 +533,8 @@ class Decoder:
         counted = (
             not sampling.greedy
             and sampling.verify_method == "token"
+            and not sampling.processes_logits
+            and not sampling.min_p
             and ops is None
             and gs is None
             and logits.device.type == "cpu"

@@ -14,6 +14,7 @@ from specdec_kernels.decoding.proposals import ChainProposal
 from specdec_kernels.ngram import ngram_draft
 from specdec_kernels.reference import rng
 from specdec_kernels.reference.bitmask import masked_logits
+from specdec_kernels.reference.verify_sampling import match_exponentials
 
 #: the most ``k_loop * V`` whose draft exponentials are drawn in one go: beyond it the integer
 #: mixing of every position at once costs more than position by position (V = 151,936: 53 ms
@@ -92,15 +93,24 @@ class ModelDrafter:
     on the draft's values only, so verification stays lossless. It costs a host sync per draft
     token (a test of every row), and skips the native chains, which draft ``k_loop`` tokens in one
     call.
+
+    ``coupled=True``: sampled drafts are drawn with the noise of the verifier's
+    ``method="match"`` race at the same output position
+    (:func:`~specdec_kernels.reference.verify_sampling.match_exponentials`), so that a draft
+    close to the target proposes the very token the target's own sample will be (a higher match
+    rate; ``"match"``'s output is the target's samples whatever the drafts). It applies under
+    ``verify_method="match"`` only: token and block verification must not see drafts drawn
+    with their own noise, so there the drafts draw their own. It skips the native chains.
     """
 
     drafts_under_grammar = True
 
-    def __init__(self, model, stop_below: float | None = None):
+    def __init__(self, model, stop_below: float | None = None, coupled: bool = False):
         if stop_below is not None and not 0.0 <= stop_below <= 1.0:
             raise ValueError(f"stop_below must be in [0, 1] or None, got {stop_below}")
         self.model = model  # a CachedModel
         self.stop_below = stop_below
+        self.coupled = bool(coupled)
         self._passes = 0  # draft passes of the last step (with stop_below)
 
     def prefill(self, prompts, capacity):
@@ -125,6 +135,12 @@ class ModelDrafter:
     def propose(self, tokens, seq_len, num_draft, k_loop, sampling, seeds, grammar=None):
         chain = _own_method(self.model, "greedy_chain")
         stops = self.stop_below is not None
+        coupled = (
+            self.coupled
+            and not sampling.greedy
+            and sampling.verify_method == "match"
+            and isinstance(seeds, torch.Tensor)
+        )
         if sampling.greedy and grammar is None and chain is not None and not stops:
             # the whole chain in one native call where the model has one; drafts need no
             # bitwise contract (float32 activations, CausalLM.greedy_chain's exact=False)
@@ -138,6 +154,7 @@ class ModelDrafter:
             and isinstance(seeds, torch.Tensor)
             and sample_chain is not None
             and not stops
+            and not coupled
         ):
             # sampled drafts and their q in one native call (no bitwise contract either)
             out = sample_chain(*self.behind(tokens, seq_len), k_loop, seeds, sampling)
@@ -146,7 +163,9 @@ class ModelDrafter:
         logits = self.catch_up(tokens, seq_len)
         drafts, probs, masks = [], [], []
         races = [None] * k_loop  # every position's exponentials in one go (sampling)
-        if (
+        if coupled:  # the verifier's match noise at each position (drawn as each is needed)
+            races = _CoupledRaces(seeds, logits.shape[1])
+        elif (
             not sampling.greedy
             and isinstance(seeds, torch.Tensor)
             and 1 < k_loop
@@ -210,6 +229,16 @@ class ModelDrafter:
 
     def forwards_per_step(self, k_loop):
         return k_loop if self.stop_below is None else self._passes
+
+
+class _CoupledRaces:
+    """``races[i]``: the match race's exponentials of draft position ``i`` (``[B, V]``)."""
+
+    def __init__(self, seeds: torch.Tensor, vocab_size: int):
+        self.seeds, self.vocab_size = seeds, vocab_size
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return match_exponentials(self.seeds, i, self.vocab_size)
 
 
 class NgramDrafter:

@@ -67,13 +67,14 @@ class ChainProposal:
         (:meth:`specdec_kernels.grammar.GrammarState.fill_draft_bitmasks`)."""
         self.token_bitmask = grammar.fill_draft_bitmasks(self.drafts, self.num_draft)
 
-    def verify(self, logits, sampling, seeds, ops=None, backend=None):
+    def verify(self, logits, sampling, seeds, ops=None, backend=None, context=None):
         """``sk.verify_greedy`` / ``sk.verify_sampling`` on ``backend`` (``None``: the automatic
         choice): their parse (:func:`~specdec_kernels.verification.parse_chain`, without the
         value checks) and the op's body run directly, not through the dispatcher (the loop's
         inputs are its own; docs: kernels.md). Or ``ops``, the target adapter's ``verify_ops``
         pair: a sharded target's vocabulary-parallel ops, which run on the shard's device and
-        take no ``backend``."""
+        take no ``backend`` (nor processors: the loop refuses them there). ``context``
+        ``[B, L]``: each row's tokens so far, which the penalties count."""
         mask = _mask_kwargs(self.token_bitmask, ops)
         if ops is None:
             return parse_chain(
@@ -87,6 +88,7 @@ class ChainProposal:
                 validate=False,
                 **sampling.filter_kwargs,
                 **sampling.logprob_kwargs,
+                **sampling.processor_kwargs(context),
                 **mask,
             ).run(direct=True)
         greedy_op, sampling_op = ops
@@ -180,7 +182,7 @@ class TreeProposal:
         tree = TreeAttention(base[:, None] + self.depths, self.mask, base)
         return target.extend(tokens, self.num_nodes, tree=tree)
 
-    def verify(self, logits, sampling, seeds, ops=None, backend=None):
+    def verify(self, logits, sampling, seeds, ops=None, backend=None, context=None):
         """``sk.verify_tree_*``'s result on ``backend`` (``None``: the automatic choice),
         ``[B, depth + 1]`` (the ops are told the static ``depth``: no synchronisation). ``ops``
         must be ``None``: no vocabulary-parallel tree ops yet."""

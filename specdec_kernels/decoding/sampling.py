@@ -26,12 +26,15 @@ class Sampling:
     temperature, top_k, top_p
         ``temperature == 0`` is greedy; otherwise temperature, then top-k, then top-p
         (``transformers``' warper order), the same filter for draft and target.
-    verify_method : {"token", "block"}
+    verify_method : {"token", "block", "match"}
         The acceptance rule of sampled chains (:func:`sk.verify_sampling`'s ``method``):
-        token-by-token, or block verification (Sun et al. 2024, arXiv 2403.10444), lossless
-        too and never fewer accepted drafts in expectation. Greedy rows are decided by argmax
-        either way: ``"block"`` is accepted with ``temperature == 0`` and changes nothing. Token
-        trees have no block rule (``Decoder.run`` raises ``ValueError`` for a tree drafter).
+        token-by-token, block verification (Sun et al. 2024, arXiv 2403.10444), lossless
+        too and never fewer accepted drafts in expectation, or ``"match"``: the target's own
+        sample at every output position, keyed by (seed, row, output position), so the tokens
+        are exactly those of :func:`~specdec_kernels.autoregressive_generate` with the same seed
+        and arguments wherever the target's logits do not depend on how many tokens share a
+        pass (the bundled CPU models). Greedy rows are decided by argmax either way. Token trees
+        have neither rule (``Decoder.run`` raises ``ValueError`` for a tree drafter).
     logprobs : {None, "raw", "processed"}
         Report the log-probability of every generated token (``DecodeResult.logprobs``):
         ``"raw"``: ``log_softmax`` of the target's logits, before temperature and filters;
@@ -41,6 +44,21 @@ class Sampling:
     num_logprobs : int
         ``n`` in ``[0, 20]``: also the ``n`` most likely tokens of the same distribution at
         every generated position (``DecodeResult.top_logprobs``); needs ``logprobs``.
+    min_p : float, optional
+        In ``[0, 1]``: after top-p, keep the tokens at least ``min_p`` times as likely as the
+        most likely one (the draft's filter too).
+    repetition_penalty, presence_penalty, frequency_penalty : float, optional
+        transformers' repetition penalty (``> 0``, ``1`` = off) and OpenAI's presence /
+        frequency penalties (``0`` = off), counting each row's prompt and generated tokens
+        (:func:`sk.verify_sampling`'s ``context_tokens``; drafts count at the positions after
+        them, so the output follows plain decoding with the same penalties).
+    logit_bias : dict, optional
+        ``{token id: bias}`` added to those logits (finite or ``-inf``), every row alike.
+
+    The processors (bias, penalties) change the target's distribution before the bitmask,
+    temperature and filters, in that order (API.md section 10); the drafters draw from their
+    own filtered distribution without them, which keeps the output exact and costs acceptance
+    where the processors move much mass.
 
     Raises
     ------
@@ -54,6 +72,11 @@ class Sampling:
     verify_method: str = "token"
     logprobs: str | None = None
     num_logprobs: int = 0
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict | None = None
 
     def __post_init__(self):
         try:
@@ -74,6 +97,70 @@ class Sampling:
             check_logprob_args(self.logprobs, self.num_logprobs)
         except TypeError as e:  # num_logprobs of another type: a bad value here too
             raise ValueError(str(e)) from None
+        self._check_processors()
+
+    def _check_processors(self) -> None:
+        def real(name, value, low=-math.inf, low_ok=True):
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value) and (value >= low if low_ok else value > low)
+            if not ok:
+                bound = f" and {'>=' if low_ok else '>'} {low}" if low != -math.inf else ""
+                raise ValueError(f"{name} must be None or a finite float{bound}, got {value!r}")
+
+        if self.min_p is not None:
+            real("min_p", self.min_p, 0.0)
+            if self.min_p > 1:
+                raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty is not None:
+            real("repetition_penalty", self.repetition_penalty, 0.0, low_ok=False)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) is not None:
+                real(name, getattr(self, name))
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise ValueError(
+                    f"logit_bias must be None or a dict {{token id: bias}}, got "
+                    f"{type(self.logit_bias).__name__}"
+                )
+            for t, bias in self.logit_bias.items():
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+                    raise ValueError(f"logit_bias keys must be token ids (ints >= 0), got {t!r}")
+                if not isinstance(bias, (int, float)) or math.isnan(bias) or bias == math.inf:
+                    raise ValueError(
+                        f"logit_bias[{t}] must be a finite float or -inf, got {bias!r}"
+                    )
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether a logit processor is on (bias or a penalty that is not off): the
+        verification ops then need each row's context."""
+        return bool(self.logit_bias) or any(
+            v is not None and v != off
+            for v, off in (
+                (self.repetition_penalty, 1.0),
+                (self.presence_penalty, 0.0),
+                (self.frequency_penalty, 0.0),
+            )
+        )
+
+    def processor_kwargs(self, context: torch.Tensor | None) -> dict:
+        """The verification ops' processor keywords for rows whose tokens so far are
+        ``context`` ``[B, L]`` (``-1`` padded; read only when a processor is on)."""
+        kw = {} if not self.min_p else {"min_p": self.min_p}
+        if not self.processes_logits:
+            return kw
+        kw.update(
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            context_tokens=context,
+        )
+        if self.logit_bias:
+            b, dev = context.shape[0], context.device
+            ids = torch.tensor(list(self.logit_bias), dtype=torch.int64, device=dev)
+            bias = torch.tensor(list(self.logit_bias.values()), dtype=torch.float32, device=dev)
+            kw["logit_bias"] = (ids.expand(b, -1), bias.expand(b, -1))
+        return kw
 
     @property
     def logprob_kwargs(self) -> dict:
@@ -101,7 +188,7 @@ class Sampling:
         """Filtered probabilities ``[B, V]`` (float32) of logits ``[B, V]``: the reference's
         filter (:func:`specdec_kernels.reference.verify_sampling.filtered_probs`)."""
         return filtered_probs_alike(
-            logits[:, None], self.temperature, self.top_k or None, self.top_p
+            logits[:, None], self.temperature, self.top_k or None, self.top_p, self.min_p or None
         )[:, 0]
 
     def draw(self, logits: torch.Tensor, seeds=None, position: int = 0, race=None):

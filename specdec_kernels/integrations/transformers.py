@@ -32,6 +32,24 @@ __all__ = [
 ]  # and SpeculativeGenerateOutput
 
 
+def _single_token_bias(sequence_bias) -> dict | None:
+    """``generate()``'s ``sequence_bias`` (``{(id, ...): bias}`` or ``[[[id, ...], bias], ...]``)
+    of single tokens as the loop's ``logit_bias`` ``{id: bias}``."""
+    if sequence_bias is None:
+        return None
+    items = sequence_bias.items() if isinstance(sequence_bias, dict) else sequence_bias
+    out: dict = {}
+    for key, bias in items:
+        ids = list(key) if isinstance(key, (tuple, list)) else [key]
+        if len(ids) != 1:
+            raise ValueError(
+                f"sequence_bias {tuple(ids)}: only single-token sequences can be biased under "
+                "speculation (a multi-token bias depends on the tokens before each position)"
+            )
+        out[int(ids[0])] = out.get(int(ids[0]), 0.0) + float(bias)
+    return out
+
+
 def speculative_generate(
     target_model,
     draft_model,
@@ -59,6 +77,12 @@ def speculative_generate(
     assistant_confidence_threshold: float | None = None,
     costs=None,
     ngram_size: int = 3,
+    repetition_penalty: float | None = None,
+    min_p: float | None = None,
+    sequence_bias: dict | None = None,
+    presence_penalty: float | None = None,
+    frequency_penalty: float | None = None,
+    logits_processor=None,
 ):
     """Lossless batched speculative decoding with two Hugging Face causal LMs.
 
@@ -105,10 +129,25 @@ def speculative_generate(
         (:class:`specdec_kernels.decoding.Sampling`'s ``logprobs``).
     num_logprobs : int
         ``0 .. 20``: also ``top_logprobs`` / ``top_ids``, the most likely tokens at each step.
-    verify_method : {"token", "block"}
+    verify_method : {"token", "block", "match"}
         The acceptance rule when sampling: ``"block"`` is block verification (Sun et al. 2024,
         arXiv 2403.10444), lossless and accepting at least as many drafts in expectation;
-        greedy decoding is the same either way.
+        ``"match"`` emits the target's own sample at every position, keyed by (seed, row,
+        position): the tokens this function gives with any draft, or without one, for the
+        same seed (not the tokens of ``generate(do_sample=True)``, which draws other noise).
+        Greedy decoding is the same either way.
+    repetition_penalty, min_p, sequence_bias
+        As in ``generate()``: ``RepetitionPenaltyLogitsProcessor`` (the prompt and the new
+        tokens counted; drafts count at the positions after them), ``MinPLogitsWarper``
+        (after top-p) and ``SequenceBiasLogitsProcessor`` with single-token keys
+        (``{(token_id,): bias}``; longer sequences raise ``ValueError``), in transformers'
+        order: sequence bias, repetition penalty, temperature, top-k, top-p, min-p. Left
+        padding is not counted (``generate()`` counts the pad token of a padded row too).
+    presence_penalty, frequency_penalty : float, optional
+        OpenAI's penalties (no ``generate()`` equivalent), after the repetition penalty.
+    logits_processor
+        Other logits processors cannot run inside verification: a non-empty one raises
+        ``ValueError`` naming it.
     assistant_confidence_threshold : float, optional
         ``transformers``' option of the same name: a row stops drafting after a draft token
         whose probability under the draft is below it (the draft is unsure: its next tokens
@@ -170,6 +209,14 @@ def speculative_generate(
     >>> out = speculative_generate(target, draft, **batch, max_new_tokens=32)  # doctest: +SKIP
     """
     check_backend(backend)
+    if logits_processor:
+        names = ", ".join(type(p).__name__ for p in logits_processor)
+        raise ValueError(
+            f"logits_processor ({names}) cannot run inside speculative verification; the "
+            "supported processors are repetition_penalty, min_p, sequence_bias (single tokens), "
+            "presence_penalty and frequency_penalty"
+        )
+    logit_bias = _single_token_bias(sequence_bias)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.shape[1] == 0:
         raise ValueError(
             f"input_ids must be a non-empty [B, T] tensor, got "
@@ -215,7 +262,18 @@ def speculative_generate(
         verify_method,
         logprobs if return_dict_in_generate else None,
         num_logprobs if return_dict_in_generate else 0,
+        min_p if do_sample else None,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        logit_bias,
     )
+    if output_scores and return_dict_in_generate and (sampling.processes_logits or sampling.min_p):
+        raise ValueError(
+            "output_scores with repetition_penalty / min_p / sequence_bias / presence_penalty / "
+            "frequency_penalty is not supported: use logprobs='processed' (the log-probabilities "
+            "of the distribution each token was drawn from, processors included)"
+        )
     keep = ("scores",) * bool(output_scores) + ("logits",) * bool(output_logits)
     keep = keep if return_dict_in_generate else ()
     rows = _StepRows(len(prompts), max_new_tokens, target.vocab_size, sampling, keep, target.device)

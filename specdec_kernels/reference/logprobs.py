@@ -37,6 +37,7 @@ def log_distribution(
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B, L, V]`` float64: the log of the distribution ``mode`` names at every position
     (``-inf`` where it has no mass). ``temperature [B]`` float32 (``0`` = greedy row)."""
@@ -47,7 +48,7 @@ def log_distribution(
         return torch.log_softmax(logits, dim=-1)
     greedy_row = temperature == 0  # [B]
     temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
-    keep = filter_mask(target_logits.float() / temp.float()[:, None, None], top_k, top_p)
+    keep = filter_mask(target_logits.float() / temp.float()[:, None, None], top_k, top_p, min_p)
     keep |= greedy_row[:, None, None]  # greedy rows: no filters, temperature 1
     x = logits / temp.double()[:, None, None]
     x = torch.where(keep, x, -torch.inf)
@@ -63,6 +64,7 @@ def emitted_logprobs(
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None = None,
 ):
     """Log-probabilities of a chain's emitted tokens; see the module docstring.
 
@@ -80,7 +82,7 @@ def emitted_logprobs(
     (-0.2395, [[[2, 0]]])
     """
     b, length, v = target_logits.shape
-    logp = log_distribution(target_logits, mode, temperature, top_k, top_p)  # [B, L, V] float64
+    logp = log_distribution(target_logits, mode, temperature, top_k, top_p, min_p)  # [B, L, V]
     emitted = torch.arange(length, device=tokens.device)[None, :] < num_emitted[:, None]  # [B, L]
     safe = tokens.clamp(0, v - 1)
     at_token = logp.gather(-1, safe[..., None])[..., 0]

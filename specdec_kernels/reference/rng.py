@@ -199,6 +199,26 @@ def step_seeds(seed: int, rows: torch.Tensor, positions: torch.Tensor) -> torch.
     return (hi << 31) ^ lo
 
 
+def position_seeds(seed: int, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The ``[B]`` verification seeds of one decoding step, linear in the position:
+    ``(step_seeds(seed, rows, 0) + positions) mod 2**63``.
+
+    ``sk.verify_sampling(method="match")`` keys position ``j`` of a call by ``seed[b] + j``, so
+    with these seeds (``positions`` = the tokens a row holds before the step) the target's
+    sample at every output position is keyed by (seed, row, that position), however the
+    positions are split into passes: the decoding loop's samples at ``K = 0`` and with any
+    drafts are the same draws.
+
+    Examples
+    --------
+    >>> s = position_seeds(7, torch.tensor([0, 0]), torch.tensor([5, 8]))
+    >>> int(s[1] - s[0])
+    3
+    """
+    base = step_seeds(seed, rows, torch.zeros_like(positions))
+    return (base + positions.to(torch.int64)) & 0x7FFFFFFFFFFFFFFF
+
+
 def seeds_for_batch(
     batch_size: int, device: torch.device, seed=None, generator: torch.Generator | None = None
 ) -> torch.Tensor:

@@ -102,6 +102,7 @@ def verify_block(
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     seeds: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ):
     """Block verification; the signature and return convention of
     :func:`.verify_sampling.verify_sampling`.
@@ -158,7 +159,7 @@ def verify_block(
     device = target_logits.device
     nd = num_draft_tokens.to(torch.int64)
     # p: [B, K+1, V], P_0 .. P_K
-    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p)
+    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p, min_p)
 
     drafts = draft_tokens.to(torch.int64)
     in_vocab = (drafts >= 0) & (drafts < v)

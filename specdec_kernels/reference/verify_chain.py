@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from specdec_kernels.reference import bitmask, layout
+from specdec_kernels.reference import bitmask, layout, processors
 from specdec_kernels.reference import verify_block as block
 from specdec_kernels.reference import verify_greedy as greedy
 from specdec_kernels.reference import verify_sampling as sampling
@@ -32,6 +32,9 @@ def verify_chain(
     log_input: bool,
     posterior_threshold: float,
     posterior_alpha: float,
+    min_p: Tensor | None = None,
+    edit_ids: Tensor | None = None,
+    edit_vals: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(tokens [B, K+1], num_accepted [B], num_emitted [B])`` of one verification step.
 
@@ -41,7 +44,9 @@ def verify_chain(
     probabilities (``x = log p``). ``token_bitmask`` (``None`` or int32 with the logits' row
     layout, ``[B, K+1, W]`` or ``[R, W]``): a disallowed token is a ``-inf`` logit
     (:mod:`.bitmask`). ``mode``: one of :data:`MODES`. ``draft_tokens [B, K]`` fixes ``B`` and
-    ``K``.
+    ``K``. ``min_p``: ``None`` or ``[B]`` float32 (``0`` = off). ``edit_ids [B, E]`` /
+    ``edit_vals [B, K+1, E]``: the processors' edit list (:func:`.processors.logit_edits`),
+    scattered into the logits before the bitmask (:func:`.processors.apply_edits`), or ``None``.
     """
     k = draft_tokens.shape[1]
     logits = target_logits
@@ -50,7 +55,10 @@ def verify_chain(
         logits = layout.gather_rows(logits, logits_row_start, k + 1)
         if words is not None:
             words = layout.gather_rows(words, logits_row_start, k + 1)
-    logits = bitmask.masked_logits(layout.as_logits(logits, log_input), words)
+    logits = layout.as_logits(logits, log_input)
+    if edit_ids is not None:
+        logits = processors.apply_edits(logits, edit_ids, edit_vals)
+    logits = bitmask.masked_logits(logits, words)
     probs = draft_probs
     if probs is not None and probs_row_start is not None:
         probs = layout.gather_rows(probs, probs_row_start, k)
@@ -62,4 +70,6 @@ def verify_chain(
             posterior_threshold, posterior_alpha,
         )  # fmt: skip
     rule = block.verify_block if mode == "block" else sampling.verify_sampling
-    return rule(logits, draft_tokens, probs, num_draft_tokens, temperature, top_k, top_p, seeds)
+    return rule(
+        logits, draft_tokens, probs, num_draft_tokens, temperature, top_k, top_p, seeds, min_p
+    )

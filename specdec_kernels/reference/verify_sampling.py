@@ -25,8 +25,10 @@ def filtered_probs(
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The target distribution ``p`` of every position after temperature, top-k and top-p.
+    """The target distribution ``p`` of every position after temperature, top-k, top-p and
+    ``min_p``.
 
     Parameters
     ----------
@@ -34,17 +36,20 @@ def filtered_probs(
     temperature : `[B]` float32, all ``> 0`` (greedy rows are handled by the caller).
     top_k : `[B]` int64 or None; ``0`` or ``>= V`` disables it for that row.
     top_p : `[B]` float32 or None; ``1`` disables it for that row.
+    min_p : `[B]` float32 or None; ``0`` disables it for that row.
 
     Returns
     -------
     `[B, K+1, V]` float32 probabilities: ``exp(x - max x) / Z`` over the kept tokens, 0 elsewhere,
     with ``x = logits / temperature``. Top-k keeps every token whose ``x`` is at least the k-th
     largest (ties kept); top-p then keeps every token whose strictly-larger mass (in the
-    renormalised top-k distribution) is below ``top_p``, as transformers' TopK/TopP warpers do.
+    renormalised top-k distribution) is below ``top_p``, as transformers' TopK/TopP warpers do;
+    ``min_p`` then keeps the tokens with ``exp(x - max x) >= min_p`` (probability at least
+    ``min_p`` times the largest, transformers' and vLLM's rule).
     """
     x = target_logits.float() / temperature.float()[:, None, None]  # [B, K+1, V]
     m = x.amax(dim=-1, keepdim=True)
-    e = torch.exp(x - m) * filter_mask(x, top_k, top_p)  # unnormalised kept probabilities
+    e = torch.exp(x - m) * filter_mask(x, top_k, top_p, min_p)  # unnormalised kept probs
     return e / e.sum(dim=-1, keepdim=True)
 
 
@@ -53,13 +58,14 @@ def split_greedy_rows(
     temperature: torch.Tensor,
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(greedy_row [B] bool, p)``: the rows with ``temperature == 0`` (greedy rows, decided by
     argmax: the caller takes :func:`.verify_greedy.verify_greedy`'s answer for them) and the
     :func:`filtered_probs` of every row, the greedy ones at temperature 1 (finite, unused)."""
     greedy_row = temperature == 0  # [B]
     temp = torch.where(greedy_row, torch.ones_like(temperature), temperature)
-    return greedy_row, filtered_probs(target_logits, temp, top_k, top_p)
+    return greedy_row, filtered_probs(target_logits, temp, top_k, top_p, min_p)
 
 
 def filtered_probs_alike(
@@ -67,6 +73,7 @@ def filtered_probs_alike(
     temperature: float,
     top_k: int | None = None,
     top_p: float | None = None,
+    min_p: float | None = None,
 ) -> torch.Tensor:
     """:func:`filtered_probs` with one host value of each filter for every row (``None``: off).
 
@@ -75,7 +82,8 @@ def filtered_probs_alike(
     """
     b, dev = target_logits.shape[0], target_logits.device
     temp = torch.full((b,), float(temperature), dtype=torch.float32, device=dev)
-    return filtered_probs(target_logits, temp, *filters_alike(b, dev, top_k, top_p))
+    minp = None if min_p is None else torch.full((b,), min_p, dtype=torch.float32, device=dev)
+    return filtered_probs(target_logits, temp, *filters_alike(b, dev, top_k, top_p), minp)
 
 
 def filters_alike(b: int, device, top_k: int | None, top_p: float | None) -> tuple:
@@ -87,8 +95,14 @@ def filters_alike(b: int, device, top_k: int | None, top_p: float | None) -> tup
     )
 
 
-def filter_mask(x: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None):
-    """``[B, K+1, V]`` bool: the tokens that top-k and top-p keep, from the float32 scaled logits
+def filter_mask(
+    x: torch.Tensor,
+    top_k: torch.Tensor | None,
+    top_p: torch.Tensor | None,
+    min_p: torch.Tensor | None = None,
+):
+    """``[B, K+1, V]`` bool: the tokens that top-k, top-p and ``min_p`` keep, from the float32
+    scaled logits
     ``x = logits / temperature`` (the kept set of :func:`filtered_probs`, which the logprobs
     reference reuses so that both see the same support)."""
     b, k1, v = x.shape
@@ -113,6 +127,9 @@ def filter_mask(x: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor
             threshold = xs.gather(-1, last.clamp(min=0))
             active = (top_p < 1)[:, None, None]
             keep &= (x >= threshold) | ~active
+    if min_p is not None:  # after top-p; the largest probability survives every filter
+        m = x.amax(dim=-1, keepdim=True)
+        keep &= torch.exp(x - m) >= min_p.float()[:, None, None]
     return keep
 
 
@@ -124,6 +141,18 @@ def race_uniforms(key: torch.Tensor, position: torch.Tensor, vocab_size: int) ->
     return rng.uniform(stream[:, None], index[None, :])
 
 
+def match_exponentials(seeds: torch.Tensor, position: int, vocab_size: int) -> torch.Tensor:
+    """``[B, V]``: the Exp(1) draws of ``method="match"``'s race at ``position`` of a call with
+    ``seeds [B]``: the bonus race of a call with no drafts and the seeds ``seeds + position``
+    (mod ``2**63``). A coupled drafter draws its draft at ``position`` with them
+    (``argmax q / E``), so that where ``q`` is close to the target's ``p`` it picks the token
+    the target's own sample will be."""
+    shifted = (seeds.to(torch.int64) + position) & 0x7FFFFFFFFFFFFFFF
+    key = rng.row_key(shifted)
+    zero = torch.zeros_like(shifted)
+    return rng.exponential(race_uniforms(key, zero, vocab_size))
+
+
 def verify_sampling(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
@@ -133,6 +162,7 @@ def verify_sampling(
     top_k: torch.Tensor | None,
     top_p: torch.Tensor | None,
     seeds: torch.Tensor,
+    min_p: torch.Tensor | None = None,
 ):
     """Rejection-sampling verification; see :func:`specdec_kernels.verify_sampling`.
 
@@ -150,7 +180,7 @@ def verify_sampling(
     b, k1, v = target_logits.shape
     k = k1 - 1
     device = target_logits.device
-    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p)  # [B, K+1, V]
+    greedy_row, p = split_greedy_rows(target_logits, temperature, top_k, top_p, min_p)
 
     drafts = draft_tokens.to(torch.int64)
     in_vocab = (drafts >= 0) & (drafts < v)
