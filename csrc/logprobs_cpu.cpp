@@ -61,6 +61,48 @@ at::Tensor per_row(const char* name, const at::Tensor& t, int64_t B, at::ScalarT
   return t.to(dtype).contiguous();
 }
 
+// min_p [B] float32 and the edits (edit_ids [B, E] int32, E >= 1, edit_vals [B, P, E] float32,
+// both or neither): checked, made contiguous (kept alive in `keep`) and pointed at by a's
+// min_p / edit_ids / edit_vals. Their values (ids sorted, unique, padded with V) are the
+// caller's to check.
+void edit_controls(int64_t B, int64_t P, const std::optional<at::Tensor>& min_p,
+                   const std::optional<at::Tensor>& ids, const std::optional<at::Tensor>& vals,
+                   logprobs_cpu::LogprobArgs& a, at::Tensor (&keep)[3]) {
+  if (min_p.has_value()) {
+    check_cpu("min_p", *min_p);
+    TORCH_CHECK_TYPE(min_p->scalar_type() == at::kFloat, kOp, ": min_p must be float32, got ",
+                     min_p->scalar_type());
+    TORCH_CHECK_VALUE(min_p->dim() == 1 && min_p->size(0) == B, kOp,
+                      ": min_p must have shape [B] = [", B, "], got ", min_p->sizes());
+    keep[0] = min_p->contiguous();
+    a.min_p = keep[0].const_data_ptr<float>();
+  }
+  TORCH_CHECK_VALUE(ids.has_value() == vals.has_value(), kOp,
+                    ": edit_ids and edit_vals must be given together, got edit_ids ",
+                    ids.has_value() ? "given" : "None", " and edit_vals ",
+                    vals.has_value() ? "given" : "None");
+  if (!ids.has_value()) return;
+  check_cpu("edit_ids", *ids);
+  check_cpu("edit_vals", *vals);
+  TORCH_CHECK_TYPE(ids->scalar_type() == at::kInt, kOp, ": edit_ids must be int32, got ",
+                   ids->scalar_type());
+  TORCH_CHECK_TYPE(vals->scalar_type() == at::kFloat, kOp, ": edit_vals must be float32, got ",
+                   vals->scalar_type());
+  TORCH_CHECK_VALUE(ids->dim() == 2 && ids->size(0) == B && ids->size(1) >= 1, kOp,
+                    ": edit_ids must have shape [B, E] with B = ", B, " and E >= 1, got ",
+                    ids->sizes());
+  const int64_t E = ids->size(1);
+  TORCH_CHECK_VALUE(vals->dim() == 3 && vals->size(0) == B && vals->size(1) == P &&
+                        vals->size(2) == E,
+                    kOp, ": edit_vals must have shape [B, P, E] = [", B, ", ", P, ", ", E,
+                    "] (P from rows, E from edit_ids ", ids->sizes(), "), got ", vals->sizes());
+  keep[1] = ids->contiguous();
+  keep[2] = vals->contiguous();
+  a.edit_ids = keep[1].const_data_ptr<int32_t>();
+  a.edit_vals = keep[2].const_data_ptr<float>();
+  a.num_edits = E;
+}
+
 // The kernel of the CPU capability torch's own CPU kernels use, chosen once.
 logprobs_cpu::Launcher launcher() {
   static const logprobs_cpu::Launcher chosen = [] {
@@ -80,7 +122,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_emitted_logprobs_cpu(
     const at::Tensor& target_logits, const at::Tensor& rows, const at::Tensor& tokens,
     const std::optional<at::Tensor>& token_bitmask, const std::optional<at::Tensor>& temperature,
     const std::optional<at::Tensor>& top_k, const std::optional<at::Tensor>& top_p,
-    bool processed, int64_t num_logprobs) {
+    bool processed, int64_t num_logprobs, const std::optional<at::Tensor>& min_p,
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals) {
   check_cpu("target_logits", target_logits);
   TORCH_CHECK_VALUE(target_logits.dim() == 3, kOp,
                     ": target_logits must have shape [B, N, V] (3 dims), got ",
@@ -144,6 +187,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_emitted_logprobs_cpu(
     p = per_row("top_p", *top_p, B, at::kFloat);
     a.top_p = p.const_data_ptr<float>();
   }
+
+  at::Tensor edits[3];  // min_p, edit_ids, edit_vals: checked even in raw mode, which ignores them
+  edit_controls(B, P, min_p, edit_ids, edit_vals, a, edits);
 
   const auto options = target_logits.options();
   at::Tensor logprobs = at::empty({B, P}, options.dtype(at::kFloat));

@@ -5,7 +5,8 @@
 //                    Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, Tensor? top_p,
 //                    Tensor? seeds, bool greedy_only, Tensor? logits_row_start,
 //                    Tensor? probs_row_start, Tensor? token_bitmask, bool log_input, int mode,
-//                    float posterior_threshold, float posterior_alpha) -> (Tensor, Tensor)
+//                    float posterior_threshold, float posterior_alpha, Tensor? min_p=None,
+//                    Tensor? edit_ids=None, Tensor? edit_vals=None) -> (Tensor, Tensor)
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
 //   native_accept_tests_passed(Tensor draft_probs, Tensor draft_tokens, Tensor target_probs,
 //                              Tensor seeds, Tensor after) -> Tensor
@@ -23,7 +24,12 @@
 // num_accepted [B] int64. mode (rows that are not greedy): 0 token verification (rejection
 // sampling), 1 block verification (Sun et al. 2024), 2 typical acceptance. token_bitmask: None or
 // int32 in the logits' row layout ([B, K+1, W], or [rows, W] with logits_row_start; trees
-// [B, N, W]), W = ceil(V / 32): a token whose bit is clear is read as a -inf logit. The plain
+// [B, N, W]), W = ceil(V / 32): a token whose bit is clear is read as a -inf logit. min_p: None
+// or [B] float32 (0: off; rows that are not greedy keep exp(x - max x) >= min_p after top-k /
+// top-p). edit_ids [B, E] int32 (sorted, unique, padded with V) and edit_vals [B, K+1, E]
+// float32, both or neither (API.md section 10): position j of row b reads edit_vals[b, j, e] as
+// the logit of token edit_ids[b, e], before the bitmask and the temperature (the (b, j) indexing
+// in the flat layout too); not with log_input, not in mode 2. The plain
 // chain call passes logits_row_start = probs_row_start = token_bitmask = None, log_input =
 // false, mode = 0 and posterior_threshold = posterior_alpha = 0. They are the
 // `backend="native"` implementation of the public custom ops specdec::verify_greedy /
@@ -62,7 +68,8 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
     const std::optional<at::Tensor>& probs_row_start,
     const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
-    double posterior_threshold, double posterior_alpha);
+    double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals);
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
                                     const at::Tensor& verifier_tokens);

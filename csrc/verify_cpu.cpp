@@ -110,6 +110,58 @@ Controls sampling_controls(const char* op, int64_t B, const std::optional<at::Te
   return c;
 }
 
+// The per-row tensors of min_p and the sparse logit edits, kept alive by the caller until the
+// launch.
+struct Edits {
+  at::Tensor min_p, ids, vals;
+};
+
+// min_p [B] float32 and the edits (edit_ids [B, E] int32, edit_vals [lead..., E] float32, E >= 1,
+// both or neither; `vals_lead` the leading dims edit_vals must have, named by `vals_labels`):
+// checked, made contiguous (returned) and pointed at by the out-pointers. Their values (ids
+// sorted, unique, padded with V; min_p in [0, 1]) are the caller's to check.
+Edits edit_controls(const char* op, int64_t B, at::IntArrayRef vals_lead, const char* vals_labels,
+                    const std::optional<at::Tensor>& min_p, const std::optional<at::Tensor>& ids,
+                    const std::optional<at::Tensor>& vals, const float** min_p_out,
+                    const int32_t** ids_out, const float** vals_out, int64_t* num_edits) {
+  Edits e;
+  if (min_p.has_value()) {
+    check_cpu(op, "min_p", *min_p);
+    TORCH_CHECK_TYPE(min_p->scalar_type() == at::kFloat, op, ": min_p must be float32, got ",
+                     min_p->scalar_type());
+    TORCH_CHECK_VALUE(min_p->dim() == 1 && min_p->size(0) == B, op,
+                      ": min_p must have shape [B] = [", B, "], got ", min_p->sizes());
+    e.min_p = min_p->contiguous();
+    *min_p_out = e.min_p.const_data_ptr<float>();
+  }
+  TORCH_CHECK_VALUE(ids.has_value() == vals.has_value(), op,
+                    ": edit_ids and edit_vals must be given together, got edit_ids ",
+                    ids.has_value() ? "given" : "None", " and edit_vals ",
+                    vals.has_value() ? "given" : "None");
+  if (!ids.has_value()) return e;
+  check_cpu(op, "edit_ids", *ids);
+  check_cpu(op, "edit_vals", *vals);
+  TORCH_CHECK_TYPE(ids->scalar_type() == at::kInt, op, ": edit_ids must be int32, got ",
+                   ids->scalar_type());
+  TORCH_CHECK_TYPE(vals->scalar_type() == at::kFloat, op, ": edit_vals must be float32, got ",
+                   vals->scalar_type());
+  TORCH_CHECK_VALUE(ids->dim() == 2 && ids->size(0) == B && ids->size(1) >= 1, op,
+                    ": edit_ids must have shape [B, E] with B = ", B, " and E >= 1, got ",
+                    ids->sizes());
+  const int64_t E = ids->size(1);
+  std::vector<int64_t> want(vals_lead.begin(), vals_lead.end());
+  want.push_back(E);
+  TORCH_CHECK_VALUE(vals->sizes() == at::IntArrayRef(want), op, ": edit_vals must have shape ",
+                    vals_labels, " = ", at::IntArrayRef(want), " (E = ", E, " from edit_ids ",
+                    ids->sizes(), "), got ", vals->sizes());
+  e.ids = ids->contiguous();
+  e.vals = vals->contiguous();
+  *ids_out = e.ids.const_data_ptr<int32_t>();
+  *vals_out = e.vals.const_data_ptr<float>();
+  *num_edits = E;
+  return e;
+}
+
 // The kernels of the CPU capability torch's own CPU kernels use
 // (torch.backends.cpu.get_cpu_capability(): the machine's, lowered by ATEN_CPU_CAPABILITY), chosen
 // once.
@@ -135,7 +187,8 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
     const std::optional<at::Tensor>& probs_row_start,
     const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
-    double posterior_threshold, double posterior_alpha) {
+    double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals) {
   const char* op = "native_verify";
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, op,
                     ": mode must be 0 (token), 1 (block) or 2 (typical), got ", mode);
@@ -243,6 +296,14 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
       a.probs_kind = float_kind("draft_probs", q);
     }
   }
+  const bool edited = edit_ids.has_value() || edit_vals.has_value();
+  TORCH_CHECK_VALUE(!(log_input && edited), op,
+                    ": edit_ids / edit_vals are logit edits: they cannot be given with "
+                    "log_input=True (probability inputs)");
+  TORCH_CHECK_VALUE(greedy_only || mode != 2 || !(edited || min_p.has_value()), op,
+                    ": mode 2 (typical acceptance) takes no min_p, edit_ids or edit_vals");
+  const Edits edits = edit_controls(op, B, {B, K + 1}, "[B, K+1, E]", min_p, edit_ids, edit_vals,
+                                    &a.min_p, &a.edit_ids, &a.edit_vals, &a.num_edits);
   at::Tensor tokens = at::empty({B, K + 1}, target_logits.options().dtype(at::kLong));
   at::Tensor num_accepted = at::empty({B}, target_logits.options().dtype(at::kLong));
   a.tokens = tokens.mutable_data_ptr<int64_t>();

@@ -37,6 +37,14 @@ struct LogprobArgs {
   int64_t* top_ids = nullptr;          // [B, P, n] out
   int64_t batch = 0, num_rows = 0, vocab = 0, positions = 0, num_logprobs = 0;  // B, N, V, P, n
   bool processed = false;
+  // Processed mode only (raw ignores them). min_p: keep exp(x - max x) >= min_p[b] after top-k /
+  // top-p (0: off; greedy rows ignore it). Edits: position p of row b reads edit_vals[b, p, e] as
+  // the logit of token edit_ids[b, e] (before the bitmask and the temperature); edit_ids [B, E]
+  // sorted, unique, padded with V; edit_vals [B, P, E]; both contiguous.
+  const float* min_p = nullptr;      // [B] or nullptr
+  const int32_t* edit_ids = nullptr;  // [B, E] or nullptr
+  const float* edit_vals = nullptr;   // [B, P, E] or nullptr
+  int64_t num_edits = 0;              // E
 };
 
 using Launcher = void (*)(const LogprobArgs& a);

@@ -19,6 +19,11 @@
 // row a second time (top-p alone). Values are (double(l) - M) / T - log Z in double:
 // within 1e-5 of a float64 log_softmax for float32 logits. No [B, P, V] tensor: per thread only
 // the verifier's candidate buffer (up to V floats for top-p alone, as in the verifier).
+//
+// Processed mode reads the sparse logit edits where it reads a logit (Row: l is the edit value of
+// an edited token, before the bitmask; the verifier's EditIndex bitmap, one load-shift-and-test
+// per vector) and takes min_p with the verifier's thresholds(); without top-p, candidates below
+// min_p's floor are never pushed (as Candidates::add does).
 #pragma once
 
 #include <c10/util/BFloat16.h>
@@ -37,6 +42,7 @@ namespace {
 
 using verify_cpu::Candidates;
 using verify_cpu::CHUNK;
+using verify_cpu::EditIndex;
 using verify_cpu::Filter;
 using verify_cpu::kNegInf;
 using verify_cpu::Stats;
@@ -48,28 +54,51 @@ constexpr uint32_t kLaneBits = W == 32 ? 0xFFFFFFFFu : (1u << W) - 1;
 constexpr int kAllLanes = (1 << W) - 1;  // zero_mask() of a comparison that no lane passes
 constexpr int FLUSH = 16;  // vectors summed in float before the lanes go to double
 
-// One emitted position's logits row and its bitmask words (nullptr: every token allowed).
+// One emitted position's logits row, its bitmask words (nullptr: every token allowed) and its
+// edits (edits nullptr: none).
 template <typename T>
 struct Row {
   const T* logits;       // [V]
   const int32_t* mask;   // [ceil(V / 32)] or nullptr
   int64_t V;
+  const EditIndex* edits = nullptr;  // the row's edited ids, or nullptr
+  const float* vals = nullptr;       // [E] the position's edit values
 
   bool allowed(int64_t t) const {
     return mask == nullptr || ((static_cast<uint32_t>(mask[t >> 5]) >> (t & 31)) & 1u) != 0;
   }
 
-  // l of the W tokens [i, i + W) (i a multiple of W): -inf past V and where disallowed.
+  // The edit value of token t, or the logit where t is not edited.
+  float raw(int64_t t) const {
+    if (edits != nullptr) {
+      const uint32_t word = edits->bits[t >> 5];
+      if ((word >> (t & 31)) & 1u) {
+        return vals[edits->first[t >> 5] +
+                    verify_cpu::popcount32(word & ((1u << (t & 31)) - 1u))];
+      }
+    }
+    return static_cast<float>(logits[t]);
+  }
+
+  // l of token t < V: its edit value or logit, -inf where disallowed.
+  float at(int64_t t) const { return allowed(t) ? raw(t) : kNegInf; }
+
+  // l of the W tokens [i, i + W) (i a multiple of W): -inf past V and where disallowed. With
+  // edits, one more test per vector; a vector with an edited token is read lane by lane.
   Vec load(int64_t i) const {
     uint32_t bits = kLaneBits;
     if (mask != nullptr) {
       bits = (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & kLaneBits;
       if (bits == 0) return Vec(kNegInf);
     }
-    if (i + W <= V && bits == kLaneBits) return verify_cpu::load_vec(logits + i);
+    const bool edited =
+        edits != nullptr && ((edits->bits[i >> 5] >> (i & 31)) & kLaneBits) != 0;
+    if (i + W <= V && bits == kLaneBits && !edited) return verify_cpu::load_vec(logits + i);
     alignas(64) float lanes[W];
     for (int64_t l = 0; l < W; ++l) {
-      lanes[l] = i + l < V && ((bits >> l) & 1u) ? static_cast<float>(logits[i + l]) : kNegInf;
+      lanes[l] = i + l < V && ((bits >> l) & 1u) ? (edited ? raw(i + l)
+                                                           : static_cast<float>(logits[i + l]))
+                                                 : kNegInf;
     }
     return Vec::loadu(lanes);
   }
@@ -124,6 +153,8 @@ struct Setup {
   bool filtered = false, topk_on = false, topp_on = false;
   int64_t top_k = 0;
   float top_p = 1.0f;
+  float min_p = 0.0f;             // 0: off
+  float floor_shift = kNegInf;    // Candidates' min_p floor (log(min_p) - 0.01), or -inf
 
   float x(float l) const { return temp != 1.0f ? l / temp : l; }  // as the verifier sees it
   Vec x(const Vec& l) const { return temp != 1.0f ? l / Vec(temp) : l; }
@@ -183,13 +214,14 @@ void scan_chunk(const Row<T>& row, int64_t base, int64_t n, const Setup& su, Sca
   }
   if (cmax > sc.m) sc.m = cmax;
   Candidates& cand = sc.cand;
-  if (!(su.x(cmax) >= cand.cutoff)) return;
+  const float lo = su.x(sc.m) + su.floor_shift;  // min_p's floor (-inf: none; NaN: none)
+  if (!(su.x(cmax) >= cand.cutoff) || su.x(cmax) < lo) return;
   for (int64_t i = base; i < base + n; i += W) {
     const Vec xv = su.x(row.load(i));
-    if ((xv >= Vec(cand.cutoff)).zero_mask() == kAllLanes) continue;
+    if ((xv >= Vec(lo > cand.cutoff ? lo : cand.cutoff)).zero_mask() == kAllLanes) continue;
     xv.store(lanes);
     for (int64_t l = 0; l < W && i + l < row.V; ++l) {
-      if (!(lanes[l] >= cand.cutoff)) continue;
+      if (!(lanes[l] >= cand.cutoff) || lanes[l] < lo) continue;
       cand.push(lanes[l]);
       if (sc.track) sc.pushed.push_back(i + l);
     }
@@ -220,7 +252,7 @@ double kept_mass(const Row<T>& row, const std::vector<int64_t>& ids, const Setup
                  float kappa) {
   double z = 0.0;
   for (const int64_t t : ids) {
-    const float l = row.allowed(t) ? static_cast<float>(row.logits[t]) : kNegInf;
+    const float l = row.at(t);
     if (su.x(l) >= kappa) z += std::exp((static_cast<double>(l) - m) / su.temp);
   }
   return z;
@@ -247,7 +279,11 @@ void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
   const int32_t* mask = a.processed && a.bitmask != nullptr
                             ? a.bitmask + b * a.mask_stride_b + rr * a.mask_stride_n
                             : nullptr;
-  const Row<T> row{logits, mask, V};
+  const verify_cpu::RowEdits edits(
+      a.processed && a.edit_ids != nullptr ? a.edit_ids + b * a.num_edits : nullptr,
+      a.num_edits, V);
+  const Row<T> row{logits, mask, V, edits.index,
+                   edits.index != nullptr ? a.edit_vals + task * a.num_edits : nullptr};
 
   Setup su;
   const float temp = a.processed && a.temperature != nullptr ? a.temperature[b] : 0.0f;
@@ -257,7 +293,11 @@ void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
     su.top_p = a.top_p != nullptr ? a.top_p[b] : 1.0f;
     su.topk_on = su.top_k > 0 && su.top_k < V;
     su.topp_on = su.top_p < 1.0f;
-    su.filtered = su.topk_on || su.topp_on;
+    if (a.min_p != nullptr && a.min_p[b] > 0.0f) su.min_p = a.min_p[b];
+    if (su.min_p > 0.0f && !su.topp_on) {
+      su.floor_shift = std::log(std::min(su.min_p, 1.0f)) - 0.01f;
+    }
+    su.filtered = su.topk_on || su.topp_on || su.min_p > 0.0f;
   }
 
   sc.m = kNegInf;
@@ -281,7 +321,7 @@ void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
     Stats st;
     st.m = su.x(m);
     const Filter f = verify_cpu::thresholds(sc.cand.buf, st, su.topk_on, su.top_k, su.topp_on,
-                                            su.top_p);
+                                            su.top_p, su.min_p);
     kappa = f.kappa;
     z = sc.track ? kept_mass(row, sc.pushed, su, m, kappa) : kept_mass(row, su, m, kappa);
   }
@@ -291,7 +331,7 @@ void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
 
   float lp = kNegInf;
   if (token < V && row.allowed(token)) {
-    const float l = static_cast<float>(logits[token]);
+    const float l = row.raw(token);
     if (kept(l)) lp = value(l);
   }
   a.logprobs[task] = lp;

@@ -61,6 +61,16 @@ struct VerifyArgs {
   // min(posterior_threshold, posterior_alpha * exp(-H(p_j))); at a rejection sample from p_j.
   int32_t mode = 0;
   float posterior_threshold = 0.09f, posterior_alpha = 0.3f;
+  // min_p (rows that are not greedy): keep token t iff exp(x_t - m) >= min_p[b] (0: off), after
+  // top-k / top-p. nullptr: off for every row.
+  const float* min_p = nullptr;  // [B] or nullptr
+  // Sparse logit edits (API.md section 10): position j of row b reads edit_vals[b, j, e] in place
+  // of the logit of token edit_ids[b, e] (before the bitmask and the temperature). edit_ids [B, E]
+  // sorted, unique, padded with V (ids outside [0, V) are ignored); edit_vals [B, K+1, E], both
+  // contiguous, the (b, j) indexing in both layouts. nullptr: no edits.
+  const int32_t* edit_ids = nullptr;
+  const float* edit_vals = nullptr;
+  int64_t num_edits = 0;  // E
 };
 
 // VerifyArgs::mode: token verification (rejection sampling), block verification (Sun et al.

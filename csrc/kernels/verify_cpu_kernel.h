@@ -26,9 +26,15 @@
 // Block verification (VerifyArgs::mode == kChainBlock, verify_row_block) walks every position
 // up to k_b (or until its weight is 0) before it decides, then races once at the stop; token
 // bitmasks are read where the logits are (XMap, load_logits, logit_at): no masked copy.
+//
+// Sparse logit edits (VerifyArgs::edit_ids / edit_vals) are read there too: a per-row bitmap of
+// the edited ids (EditIndex, O(E) to build in a thread's scratch) makes a vector of W tokens
+// without an edit cost one more load-shift-and-test; an edited token reads its value in O(1).
+// min_p is one more threshold on x, taken with top-k / top-p's (thresholds()).
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <c10/macros/Macros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -61,6 +67,76 @@ using namespace ::specdec::counter_rng;
 // --- loading ----------------------------------------------------------------------------------
 inline int64_t padded(int64_t n) { return (n + W - 1) / W * W; }
 
+// The bits of a vector's W lanes in a 32-bit word (W divides 32).
+constexpr uint32_t kLanes = W >= 32 ? 0xFFFFFFFFu : (1u << W) - 1u;
+
+inline int popcount32(uint32_t v) {
+  v = v - ((v >> 1) & 0x55555555u);
+  v = (v & 0x33333333u) + ((v >> 2) & 0x33333333u);
+  return static_cast<int>((((v + (v >> 4)) & 0x0F0F0F0Fu) * 0x01010101u) >> 24);
+}
+
+// The edited ids of one row (VerifyArgs::edit_ids [E], sorted, unique, padded with V) as a bitmap
+// over the vocabulary: bit l of bits[w] set = token 32 w + l is edited, and first[w] = the index
+// e of word w's first edit (valid where bits[w] != 0), so token t's edit is e = first[t / 32] +
+// popcount(bits[t / 32] below t): O(1) per edited token read. build() costs O(E) (and, once per
+// thread and larger vocabulary, zeroing 2 ceil(V / 32) words), clear() O(E): one thread's scratch
+// (edit_scratch()) serves every row it runs. Ids outside [0, V) are skipped; unsorted or repeated
+// ids (a caller's error) give wrong values but e stays in [0, E).
+struct EditIndex {
+  std::vector<uint32_t> bits;
+  std::vector<int32_t> first;
+  const int32_t* ids = nullptr;  // [E] of the row built
+  int64_t count = 0, vocab = 0;
+
+  void build(const int32_t* row_ids, int64_t E, int64_t V) {
+    const size_t words = static_cast<size_t>((V + 31) / 32);
+    if (bits.size() < words) {
+      bits.resize(words, 0u);
+      first.resize(words, 0);
+    }
+    ids = row_ids;
+    count = E;
+    vocab = V;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t t = ids[e];
+      if (t < 0 || t >= V) continue;
+      uint32_t& word = bits[t >> 5];
+      if (word == 0) first[t >> 5] = static_cast<int32_t>(e);
+      word |= 1u << (t & 31);
+    }
+  }
+
+  void clear() {
+    for (int64_t e = 0; e < count; ++e) {
+      const int64_t t = ids[e];
+      if (t >= 0 && t < vocab) bits[t >> 5] = 0u;
+    }
+    count = 0;
+  }
+};
+
+// The calling thread's EditIndex, built for one row for the lifetime of this guard (cleared
+// again however the row ends).
+inline EditIndex& edit_scratch() {
+  thread_local EditIndex index;
+  return index;
+}
+
+struct RowEdits {
+  EditIndex* index = nullptr;  // nullptr: the call has no edits
+  RowEdits(const int32_t* ids, int64_t E, int64_t V) {
+    if (ids == nullptr) return;
+    index = &edit_scratch();
+    index->build(ids, E, V);
+  }
+  ~RowEdits() {
+    if (index != nullptr) index->clear();
+  }
+  RowEdits(const RowEdits&) = delete;
+  RowEdits& operator=(const RowEdits&) = delete;
+};
+
 template <typename T>
 inline Vec load_vec(const T* src) {
   if constexpr (std::is_same_v<T, float>) {
@@ -87,20 +163,29 @@ inline Vec load_x(const T* src, int64_t i, int64_t n, float temp, float pad) {
   return temp != 1.0f ? v / Vec(temp) : v;
 }
 
-// How a logits row maps to x: x = value / temp, or x = log(value) for probability inputs; and
-// the row's token bitmask (xgrammar's layout, API.md section 9), when there is one: a token whose
-// bit is clear reads as x = -inf wherever the kernels read a logit (load_logits, logit_at), so
-// the max, the sums, the filters' thresholds, the argmax and the race all see the masked row
-// and no masked copy is ever written.
+// How a logits row maps to x: x = value / temp, or x = log(value) for probability inputs; the
+// position's sparse edits, when there are some: an edited token reads its edit value in place of
+// the logit (before the bitmask and the temperature); and the row's token bitmask (xgrammar's
+// layout, API.md section 9), when there is one: a token whose bit is clear reads as x = -inf.
+// Both apply wherever the kernels read a logit (load_logits, logit_at), so the max, the sums, the
+// filters' thresholds, the argmax and the race all see the edited, masked row and no edited or
+// masked copy is ever written.
 struct XMap {
   float temp = 1.0f;
   bool log = false;
   const int32_t* mask = nullptr;  // [ceil(n / 32)] words of the span the map reads, or nullptr
+  const uint32_t* edited = nullptr;  // EditIndex::bits of the span, or nullptr (no edits)
+  const int32_t* first = nullptr;    // EditIndex::first of the span
+  const float* vals = nullptr;       // [E] the position's edit values
 
   // The map of the span that starts at token `base` of the row (a multiple of 32: a chunk).
   XMap at(int64_t base) const {
     XMap out = *this;
     if (mask != nullptr) out.mask = mask + base / 32;
+    if (edited != nullptr) {
+      out.edited = edited + base / 32;
+      out.first = first + base / 32;
+    }
     return out;
   }
 
@@ -108,15 +193,23 @@ struct XMap {
   bool allowed(int64_t i) const {
     return mask == nullptr || ((static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & 1u) != 0;
   }
+
+  // Whether token i of the span is edited, and its value (where it is).
+  bool is_edited(int64_t i) const { return edited != nullptr && ((edited[i >> 5] >> (i & 31)) & 1u); }
+  float edit_value(int64_t i) const {
+    const uint32_t below = edited[i >> 5] & ((1u << (i & 31)) - 1u);
+    return vals[first[i >> 5] + popcount32(below)];
+  }
 };
 
-// x of token i of a logits (or probability) row, -inf where the mask forbids it.
+// x of token i of a logits (or probability) row: its edit value or logit, -inf where the mask
+// forbids it.
 template <typename T>
 inline float logit_at(const T* src, int64_t i, const XMap& xm) {
   if (!xm.allowed(i)) return kNegInf;
   alignas(64) float e[W];
-  const Vec v = xm.log ? Vec(static_cast<float>(src[i])).log()
-                       : Vec(static_cast<float>(src[i]) / xm.temp);
+  const float value = xm.is_edited(i) ? xm.edit_value(i) : static_cast<float>(src[i]);
+  const Vec v = xm.log ? Vec(value).log() : Vec(value / xm.temp);
   v.store(e);
   return e[0];
 }
@@ -126,9 +219,8 @@ inline float logit_at(const T* src, int64_t i, const XMap& xm) {
 // A group with both allowed and forbidden tokens is one blend: a mask register from the bits
 // (AVX-512), a lane-bit compare (AVX2), else lane by lane.
 inline Vec apply_mask(const Vec& v, int64_t i, const int32_t* mask) {
-  constexpr uint32_t lanes = W >= 32 ? 0xFFFFFFFFu : (1u << W) - 1u;
-  const uint32_t bits = (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & lanes;
-  if (bits == lanes) return v;
+  const uint32_t bits = (static_cast<uint32_t>(mask[i >> 5]) >> (i & 31)) & kLanes;
+  if (bits == kLanes) return v;
   if (bits == 0) return Vec(kNegInf);
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (W == 16) {
@@ -152,12 +244,37 @@ inline Vec apply_mask(const Vec& v, int64_t i, const int32_t* mask) {
   return Vec::loadu(out);
 }
 
-// W values of x from a logits (or probability) row; lanes at or past n, or masked, hold -inf.
+// load_logits of a vector with edited tokens (their lanes' bits in `edited`): the logits with the
+// edit values put in, masked, then divided by the temperature, as load_x reads a dense float32
+// copy with the edits scattered in (so bit for bit its x). W scalar loads plus one per edit.
 template <typename T>
-inline Vec load_logits(const T* src, int64_t i, int64_t n, const XMap& xm) {
+C10_NOINLINE Vec load_edited(const T* src, int64_t i, int64_t n, const XMap& xm,
+                             uint32_t edited) {
+  alignas(64) float raw[W];
+  for (int64_t l = 0; l < W; ++l) {
+    raw[l] = i + l < n ? (((edited >> l) & 1u) ? xm.edit_value(i + l)
+                                               : static_cast<float>(src[i + l]))
+                       : kNegInf;
+  }
+  Vec v = Vec::loadu(raw);
+  if (xm.log) v = v.log();  // never given edits (the adapter refuses them with log_input)
+  if (xm.mask != nullptr) v = apply_mask(v, i, xm.mask);
+  return !xm.log && xm.temp != 1.0f ? v / Vec(xm.temp) : v;
+}
+
+// W values of x from a logits (or probability) row; lanes at or past n, or masked, hold -inf.
+// Edits cost one test per vector when the call has none, a load-shift-and-test of the edit
+// bitmap when it has some (load_edited, out of line, only for a vector with an edited token).
+// Always inlined: as a call (GCC made one once XMap grew the edit pointers) it cost the
+// unfiltered B = 64, V = 128256 call ~10%.
+template <typename T>
+C10_ALWAYS_INLINE Vec load_logits(const T* src, int64_t i, int64_t n, const XMap& xm) {
   if (xm.mask != nullptr && i < n) {
-    constexpr uint32_t lanes = W >= 32 ? 0xFFFFFFFFu : (1u << W) - 1u;
-    if (((static_cast<uint32_t>(xm.mask[i >> 5]) >> (i & 31)) & lanes) == 0) return Vec(kNegInf);
+    if (((static_cast<uint32_t>(xm.mask[i >> 5]) >> (i & 31)) & kLanes) == 0) return Vec(kNegInf);
+  }
+  if (xm.edited != nullptr && i < n) {
+    const uint32_t edited = (xm.edited[i >> 5] >> (i & 31)) & kLanes;
+    if (edited != 0) return load_edited(src, i, n, xm, edited);
   }
   const Vec v = xm.log ? load_x(src, i, n, 1.0f, 0.0f).log()  // log(0) = -inf: masked
                        : load_x(src, i, n, xm.temp, kNegInf);
@@ -231,17 +348,26 @@ inline void merge_stats(Stats& big, const Stats& c) {
 // --- top-k / top-p candidates -----------------------------------------------------------------
 // Streaming top-k over x: keeps every value >= the k-th largest seen so far (ties included), so
 // the final buffer holds the row's top k and everything tied with its k-th value.
+//
+// min_p's floor (without top-p, whose mass needs every top-k survivor): a value x below
+// (the max seen so far) + log(min_p) - 0.01 has exp(x - m) < min_p e^-0.01 for the row's max m,
+// so min_p drops it whatever comes later; it is never pushed (the 0.01 covers the rounding of
+// the sums and of exp). Costs one max and one add per chunk.
 struct Candidates {
   std::vector<float> buf;
   float cutoff = kNegInf;
   int64_t k = 0;
   size_t cap = 0;
+  float floor_shift = kNegInf;  // log(min_p) - 0.01, or -inf: no floor
+  float seen_max = kNegInf;     // max x of the chunks added so far
 
-  void reset(int64_t keep, int64_t vocab) {
+  void reset(int64_t keep, int64_t vocab, float min_p_floor = kNegInf) {
     buf.clear();
     cutoff = kNegInf;
     k = keep;
     cap = static_cast<size_t>(std::min<int64_t>(std::max<int64_t>(2 * keep, 1024), vocab + 1));
+    floor_shift = min_p_floor;
+    seen_max = kNegInf;
   }
 
   void compact() {
@@ -262,14 +388,17 @@ struct Candidates {
   // x = src[0, n) / temp of one chunk whose max is chunk_max.
   template <typename T>
   void add(const T* src, int64_t n, const XMap& xm, float chunk_max) {
-    if (!(chunk_max >= cutoff)) return;
+    if (chunk_max > seen_max) seen_max = chunk_max;
+    const float lo = seen_max + floor_shift;  // -inf without a floor (NaN: no floor either)
+    if (!(chunk_max >= cutoff) || chunk_max < lo) return;
     alignas(64) float lanes[W];
     for (int64_t i = 0; i < n; i += W) {
       const Vec v = load_logits(src, i, n, xm);
-      if ((v >= Vec(cutoff)).zero_mask() == (1 << W) - 1) continue;  // no lane passes
+      const float bar = lo > cutoff ? lo : cutoff;
+      if ((v >= Vec(bar)).zero_mask() == (1 << W) - 1) continue;  // no lane passes
       v.store(lanes);
       for (int64_t l = 0; l < W && i + l < n; ++l) {
-        if (lanes[l] >= cutoff) push(lanes[l]);
+        if (lanes[l] >= cutoff && !(lanes[l] < lo)) push(lanes[l]);
       }
     }
   }
@@ -294,15 +423,17 @@ inline void exp_shifted(const float* vals, int64_t n, float shift, float* out) {
   }
 }
 
-// Thresholds of the top-k and top-p filters from the candidates (reference/verify_sampling.py's
-// filtered_probs): top-k keeps x >= the k-th largest value; top-p, on the top-k survivors sorted
-// in descending order, keeps the prefix whose exclusive cumulative mass is below
-// top_p * (their total mass), extended to every token tied with its last value.
+// Thresholds of the top-k, top-p and min_p filters from the candidates
+// (reference/verify_sampling.py's filtered_probs): top-k keeps x >= the k-th largest value;
+// top-p, on the top-k survivors sorted in descending order, keeps the prefix whose exclusive
+// cumulative mass is below top_p * (their total mass), extended to every token tied with its
+// last value; min_p (> 0: on) then keeps those with exp(x - m) >= min_p (the max always).
 inline Filter thresholds(std::vector<float>& cand, const Stats& st, bool topk_on, int64_t top_k,
-                         bool topp_on, float top_p) {
+                         bool topp_on, float top_p, float min_p = 0.0f) {
   Filter f;
   f.z = st.s;
-  if (!topk_on && !topp_on) return f;
+  const bool minp_on = min_p > 0.0f;
+  if (!topk_on && !topp_on && !minp_on) return f;
   const float shift = safe_max(st.m);
   if (topk_on && !cand.empty()) {
     const int64_t n = static_cast<int64_t>(cand.size());
@@ -352,6 +483,14 @@ inline Filter thresholds(std::vector<float>& cand, const Stats& st, bool topk_on
     f.kappa = cand[last];
     kept = last + 1;
     while (kept < cand.size() && cand[kept] >= f.kappa) ++kept;  // ties at the threshold
+  }
+  if (minp_on && kept > 0) {
+    // exp(x - m) >= min_p, the reference's test on its e: a prefix of the sorted survivors
+    // (ties share e; the max, e = 1, stays even for min_p > 1). One pass over the survivors.
+    size_t n = 1;
+    while (n < kept && e[n] >= min_p) ++n;
+    kept = n;
+    f.kappa = cand[kept - 1];
   }
   float z = 0.0f;
   for (size_t i = 0; i < kept; ++i) z += e[i];
@@ -487,16 +626,17 @@ inline void for_chunks(int64_t nchunks, bool split, const F& fn, int64_t work) {
 }
 
 // Stats (and top-k/top-p candidates when keep > 0) of one logits row [V].
+// floor_shift: Candidates' min_p floor (log(min_p) - 0.01), or -inf.
 template <typename T>
 inline Stats position_stats(const T* row,  // [V]
                             int64_t V, const XMap& xm, bool need_sum, int64_t keep, bool split,
-                            std::vector<float>& cand) {
+                            std::vector<float>& cand, float floor_shift = kNegInf) {
   const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
   std::vector<Stats> parts(nchunks);
   std::vector<Candidates> found(keep > 0 ? nchunks : 0);  // one per range, at its first chunk
   for_chunks(nchunks, split, [&](int64_t c0, int64_t c1) {
     Candidates* mine = keep > 0 ? &found[c0] : nullptr;
-    if (mine) mine->reset(keep, V);
+    if (mine) mine->reset(keep, V, floor_shift);
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n = std::min(CHUNK, V - c * CHUNK);
       const XMap cm = xm.at(c * CHUNK);
@@ -630,11 +770,12 @@ struct RowInputs {
   bool greedy;
   uint32_t key;
   int64_t top_k, keep;
-  float top_p;
+  float top_p, min_p, floor_shift;
   bool topk_on, topp_on, split;
+  const EditIndex* edits;  // the row's edited ids, or nullptr
 
-  RowInputs(const VerifyArgs& args, int64_t row, bool split_chunks)
-      : a(args), b(row), K(args.num_draft), V(args.vocab), split(split_chunks) {
+  RowInputs(const VerifyArgs& args, int64_t row, bool split_chunks, const EditIndex* row_edits)
+      : a(args), b(row), K(args.num_draft), V(args.vocab), split(split_chunks), edits(row_edits) {
     drafts = a.draft_tokens + b * K;
     kb = std::min(std::max<int64_t>(a.num_draft_tokens[b], 0), K);
     temp = a.greedy_only ? 1.0f : a.temperature[b];
@@ -645,7 +786,17 @@ struct RowInputs {
     top_p = (!greedy && a.top_p != nullptr) ? a.top_p[b] : 1.0f;
     topk_on = top_k > 0 && top_k < V;
     topp_on = top_p < 1.0f;
-    keep = topk_on ? top_k : (topp_on ? V : 0);
+    min_p = (!greedy && a.min_p != nullptr && a.min_p[b] > 0.0f) ? a.min_p[b] : 0.0f;
+    // min_p alone collects every x above its floor (top-p alone: every x)
+    keep = topk_on ? top_k : (topp_on || min_p > 0.0f ? V : 0);
+    floor_shift = min_p > 0.0f && !topp_on ? std::log(std::min(min_p, 1.0f)) - 0.01f : kNegInf;
+  }
+
+  Stats stats(const T* row, const XMap& xm, bool need_sum, std::vector<float>& cand) const {
+    return position_stats(row, V, xm, need_sum, keep, split, cand, floor_shift);
+  }
+  Filter filter(std::vector<float>& cand, const Stats& st) const {
+    return thresholds(cand, st, topk_on, top_k, topp_on, top_p, min_p);
   }
 
   // The logits row of position j (flat layout: row logits_row_start[b] + j, clamped); the
@@ -662,6 +813,11 @@ struct RowInputs {
       xm.mask = a.token_bitmask + (a.logits_row_start != nullptr
                                        ? flat_row(j) * a.mask_stride_k
                                        : b * a.mask_stride_b + j * a.mask_stride_k);
+    }
+    if (edits != nullptr) {  // edit_vals[b, j], in both layouts
+      xm.edited = edits->bits.data();
+      xm.first = edits->first.data();
+      xm.vals = a.edit_vals + (b * (K + 1) + j) * a.num_edits;
     }
     return xm;
   }
@@ -697,7 +853,7 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
   for (;;) {
     const T* row = r.logits_row(j);
     const XMap xm = r.xmap(j);
-    const Stats st = position_stats(row, r.V, xm, !r.greedy, r.keep, r.split, cand);
+    const Stats st = r.stats(row, xm, !r.greedy, cand);
     const int64_t draft = j < r.kb ? r.drafts[j] : -1;
     bool accepted = j < r.kb && draft == st.a;
     if (r.greedy) {
@@ -708,7 +864,7 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
       extra = st.a;
       return j;
     }
-    const Filter f = thresholds(cand, st, r.topk_on, r.top_k, r.topp_on, r.top_p);
+    const Filter f = r.filter(cand, st);
     const Q* q_row = j < r.kb && !typical ? r.probs_row(j) : nullptr;
     if (j < r.kb) {  // the accept test
       const bool in_vocab = draft >= 0 && draft < r.V;
@@ -758,8 +914,8 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
   for (int64_t i = 0; i < kb && weight > 0.0f; ++i) {
     const T* row = r.logits_row(i);
     const XMap xm = r.xmap(i);
-    const Stats st = position_stats(row, r.V, xm, true, r.keep, r.split, cand);
-    const Filter f = thresholds(cand, st, r.topk_on, r.top_k, r.topp_on, r.top_p);
+    const Stats st = r.stats(row, xm, true, cand);
+    const Filter f = r.filter(cand, st);
     stats.push_back(st);
     filters.push_back(f);
     weights.push_back(weight);
@@ -800,8 +956,8 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
     extra = extra_token(row, q_row, one_hot, true, r.V, xm, stats[tau].m, filters[tau], stream,
                         r.split, scale);
   } else {  // the bonus token from P_gamma
-    const Stats st = position_stats(row, r.V, xm, true, r.keep, r.split, cand);
-    const Filter f = thresholds(cand, st, r.topk_on, r.top_k, r.topp_on, r.top_p);
+    const Stats st = r.stats(row, xm, true, cand);
+    const Filter f = r.filter(cand, st);
     extra = extra_token<T, Q>(row, nullptr, -1, false, r.V, xm, st.m, f, stream, r.split);
   }
   return tau;
@@ -810,7 +966,9 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
 // --- one row ----------------------------------------------------------------------------------
 template <typename T, typename Q>
 void verify_row(const VerifyArgs& a, int64_t b, bool split) {
-  const RowInputs<T, Q> r(a, b, split);
+  const RowEdits edits(a.edit_ids != nullptr ? a.edit_ids + b * a.num_edits : nullptr,
+                       a.num_edits, a.vocab);
+  const RowInputs<T, Q> r(a, b, split, edits.index);
   int64_t extra = 0;
   const int64_t j = !r.greedy && a.mode == kChainBlock ? verify_row_block(r, extra)
                                                        : verify_row_token(r, extra);
