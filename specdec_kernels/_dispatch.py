@@ -185,13 +185,9 @@ _NATIVE_CHAIN_MODE = {"greedy": 0, "sampling": 0, "block": 1, "typical": 2}
 
 def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
                   log_input, threshold, alpha, min_p, edit_ids, edit_vals):  # fmt: skip
-    if min_p is not None or edit_ids is not None:  # not in the C++ kernels yet
-        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
-                                bitmask, mode, log_input, threshold, alpha, min_p, edit_ids,
-                                edit_vals)  # fmt: skip
     return torch.ops.specdec.native_verify_ex(
         logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs, bitmask,
-        log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha,
+        log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha, min_p, edit_ids, edit_vals,
     )  # fmt: skip
 
 
@@ -263,10 +259,6 @@ def _triton_logprobs(*args):
     return logprobs.emitted_logprobs(*args[:9])
 
 
-def _native_logprobs(*args):
-    if any(a is not None for a in args[9:]):  # min_p / edits: not in the C++ kernel yet
-        return _reference_logprobs(*args)
-    return torch.ops.specdec.native_emitted_logprobs(*args[:9])
 
 
 def _triton_accept_reject(draft_tokens, verifier_tokens):
@@ -317,7 +309,7 @@ _TABLE: dict[tuple[str, str], Callable] = {
     ("verify_block", "native"): _native_chain,
     ("verify_block", "triton"): _triton_chain,
     ("verify_block", "reference"): _reference_chain,
-    ("emitted_logprobs", "native"): _native_logprobs,
+    ("emitted_logprobs", "native"): _native("native_emitted_logprobs"),
     ("emitted_logprobs", "triton"): _triton_logprobs,
     ("emitted_logprobs", "reference"): _reference_logprobs,
     ("accept_reject", "native"): _native("native_accept_reject"),
