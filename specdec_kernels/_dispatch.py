@@ -170,10 +170,13 @@ def interpreter_active() -> bool:
 # --- the routing table -----------------------------------------------------------------------
 # Chain kernels: (target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k,
 # top_p, seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
-# posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals) -> (tokens, num_accepted);
+# posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals, draft_vocab_inv) ->
+# (tokens, num_accepted);
 # mode "greedy", "sampling", "block" (routed as verify_block) or "typical" (routed as
 # verify_typical); min_p [B] and the processors' edit list (edit_ids [B, E], edit_vals
-# [B, K+1, E]: specdec_kernels.reference.processors) or None. Tree kernels:
+# [B, K+1, E]: specdec_kernels.reference.processors) or None; draft_vocab_inv [V] int32 (the
+# draft_probs column of each target id, -1 outside a reduced draft vocabulary) or None. Tree
+# kernels:
 # (target_logits, tree_tokens, parents, draft_probs, num_nodes, mode, temperature, top_k, top_p,
 # seeds, token_bitmask, greedy_only) -> (tokens, num_accepted, accepted_nodes), all [B, N] wide.
 # Logprob kernels: see specdec_kernels.logprobs. KV kernels: the public op's arguments -> None.
@@ -184,7 +187,9 @@ _NATIVE_CHAIN_MODE = {"greedy": 0, "sampling": 0, "block": 1, "typical": 2}
 
 
 def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
-                  log_input, threshold, alpha, min_p, edit_ids, edit_vals):  # fmt: skip
+                  log_input, threshold, alpha, min_p, edit_ids, edit_vals, inv):  # fmt: skip
+    if inv is not None:  # a reduced draft vocabulary: not in the C++ kernels yet
+        probs = ref_layout.scatter_draft_vocab(probs, inv)
     return torch.ops.specdec.native_verify_ex(
         logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs, bitmask,
         log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha, min_p, edit_ids, edit_vals,
@@ -192,8 +197,11 @@ def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
 
 
 def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
-                  log_input, threshold, alpha, min_p, edit_ids, edit_vals):  # fmt: skip
+                  log_input, threshold, alpha, min_p, edit_ids, edit_vals, inv):  # fmt: skip
     from specdec_kernels.ops import verify_sampling  # imports triton: lazily
+
+    if inv is not None:  # a reduced draft vocabulary: not in the Triton kernels yet
+        probs = ref_layout.scatter_draft_vocab(probs, inv)
 
     if min_p is not None or edit_ids is not None:  # not in the Triton kernels yet
         return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
@@ -257,8 +265,6 @@ def _triton_logprobs(*args):
     if any(a is not None for a in args[9:]):  # min_p / edits: not in the Triton kernel yet
         return _reference_logprobs(*args)
     return logprobs.emitted_logprobs(*args[:9])
-
-
 
 
 def _triton_accept_reject(draft_tokens, verifier_tokens):

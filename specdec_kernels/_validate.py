@@ -73,10 +73,12 @@ def check_draft_tokens(draft_tokens, b: int, k: int, device: torch.device) -> No
     require_device("draft_tokens", draft_tokens, device)
 
 
-def check_draft_probs(draft_probs, b: int, k: int, v: int, device: torch.device) -> None:
+def check_draft_probs(
+    draft_probs, b: int, k: int, v: int, device: torch.device, labels: str = "[B, K, V]"
+) -> None:
     require_tensor("draft_probs", draft_probs)
     require_dtype("draft_probs", draft_probs, FLOAT_DTYPES)
-    require_shape("draft_probs", draft_probs, (b, k, v), "[B, K, V]")
+    require_shape("draft_probs", draft_probs, (b, k, v), labels)
     require_device("draft_probs", draft_probs, device)
     if draft_probs.stride(-1) != 1 and v > 1:
         raise ValueError(

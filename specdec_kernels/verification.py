@@ -112,6 +112,7 @@ def _chain(
     min_p: Tensor | None,
     edit_ids: Tensor | None,
     edit_vals: Tensor | None,
+    draft_vocab_inv: Tensor | None,
     backend: str,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One verification step in every input form (:class:`ChainCall` documents the arguments;
@@ -120,7 +121,7 @@ def _chain(
     tokens, accepted = kernel(op, backend)(
         target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
         seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
-        posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals,
+        posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals, draft_vocab_inv,
     )  # fmt: skip
     return tokens, accepted, accepted + 1
 
@@ -176,6 +177,7 @@ class ChainCall:
     min_p: Tensor | None = None  # [B] float32
     edit_ids: Tensor | None = None  # [B, E] int32, sorted, unique, padded with V
     edit_vals: Tensor | None = None  # [B, K+1, E] float32
+    draft_vocab_inv: Tensor | None = None  # [V] int32: draft column of each target id, or -1
     logprobs: str | None = None
     num_logprobs: int = 0
 
@@ -193,7 +195,7 @@ class ChainCall:
             self.temperature, self.top_k, self.top_p, self.seeds, self.logits_row_start,
             self.probs_row_start, self.token_bitmask, self.mode, self.log_input,
             float(self.posterior_threshold), float(self.posterior_alpha), self.min_p,
-            self.edit_ids, self.edit_vals, self.backend,
+            self.edit_ids, self.edit_vals, self.draft_vocab_inv, self.backend,
         )  # fmt: skip
         ver = Verification(tokens, accepted, emitted)
         return ver if self.logprobs is None else self._add_logprobs(ver)
@@ -219,7 +221,7 @@ class ChainCall:
             each(self.temperature), each(self.top_k), each(self.top_p), seeds,
             rows.flatten().contiguous(), None, mask, "sampling", self.log_input, 0.0, 0.0,
             each(self.min_p), each(self.edit_ids),
-            None if self.edit_vals is None else self.edit_vals.reshape(n, 1, -1),
+            None if self.edit_vals is None else self.edit_vals.reshape(n, 1, -1), None,
             self.backend,
         )  # fmt: skip
         samples = samples[:, 0].view(b, k1)  # [B, K+1]: the target's token at each position
@@ -338,6 +340,7 @@ def flat_inputs(
     validate: bool,
     bonus_rows: bool = True,
     name: str = "target_logits",
+    draft_width: int | None = None,
 ) -> _FlatInputs:
     """Check vLLM's flattened layout and derive the per-request offsets (no ``[.., V]`` copy).
 
@@ -355,7 +358,7 @@ def flat_inputs(
     )
     device = target_logits.device
     if draft_probs is not None:
-        check.check_flat_draft_probs(draft_probs, t, v, device)
+        check.check_flat_draft_probs(draft_probs, t, draft_width or v, device)
     cu = cu_num_draft_tokens.to(torch.int64)
     counts = torch.diff(cu, prepend=cu.new_zeros(1)) if b > 0 else cu
     start = cu - counts  # [B] first draft of each request
@@ -591,6 +594,7 @@ def parse_chain(
     presence_penalty: float | Tensor | None = None,
     frequency_penalty: float | Tensor | None = None,
     context_tokens: Tensor | None = None,
+    draft_vocab_map: Tensor | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> ChainCall:
@@ -604,8 +608,13 @@ def parse_chain(
     device = target_logits.device
     check.check_draft_tokens(draft_tokens, b, k, device)
     draft_tokens = draft_tokens.contiguous()  # [B, K]: tiny, the kernels want unit stride
+    inv = _draft_vocab_inverse(draft_vocab_map, draft_probs, v, device, validate)
     if draft_probs is not None:
-        check.check_draft_probs(draft_probs, b, k, v, device)
+        if inv is None:
+            check.check_draft_probs(draft_probs, b, k, v, device)
+        else:
+            labels = "[B, K, V_draft] (V_draft = len(draft_vocab_map))"
+            check.check_draft_probs(draft_probs, b, k, draft_vocab_map.shape[0], device, labels)
     nd = check.num_draft_tensor(num_draft_tokens, b, k, device)
     check.check_scalar_ranges(temperature, top_k, top_p)
     check.check_seed(seed, b, device)
@@ -651,6 +660,7 @@ def parse_chain(
         min_p=procs.min_p,
         edit_ids=ids,
         edit_vals=vals,
+        draft_vocab_inv=inv,
         logprobs=logprobs,
         num_logprobs=n,
     )
@@ -679,6 +689,7 @@ def verify_sampling(
     presence_penalty: float | Tensor | None = None,
     frequency_penalty: float | Tensor | None = None,
     context_tokens: Tensor | None = None,
+    draft_vocab_map: Tensor | None = None,
     backend: str | None = None,
     validate: bool = True,
 ) -> Verification:
@@ -752,6 +763,13 @@ def verify_sampling(
         probability is at least ``min_p`` times the largest (transformers' and vLLM's rule).
     logit_bias, repetition_penalty, presence_penalty, frequency_penalty, context_tokens
         As in :func:`verify_greedy` (applied before the bitmask, temperature and filters).
+    draft_vocab_map : Tensor, optional
+        `[V_draft]` integer, unique ids in ``[0, V)``: a draft with a reduced vocabulary
+        (EAGLE-3's draft-to-target map ``d2t``, as absolute target ids). ``draft_probs`` is then
+        `[B, K, V_draft]` (flat: `[num_tokens, V_draft]`), column ``i`` the probability of target
+        token ``draft_vocab_map[i]``; a target token outside the map has ``q = 0``.
+        ``draft_tokens`` stay target ids. The result equals the call on ``draft_probs``
+        scattered to `[B, K, V]`, without that scatter.
     backend, validate
         As in :func:`verify_greedy`. ``validate`` also checks that ``draft_probs`` rows at live
         positions are non-negative and sum to 1 (tolerance ``max(1e-3, eps(dtype))``: bfloat16
@@ -810,6 +828,7 @@ def verify_sampling(
             max_spec_len,
             num_draft_tokens,
             validate,
+            draft_width=getattr(draft_vocab_map, "shape", (None,))[0],
         )
         b = flat.drafts.shape[0]
         if draft_probs is not None and draft_probs.shape[0] == 0:
@@ -820,6 +839,9 @@ def verify_sampling(
             check.check_flat_temperature_range(target_logits, flat.num_draft_tokens + 1, temp)
         n = _check_serving(target_logits, token_bitmask, logprobs, num_logprobs, validate, flat)
         seeds = rng.seeds_for_batch(b, target_logits.device, seed, generator)
+        inv = _draft_vocab_inverse(
+            draft_vocab_map, draft_probs, target_logits.shape[-1], target_logits.device, validate
+        )
         procs = processors.parse(
             b, target_logits.shape[-1], target_logits.device, min_p=min_p,
             logit_bias=logit_bias, repetition_penalty=repetition_penalty,
@@ -848,6 +870,7 @@ def verify_sampling(
             min_p=None if greedy else procs.min_p,
             edit_ids=ids,
             edit_vals=vals,
+            draft_vocab_inv=inv,
             logprobs=logprobs,
             num_logprobs=n,
         ).run()
@@ -871,9 +894,43 @@ def verify_sampling(
         presence_penalty=presence_penalty,
         frequency_penalty=frequency_penalty,
         context_tokens=context_tokens,
+        draft_vocab_map=draft_vocab_map,
         backend=backend,
         validate=validate,
     ).run()
+
+
+def _draft_vocab_inverse(draft_vocab_map, draft_probs, v: int, device, validate: bool):
+    """``[V]`` int32 (the draft column of each target id, ``-1`` outside the map) of a checked
+    ``draft_vocab_map``, or ``None`` without one. A ``V``-sized index, not a ``[B, K, V]``
+    scatter of the draft's probabilities."""
+    if draft_vocab_map is None:
+        return None
+    m = check.require_tensor("draft_vocab_map", draft_vocab_map)
+    check.require_dtype("draft_vocab_map", m, check.INT_DTYPES)
+    if m.dim() != 1 or m.shape[0] == 0:
+        raise ValueError(f"draft_vocab_map must be [V_draft], got {check.shape_str(m)}")
+    check.require_device("draft_vocab_map", m, device)
+    if draft_probs is None:
+        raise ValueError(
+            "draft_vocab_map maps draft_probs' columns to target ids: pass draft_probs "
+            "[B, K, V_draft] with it"
+        )
+    if validate:
+        bad = (m < 0) | (m >= v)
+        if bool(bad.any()):
+            (i,) = check.first_index(bad)
+            raise ValueError(f"draft_vocab_map[{i}] = {int(m[i])} is outside [0, V) with V = {v}")
+        ordered = m.sort().values
+        if bool((ordered[1:] == ordered[:-1]).any()):
+            (i,) = check.first_index(ordered[1:] == ordered[:-1])
+            raise ValueError(
+                f"draft_vocab_map must not repeat a target id; {int(ordered[i])} appears twice"
+            )
+    inv = torch.full((v,), -1, dtype=torch.int32, device=device)
+    inv[m.clamp(0, v - 1).to(torch.int64)] = torch.arange(m.shape[0], dtype=torch.int32,
+                                                           device=device)  # fmt: skip
+    return inv
 
 
 def _controls(b: int, device: torch.device, temperature, top_k, top_p, seed):

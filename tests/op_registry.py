@@ -67,7 +67,7 @@ def _chain_greedy(backend):
         logits, drafts, _ = make_inputs(3, 4, 40, strided=True)
         nd = torch.tensor([4, 2, 0])
         return _on(device, logits, drafts, None, nd, *(None,) * 7, "greedy", False, 0.0, 0.0,
-                   None, None, None, backend)  # fmt: skip
+                   None, None, None, None, backend)  # fmt: skip
 
     return args
 
@@ -86,7 +86,7 @@ def _chain_sampling(backend, filters):
             edits = logit_edits(logits, drafts, nd, torch.tensor([[1, 2], [3, -1], [5, 5]]),
                                 repetition_penalty=1.5)  # fmt: skip
         return _on(device, logits, drafts, q, nd, temperature, top_k, top_p, seeds, None, None,
-                   None, "sampling", False, 0.0, 0.0, min_p, *edits, backend)  # fmt: skip
+                   None, "sampling", False, 0.0, 0.0, min_p, *edits, None, backend)  # fmt: skip
 
     return args
 
@@ -124,7 +124,7 @@ def _chain_inputs(mode):
 
 
 def _chain_form(backend, mode):
-    return lambda device: _on(device, *_chain_inputs(mode), None, None, None, backend)
+    return lambda device: _on(device, *_chain_inputs(mode), None, None, None, None, backend)
 
 
 def _native_verify_ex_plain(device):

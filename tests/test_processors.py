@@ -396,3 +396,46 @@ def test_counts_that_ignore_earlier_drafts_fail_the_same_test():
     with pytest.raises(AssertionError, match="chi-square"):
         chi_square_check(pair[:, 0] * V_STAT + pair[:, 1], joint.float(), "planted bug")
     assert ALPHA == 1e-7
+
+
+# ---------------------------------------------------------------- a reduced draft vocabulary
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("method", ["token", "block"])
+def test_reduced_draft_vocabulary_equals_the_scattered_call(backend, method):
+    g = torch.Generator().manual_seed(9)
+    b, k, v, vd = 4, 3, 200, 37
+    logits = torch.randn(b, k + 1, v, generator=g) * 2
+    d2t = torch.randperm(v, generator=g)[:vd]  # EAGLE-3's map: draft column -> target id
+    q = torch.softmax(torch.randn(b, k, vd, generator=g), -1)
+    cols = torch.multinomial(q.view(-1, vd), 1, generator=g).view(b, k)
+    drafts = d2t[cols]  # target ids
+    drafts[0, 1] = int(torch.tensor([t for t in range(v) if t not in d2t.tolist()][0]))  # q = 0
+    full = torch.zeros(b, k, v)
+    full[..., d2t] = q
+    kw = dict(seed=torch.arange(b) + 3, temperature=0.8, top_p=0.95, method=method,
+              backend=backend)  # fmt: skip
+    got = sk.verify_sampling(logits, drafts, q, draft_vocab_map=d2t, **kw)
+    want = sk.verify_sampling(logits, drafts, full, **kw)
+    assert torch.equal(got.tokens, want.tokens)
+    assert got.num_accepted[0] <= 1  # draft 1 of row 0 has q = 0: never accepted
+    nd = torch.tensor([3, 1, 0, 2])  # the flat layout
+    fq = torch.cat([q[i, : int(nd[i])] for i in range(b)])
+    flat = torch.cat([logits[i, : int(nd[i]) + 1] for i in range(b)])
+    fd = torch.cat([drafts[i, : int(nd[i])] for i in range(b)])
+    got = sk.verify_sampling(flat, fd, fq, cu_num_draft_tokens=nd.cumsum(0), max_spec_len=3,
+                             draft_vocab_map=d2t, **kw)  # fmt: skip
+    want = sk.verify_sampling(logits, drafts, full, num_draft_tokens=nd, **kw)
+    assert torch.equal(got.tokens, want.tokens)
+
+
+def test_bad_draft_vocab_maps_are_named():
+    logits, drafts = torch.randn(2, 3, 40), torch.zeros(2, 2, dtype=torch.int64)
+    q = torch.full((2, 2, 4), 0.25)
+    with pytest.raises(ValueError, match=r"draft_vocab_map\[1\] = 40"):
+        sk.verify_sampling(logits, drafts, q, draft_vocab_map=torch.tensor([0, 40, 2, 3]), seed=0)
+    with pytest.raises(ValueError, match="repeat a target id; 2 appears twice"):
+        sk.verify_sampling(logits, drafts, q, draft_vocab_map=torch.tensor([0, 2, 2, 3]), seed=0)
+    with pytest.raises(ValueError, match="pass draft_probs"):
+        sk.verify_sampling(logits, drafts, draft_vocab_map=torch.tensor([0, 1]), seed=0)
+    with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, K, V_draft\]"):
+        sk.verify_sampling(logits, drafts, q, draft_vocab_map=torch.tensor([0, 1]), seed=0)

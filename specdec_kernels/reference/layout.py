@@ -16,6 +16,15 @@ def gather_rows(flat: torch.Tensor, row_start: torch.Tensor, length: int) -> tor
     return flat[rows]
 
 
+def scatter_draft_vocab(probs: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """``[..., V]``: draft probabilities over a reduced vocabulary (``probs [..., V_draft]``)
+    at the target ids, 0 outside the map (``inv [V]``: the column of each target id, or
+    ``-1``). The specification of ``draft_vocab_map``; the kernels read the columns through
+    ``inv`` instead."""
+    cols = probs[..., inv.clamp(min=0).to(torch.int64)]
+    return torch.where(inv >= 0, cols, torch.zeros((), dtype=probs.dtype, device=probs.device))
+
+
 def as_logits(values: torch.Tensor, log_input: bool) -> torch.Tensor:
     """The kernels' ``x`` before temperature: the logits, or ``log(p)`` of probabilities."""
     return torch.log(values.float()) if log_input else values

@@ -35,6 +35,7 @@ def verify_chain(
     min_p: Tensor | None = None,
     edit_ids: Tensor | None = None,
     edit_vals: Tensor | None = None,
+    draft_vocab_inv: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(tokens [B, K+1], num_accepted [B], num_emitted [B])`` of one verification step.
 
@@ -47,6 +48,8 @@ def verify_chain(
     ``K``. ``min_p``: ``None`` or ``[B]`` float32 (``0`` = off). ``edit_ids [B, E]`` /
     ``edit_vals [B, K+1, E]``: the processors' edit list (:func:`.processors.logit_edits`),
     scattered into the logits before the bitmask (:func:`.processors.apply_edits`), or ``None``.
+    ``draft_vocab_inv [V]``: ``draft_probs`` columns of the target ids (a reduced draft
+    vocabulary, :func:`.layout.scatter_draft_vocab`), or ``None``.
     """
     k = draft_tokens.shape[1]
     logits = target_logits
@@ -62,6 +65,8 @@ def verify_chain(
     probs = draft_probs
     if probs is not None and probs_row_start is not None:
         probs = layout.gather_rows(probs, probs_row_start, k)
+    if probs is not None and draft_vocab_inv is not None:  # a reduced draft vocabulary
+        probs = layout.scatter_draft_vocab(probs, draft_vocab_inv)
     if mode == "greedy":
         return greedy.verify_greedy(logits, draft_tokens, num_draft_tokens)
     if mode == "typical":
