@@ -75,8 +75,10 @@ WALK_COMPILE = {**COMPILE, "maxnreg": 240}
 # Sparse logit edits (API.md section 10): a row's edited token ids are sorted, and the launcher
 # indexes them by granules of EDIT_GRANULE tokens (edit_table: csr[b, g] = the number of row b's
 # ids below g * EDIT_GRANULE, a [B, ceil(V / 32) + 1] int32 table made with torch.searchsorted).
-# A tile finds its edits from the table's entries at its first and last token (edit_logits).
+# A tile finds its edits from the table's entries at its first and last token (edit_logits);
+# up to EDIT_SCAN of them are applied one by one, more by a binary search per lane.
 EDIT_GRANULE = tl.constexpr(32)
+EDIT_SCAN = tl.constexpr(8)
 
 # Triton's interpreter keeps the launch it is running in module globals (the grid, the patched
 # `triton.language`), so two interpreted launches from different threads corrupt each other
@@ -297,11 +299,13 @@ def edit_logits(logit, idx, mask, edits):
     """``logit`` (float32, the tile's token ids ``idx``, any shape) with the edited tokens'
     values: ``vals[e]`` where ``ids[e] == idx`` (``edits``: :func:`edit_row`).
 
-    Cost: the tile's smallest and largest id (two reductions) and two loads of the granule table
-    (``[V / 32]`` int32 a row, cached); a tile with no edited token in its granules stops there,
-    which is the common case. A tile with edits finds each lane's by a branch-free binary search
-    over the tile's slice of the sorted ids (``log2`` of the slice's size gathers from ``[E]``
-    cached words) and one masked load of the value: ``O(E)`` extra reads per row, never ``O(V)``.
+    Cost: the tile's smallest and largest id (two reductions) and two scalar loads of the
+    granule table (``[V / 32 + 1]`` int32 a row, cached); a tile with no edited token in its
+    granules stops there, which is the common case. A tile with up to ``EDIT_SCAN`` edits applies
+    them one by one (two scalar loads and one select over the tile each): ``O(E)`` extra bytes
+    per pass over a row, never ``O(V)``. A tile with more (dense edits) finds each lane's by a
+    branch-free binary search over the tile's slice of the sorted ids (``log2`` of its size
+    gathers from cached words) and one masked load of the value.
     """
     ids_row = edits[0]
     vals_row = edits[1]
@@ -312,17 +316,22 @@ def edit_logits(logit, idx, mask, edits):
     hi = tl.max(lanes, axis=None)
     e_lo = tl.load(table + tl.minimum(lo // EDIT_GRANULE, ng))
     e_hi = tl.load(table + tl.minimum(hi // EDIT_GRANULE + 1, ng))
-    if e_hi > e_lo:
-        # the last e in [e_lo, e_hi) with ids[e] <= idx (e_lo if none): ids[e] == idx is the hit
-        base = tl.zeros_like(idx).to(tl.int32) + e_lo
-        n = e_hi - e_lo
-        while n > 1:
-            half = n // 2
-            probe = tl.load(ids_row + base + half)
-            base = tl.where(probe <= idx, base + half, base)
-            n -= half
-        hit = mask & (tl.load(ids_row + base) == idx)
-        logit = tl.where(hit, tl.load(vals_row + base, mask=hit, other=0.0), logit)
+    n = e_hi - e_lo
+    if n > 0:
+        if n <= EDIT_SCAN:
+            for e in range(e_lo, e_hi):
+                hit = mask & (idx == tl.load(ids_row + e))
+                logit = tl.where(hit, tl.load(vals_row + e), logit)
+        else:
+            # the last e in [e_lo, e_hi) with ids[e] <= idx (e_lo if none): the hit if equal
+            base = tl.zeros_like(idx).to(tl.int32) + e_lo
+            while n > 1:
+                half = n // 2
+                probe = tl.load(ids_row + base + half)
+                base = tl.where(probe <= idx, base + half, base)
+                n -= half
+            hit = mask & (tl.load(ids_row + base) == idx)
+            logit = tl.where(hit, tl.load(vals_row + base, mask=hit, other=0.0), logit)
     return logit
 
 
