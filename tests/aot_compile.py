@@ -244,6 +244,8 @@ def kernels():
         if edits:  # edits and min-p: the richest sampling variant (no log inputs), and greedy-only
             rich = {**richest, **{k: True for k in edits}}
             rich.update(_derived(fn, rich))
+            if "NBLOCK" in fn.arg_names:  # the logprobs' top-n list at its largest
+                rich["NBLOCK"] = triton.next_power_of_2(rich["NTOP"])
             yield fn, {**fixed, **rich, **on, **({"LOG_X": False} if "LOG_X" in on else {})}
             if "GREEDY_ONLY" in flags:
                 greedy = {f: f == "GREEDY_ONLY" for f in flags}
@@ -252,6 +254,8 @@ def kernels():
                     greedy.update({"GATHER": False, "FUSED": False})
                 greedy.update(_derived(fn, greedy))
                 greedy_edits = {k: k == "HAS_EDITS" for k in edits}
+                if "NBLOCK" in fn.arg_names:
+                    greedy_edits["NBLOCK"] = 1
                 yield fn, {**fixed, **greedy, **on, **greedy_edits}
             if "FUSED" in fn.arg_names:  # the one-hot race fused into the statistics pass
                 fused = {f: False for f in flags}

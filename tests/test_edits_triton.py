@@ -242,6 +242,41 @@ def test_min_p_keeps_only_likely_tokens(strategy):
     assert not torch.equal(tokens, none[0])  # the cut changed some sampled token
 
 
+def test_min_p_below_the_buffer_falls_back():
+    """Flat rows (``randn * 0.1``) with ``min_p = 0.6`` keep far more tokens than the candidate
+    buffer holds: the split strategy's threshold kernel falls back to the search over the row
+    (its per-position flag is 0), and both strategies still give the dense copy's tokens, all of
+    them with ``exp(x - max) >= min_p``."""
+    b, k, v = 2, 1, 2051
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(b, k + 1, v, generator=g) * 0.1
+    ids, vals = _edits(b, k + 1, v, 10, seed=4, neg_inf=False)
+    vals = vals * 0.02  # edits inside the flat range
+    drafts = torch.randint(0, v, (b, k), generator=g)
+    nd = torch.full((b,), k)
+    temperature, min_p = torch.ones(b), torch.full((b,), 0.6)
+    seen = {}
+    original = vs._partials
+
+    def capture(*args, **kwargs):
+        seen["parts"] = original(*args, **kwargs)
+        return seen["parts"]
+
+    vs._partials = capture
+    try:
+        tokens, _ = _check_against_dense(
+            logits, drafts, nd, ids, vals, "fallback", temperature=temperature, min_p=min_p,
+            greedy_only=False,
+        )  # fmt: skip
+    finally:
+        vs._partials = original
+    assert int(seen["parts"].cand.mode.sum()) == 0  # no position answered from its buffer
+    kept = _min_p_kept(_dense(logits, ids, vals), temperature, min_p)
+    assert int(kept[:, 0].sum()) > 1024  # more than the buffer holds
+    emitted = tokens >= 0
+    assert bool(kept.gather(-1, tokens.clamp_min(0)[..., None])[..., 0][emitted].all())
+
+
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_min_p_one_emits_argmax(strategy):
     """``min_p = 1`` keeps the (edited) row's argmax alone: every emitted token is it."""
