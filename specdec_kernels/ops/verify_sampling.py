@@ -39,6 +39,15 @@ race kernel (split); one-hot drafts use the closed forms. A token bitmask (``HAS
 laid out like the logits') makes a disallowed token a ``-inf`` logit wherever a logit is read
 (``_common.load_x``). Neither changes the launches.
 
+Sparse logit edits and min-p (API.md section 10). With ``HAS_EDITS`` the same ``load_x`` reads an
+edited token's logit from ``edit_vals [B, K+1, E]`` instead of the row (then the bitmask and the
+temperature apply): a tile finds its edits from a ``[B, ceil(V / 32) + 1]`` granule table of the
+sorted ``edit_ids`` that the launcher builds with ``torch.searchsorted``
+(``_common.edit_logits``: a tile without edits costs two reductions and two cached scalar
+loads), so no ``[B, K+1, V]`` copy is made. Min-p (``HAS_MINP``) is one more key threshold after
+top-k / top-p (``_common.min_p_key``), a filter like them for the launches (no fused race; the
+candidate buffer answers where it reaches down to min-p's key).
+
 Vocabulary: a row's draft tokens are *accepted* in order until the first rejection; the token
 emitted after them is the *recovered* token (sampled from the residual ``max(0, p - q)``) at a
 rejected draft, or the *bonus* token (sampled from ``p``) when every draft was accepted; the
