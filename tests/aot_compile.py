@@ -83,6 +83,10 @@ POINTER_TYPES = {
     "cidx_ptr": "*i32",
     "cx_ptr": "*fp32",
     "mode_ptr": "*i32",
+    "minp_ptr": "*fp32",
+    "eids_ptr": "*i32",
+    "evals_ptr": "*fp32",
+    "etab_ptr": "*i32",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
@@ -93,6 +97,9 @@ LAYOUT_FLAGS = ("FLAT", "LOG_X")
 # above (the logprobs kernel has it in its product); on in the richest variant of each kernel
 # (with the layout flags where it has them) and in its greedy-only one.
 MASK_FLAGS = ("HAS_MASK",)
+# Sparse logit edits and min-p (issue 54): off in every variant above; on together in the richest
+# variant of each kernel (with the layout and mask flags), and the edits in its greedy-only one.
+EDIT_FLAGS = ("HAS_EDITS", "HAS_MINP")
 # non-boolean mode constexprs and their values (NTOP: the logprobs' top-n off and at its largest;
 # METHOD: block verification, issue 22, with every sampling flag combination of the chain kernels)
 MODES = {"MODE": (0, 1, 2), "NTOP": (0, 20), "METHOD": (0, 1)}
@@ -107,6 +114,7 @@ def _derived(fn, constexprs):
     names = fn.arg_names
     sampling = not constexprs.get("GREEDY_ONLY", False)
     filtered = constexprs.get("HAS_TOPK", False) or constexprs.get("HAS_TOPP", False)
+    filtered = filtered or constexprs.get("HAS_MINP", False)
     filtered = filtered or constexprs.get("HAS_FILTER", False)
     one_hot = sampling and not constexprs.get("HAS_Q", False) and not filtered
     out = {}
@@ -173,6 +181,7 @@ def kernels():
     ):
         sampled = fn is not logprobs._emitted_logprobs_kernel  # HAS_MASK outside the product
         masks = {k: False for k in MASK_FLAGS if k in fn.arg_names and sampled}
+        edits = {k: False for k in EDIT_FLAGS if k in fn.arg_names}
         flags = [f for f in FLAGS if f in fn.arg_names and f not in masks]
         modes = [m for m in MODES if m in fn.arg_names]
         fixed = {k: v for k, v in sizes.items() if k in fn.arg_names}
@@ -213,23 +222,48 @@ def kernels():
                 continue  # the filters' code is the chain kernels' (compiled above): one mode
             if "NBLOCK" in fn.arg_names:  # the top-n list: the power of two >= n
                 constexprs["NBLOCK"] = triton.next_power_of_2(max(constexprs["NTOP"], 1))
-            yield fn, {**fixed, **layout, **masks, **constexprs}
+            yield fn, {**fixed, **layout, **masks, **edits, **constexprs}
         richest = {f: f != "GREEDY_ONLY" for f in flags}
         richest.update({m: MODES[m][1] for m in modes})  # tree: the mode compiled with filters
         if fn is verify_sampling._split_stats_kernel:
             richest.update({"GATHER": True, "FUSED": False})
         richest.update(_derived(fn, richest))
         if layout:  # vLLM's flat rows + probability inputs: the sampling variant with everything on
-            yield fn, {**fixed, **richest, **masks, **{k: True for k in layout}}
+            yield fn, {**fixed, **richest, **masks, **edits, **{k: True for k in layout}}
+        on = {k: True for k in layout}  # the layout flags of the richest variants below
+        on.update({k: True for k in masks})
         if masks:  # grammar masks: the richest sampling variant, and greedy-only
-            yield fn, {**fixed, **richest, **{k: True for k in layout}, **{k: True for k in masks}}
+            yield fn, {**fixed, **richest, **edits, **on}
             if "GREEDY_ONLY" in flags:
                 greedy = {f: f == "GREEDY_ONLY" for f in flags}
                 greedy.update({m: MODES[m][0] for m in modes})
                 if fn is verify_sampling._split_stats_kernel:
                     greedy.update({"GATHER": False, "FUSED": False})
                 greedy.update(_derived(fn, greedy))
-                yield fn, {**fixed, **greedy, **layout, **{k: True for k in masks}}
+                yield fn, {**fixed, **greedy, **layout, **edits, **{k: True for k in masks}}
+        if edits:  # edits and min-p: the richest sampling variant (no log inputs), and greedy-only
+            rich = {**richest, **{k: True for k in edits}}
+            rich.update(_derived(fn, rich))
+            if "NBLOCK" in fn.arg_names:  # the logprobs' top-n list at its largest
+                rich["NBLOCK"] = triton.next_power_of_2(rich["NTOP"])
+            yield fn, {**fixed, **rich, **on, **({"LOG_X": False} if "LOG_X" in on else {})}
+            if "GREEDY_ONLY" in flags:
+                greedy = {f: f == "GREEDY_ONLY" for f in flags}
+                greedy.update({m: MODES[m][0] for m in modes})
+                if fn is verify_sampling._split_stats_kernel:
+                    greedy.update({"GATHER": False, "FUSED": False})
+                greedy.update(_derived(fn, greedy))
+                greedy_edits = {k: k == "HAS_EDITS" for k in edits}
+                if "NBLOCK" in fn.arg_names:
+                    greedy_edits["NBLOCK"] = 1
+                yield fn, {**fixed, **greedy, **on, **greedy_edits}
+            if "FUSED" in fn.arg_names:  # the one-hot race fused into the statistics pass
+                fused = {f: False for f in flags}
+                fused.update({m: MODES[m][0] for m in modes})
+                if fn is verify_sampling._split_stats_kernel:
+                    fused.update({"GATHER": False, "FUSED": True})
+                fused.update(_derived(fn, fused))
+                yield fn, {**fixed, **fused, **layout, **masks, "HAS_EDITS": True}
 
 
 def ptxas_resources(ptx: str, arch: str) -> dict:
@@ -272,7 +306,11 @@ def main(archs, report=None, fail_on_spills=False, command=None):
             flags = {
                 k: v
                 for k, v in constexprs.items()
-                if k in FLAGS or k in MODES or k in LAYOUT_FLAGS or k in MASK_FLAGS
+                if k in FLAGS
+                or k in MODES
+                or k in LAYOUT_FLAGS
+                or k in MASK_FLAGS
+                or k in EDIT_FLAGS
             }
             try:
                 compiled = _compile(fn, constexprs, target)

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import threading
 
+import torch
 import triton
 import triton.language as tl
 
@@ -71,6 +72,14 @@ COMPILE = {"enable_fp_fusion": False}
 # SM's 64K registers.
 WALK_COMPILE = {**COMPILE, "maxnreg": 240}
 
+# Sparse logit edits (API.md section 10): a row's edited token ids are sorted, and the launcher
+# indexes them by granules of EDIT_GRANULE tokens (edit_table: csr[b, g] = the number of row b's
+# ids below g * EDIT_GRANULE, a [B, ceil(V / 32) + 1] int32 table made with torch.searchsorted).
+# A tile finds its edits from the table's entries at its first and last token (edit_logits);
+# up to EDIT_SCAN of them are applied one by one, more by a binary search per lane.
+EDIT_GRANULE = tl.constexpr(32)
+EDIT_SCAN = tl.constexpr(8)
+
 # Triton's interpreter keeps the launch it is running in module globals (the grid, the patched
 # `triton.language`), so two interpreted launches from different threads corrupt each other
 # ("InterpreterError ... x >= grid_dim[0]"). Interpreted launches take this lock; compiled GPU
@@ -116,9 +125,15 @@ class RowControls:
     seeds: object  # [B] int64
     has_top_k: bool
     has_top_p: bool
+    min_p: object = None  # [B] float32
+    has_min_p: bool = False
+
+    @property
+    def has_filter(self) -> bool:
+        return self.has_top_k or self.has_top_p or self.has_min_p
 
 
-def row_controls(placeholder, temperature, top_k, top_p, seeds, *, greedy_only: bool):
+def row_controls(placeholder, temperature, top_k, top_p, seeds, *, greedy_only: bool, min_p=None):
     """:class:`RowControls` of one call. A pointer the kernel never reads still needs a tensor:
     ``placeholder`` (any ``[B]`` tensor of the call) stands for the controls that are None or,
     with ``greedy_only``, ignored; the filter flags are off for greedy-only calls."""
@@ -129,7 +144,36 @@ def row_controls(placeholder, temperature, top_k, top_p, seeds, *, greedy_only: 
         seeds=placeholder if greedy_only else seeds,
         has_top_k=top_k is not None and not greedy_only,
         has_top_p=top_p is not None and not greedy_only,
+        min_p=min_p if min_p is not None else placeholder,
+        has_min_p=min_p is not None and not greedy_only,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class EditArgs:
+    """A call's sparse logit edits as kernel arguments (API.md section 10)."""
+
+    ids: object  # [B, E] int32 edited token ids, sorted, padded with V
+    vals: object  # [B, P, E] float32 their logits at each position (P = K+1, or the rows)
+    table: object  # [B, NG+1] int32 edit_table
+    num_edits: int  # E
+    num_granules: int  # NG = ceil(V / EDIT_GRANULE)
+    has_edits: bool
+
+
+def edit_args(edit_ids, edit_vals, vocab_size: int, placeholder) -> EditArgs:
+    """:class:`EditArgs` of one call: the ``[B, NG+1]`` granule table of the sorted edit ids
+    (``table[b, g]`` = how many of row ``b``'s ids are below ``min(g * EDIT_GRANULE, V)``; the
+    padding ids ``V`` never count), or ``placeholder`` tensors without edits."""
+    if edit_ids is None:
+        return EditArgs(placeholder, placeholder, placeholder, 1, 0, False)
+    ids = edit_ids.to(torch.int32).contiguous()
+    granules = triton.cdiv(vocab_size, EDIT_GRANULE.value)
+    bounds = torch.arange(granules + 1, device=ids.device, dtype=torch.int32) * EDIT_GRANULE.value
+    bounds = bounds.clamp_max(vocab_size).expand(ids.shape[0], granules + 1).contiguous()
+    table = torch.searchsorted(ids, bounds, out_int32=True)
+    vals = edit_vals.to(torch.float32).contiguous()
+    return EditArgs(ids, vals, table, ids.shape[1], granules, True)
 
 
 @triton.jit
@@ -235,17 +279,80 @@ def row_filters(topk_ptr, topp_ptr, b, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.cons
 
 
 @triton.jit
+def row_min_p(minp_ptr, b, HAS_MINP: tl.constexpr):  # minp_ptr: [B] float32
+    """min-p of row ``b``; 0 (off) without ``HAS_MINP``."""
+    min_p = 0.0
+    if HAS_MINP:
+        min_p = tl.load(minp_ptr + b).to(tl.float32)
+    return min_p
+
+
+@triton.jit
+def edit_row(ids_ptr, vals_ptr, table_ptr, b, row, E, NG):
+    """The ``edits`` tuple of row ``b`` at values row ``row`` (``b * P + position``):
+    ``(ids [E], vals [E], table [NG+1], NG)`` (:class:`EditArgs`)."""
+    return ids_ptr + b * E, vals_ptr + row * E, table_ptr + b * (NG + 1), NG
+
+
+@triton.jit
+def edit_logits(logit, idx, mask, edits):
+    """``logit`` (float32, the tile's token ids ``idx``, any shape) with the edited tokens'
+    values: ``vals[e]`` where ``ids[e] == idx`` (``edits``: :func:`edit_row`).
+
+    Cost: the tile's smallest and largest id (two reductions) and two scalar loads of the
+    granule table (``[V / 32 + 1]`` int32 a row, cached); a tile with no edited token in its
+    granules stops there, which is the common case. A tile with up to ``EDIT_SCAN`` edits applies
+    them one by one (two scalar loads and one select over the tile each): ``O(E)`` extra bytes
+    per pass over a row, never ``O(V)``. A tile with more (dense edits) finds each lane's by a
+    branch-free binary search over the tile's slice of the sorted ids (``log2`` of its size
+    gathers from cached words) and one masked load of the value.
+    """
+    ids_row = edits[0]
+    vals_row = edits[1]
+    table = edits[2]
+    ng = edits[3]
+    lanes = idx + tl.zeros([1], idx.dtype)  # a scalar id as a 1-lane tile
+    lo = tl.min(lanes, axis=None)
+    hi = tl.max(lanes, axis=None)
+    e_lo = tl.load(table + tl.minimum(lo // EDIT_GRANULE, ng))
+    e_hi = tl.load(table + tl.minimum(hi // EDIT_GRANULE + 1, ng))
+    n = e_hi - e_lo
+    if n > 0:
+        if n <= EDIT_SCAN:
+            for e in range(e_lo, e_hi):
+                hit = mask & (idx == tl.load(ids_row + e))
+                logit = tl.where(hit, tl.load(vals_row + e), logit)
+        else:
+            # the last e in [e_lo, e_hi) with ids[e] <= idx (e_lo if none): the hit if equal
+            base = tl.zeros_like(idx).to(tl.int32) + e_lo
+            while n > 1:
+                half = n // 2
+                probe = tl.load(ids_row + base + half)
+                base = tl.where(probe <= idx, base + half, base)
+                n -= half
+            hit = mask & (tl.load(ids_row + base) == idx)
+            logit = tl.where(hit, tl.load(vals_row + base, mask=hit, other=0.0), logit)
+    return logit
+
+
+@triton.jit
 def load_x(ptr, mask, temp, LOG_X: tl.constexpr, bits_row=None, idx=None,
-           HAS_MASK: tl.constexpr = False):  # fmt: skip
+           HAS_MASK: tl.constexpr = False, edits=None,
+           HAS_EDITS: tl.constexpr = False):  # fmt: skip
     """``x = logit / temp`` of the logits at ``ptr`` (``-inf`` where masked); with ``LOG_X`` the
     inputs are probabilities and ``x = log(prob)`` (``log 0 = -inf``: masked; ``temp`` unused).
     With ``HAS_MASK`` the token ids ``idx`` (``ptr`` = row + ``idx``) are looked up in the token
     bitmask row ``bits_row`` (``[W]`` int32, bit ``idx % 32`` of word ``idx // 32``): a
-    disallowed token is ``-inf``, whatever its logit (API.md section 9)."""
+    disallowed token is ``-inf``, whatever its logit (API.md section 9). With ``HAS_EDITS`` the
+    logits of the position's edited tokens are replaced first (:func:`edit_logits`, API.md
+    section 10; never with ``LOG_X``): the bitmask and the temperature then apply to them."""
     if LOG_X:
         x = tl.log(tl.load(ptr, mask=mask, other=0.0).to(tl.float32))
     else:
-        x = tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32) / temp
+        logit = tl.load(ptr, mask=mask, other=float("-inf")).to(tl.float32)
+        if HAS_EDITS:
+            logit = edit_logits(logit, idx, mask, edits)
+        x = logit / temp
     if HAS_MASK:
         word = tl.load(bits_row + (idx >> 5), mask=mask, other=0)
         x = tl.where(((word >> (idx & 31)) & 1) != 0, x, float("-inf"))
@@ -290,7 +397,9 @@ def chunk_stats(row_ptr,  # [V] one logits row
                 bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
                 HAS_MASK: tl.constexpr = False, GATHER: tl.constexpr = False, pivot=0,
                 cand=None,  # (count [1] int32, token ids [CAP] int32, x [CAP] float32) if GATHER
-                CAP: tl.constexpr = 1):
+                CAP: tl.constexpr = 1,
+                edits=None,  # (ids [E], vals [E], csr [NG+1], NG): edit_row (if HAS_EDITS)
+                HAS_EDITS: tl.constexpr = False):
     """Max of ``x = logit / temp``, sum of ``exp(x - max)`` and first argmax over one chunk.
 
     With ``GATHER``, the finite tokens with ``float_key(x) >= pivot`` are also appended to the
@@ -302,7 +411,7 @@ def chunk_stats(row_ptr,  # [V] one logits row
     for t in tl.static_range(0, CHUNK, BLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK, edits, HAS_EDITS)
         if GATHER:
             gather(x, idx, mask, pivot, cand[0], cand[1], cand[2], CAP)
         i_vec = tl.where(x > m_vec, idx, i_vec)
@@ -332,9 +441,11 @@ def _race_tile(row_ptr,  # [V] one logits row
                idx, V, temp, stream, draft, m_vec, s_vec, i_vec, b_x, b_le, b_i, gap,
                LOG_X: tl.constexpr,
                bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
-               HAS_MASK: tl.constexpr):
+               HAS_MASK: tl.constexpr,
+               edits,  # (ids [E], vals [E], csr [NG+1], NG): edit_row (if HAS_EDITS)
+               HAS_EDITS: tl.constexpr):
     """One tile of :func:`chunk_stats_race`: the lanes' statistics and race state updated."""
-    x = load_x(row_ptr + idx, idx < V, temp, LOG_X, bits_row, idx, HAS_MASK)
+    x = load_x(row_ptr + idx, idx < V, temp, LOG_X, bits_row, idx, HAS_MASK, edits, HAS_EDITS)
     i_vec = tl.where(x > m_vec, idx, i_vec)
     new_m = tl.maximum(m_vec, x)
     safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # no (-inf) - (-inf)
@@ -359,7 +470,9 @@ def chunk_stats_race(row_ptr,  # [V] one logits row
                      chunk_start, V, temp, stream, draft, CHUNK: tl.constexpr,
                      BLOCK: tl.constexpr, LOG_X: tl.constexpr,
                      bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
-                     HAS_MASK: tl.constexpr, UNROLL: tl.constexpr):
+                     HAS_MASK: tl.constexpr, UNROLL: tl.constexpr,
+                     edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                     HAS_EDITS: tl.constexpr = False):
     """:func:`chunk_stats` and, in the same pass, the race of an unfiltered position with a
     one-hot draft over the chunk's tokens but the draft, without the row's max or normaliser.
 
@@ -388,13 +501,13 @@ def chunk_stats_race(row_ptr,  # [V] one logits row
         for t in tl.static_range(0, CHUNK, BLOCK):
             m_vec, s_vec, i_vec, b_x, b_le, b_i, gap = _race_tile(
                 row_ptr, chunk_start + t + offs, V, temp, stream, draft, m_vec, s_vec, i_vec,
-                b_x, b_le, b_i, gap, LOG_X, bits_row, HAS_MASK,
+                b_x, b_le, b_i, gap, LOG_X, bits_row, HAS_MASK, edits, HAS_EDITS,
             )
     else:  # the walking kernel: a tile's loads at a time keep its registers
         for t in range(0, CHUNK, BLOCK):
             m_vec, s_vec, i_vec, b_x, b_le, b_i, gap = _race_tile(
                 row_ptr, chunk_start + t + offs, V, temp, stream, draft, m_vec, s_vec, i_vec,
-                b_x, b_le, b_i, gap, LOG_X, bits_row, HAS_MASK,
+                b_x, b_le, b_i, gap, LOG_X, bits_row, HAS_MASK, edits, HAS_EDITS,
             )
     m = tl.max(m_vec, axis=0)
     a = tl.min(tl.where(m_vec == m, i_vec, 2147483647), axis=0)
@@ -432,7 +545,9 @@ def race_choice(row_ptr,  # [V] the logits row of the stop position
                 best_x, best_index, gap, m, z, draft, residual, V, temp, stream,
                 LOG_X: tl.constexpr,
                 bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
-                HAS_MASK: tl.constexpr):
+                HAS_MASK: tl.constexpr,
+                edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                HAS_EDITS: tl.constexpr = False):
     """The token of the fused race (:func:`chunk_stats_race`'s winner ``best_index`` over the
     row but the draft, merged with :func:`merge_race`) and whether it is sure: ``(token,
     sure)``. With ``residual`` (a rejected draft) the race is over ``max(0, p - onehot(draft))``
@@ -442,7 +557,7 @@ def race_choice(row_ptr,  # [V] the logits row of the stop position
     token exceeds ``RACE_TOL``; where it is not, the race over the row decides."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)
-    dx = load_x(row_ptr + d, d == d, temp, LOG_X, bits_row, d, HAS_MASK)
+    dx = load_x(row_ptr + d, d == d, temp, LOG_X, bits_row, d, HAS_MASK, edits, HAS_EDITS)
     dx = tl.where(in_vocab, dx, float("-inf"))
     safe_m = tl.where(m == float("-inf"), 0.0, m)  # m, z themselves wherever m is finite
     safe_z = tl.where(z > 0.0, z, 1.0)
@@ -510,7 +625,9 @@ def sample_pivot(row_ptr,  # [V] one logits row
                  V, temp, top_k, HAS_TOPK: tl.constexpr, LOG_X: tl.constexpr,
                  bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
                  HAS_MASK: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr,
-                 SW: tl.constexpr, NPIV: tl.constexpr):
+                 SW: tl.constexpr, NPIV: tl.constexpr,
+                 edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                 HAS_EDITS: tl.constexpr = False):
     """The gather's cutoff key for one row, from up to ``SB`` evenly spread blocks of ``SW``
     tokens (one block per ``16 * SW`` tokens of the row: at most 1/16 of it, 3% of a 128k row):
     the sample's key of the rank that puts about ``CAP / 4`` tokens of the row at or above it
@@ -523,7 +640,7 @@ def sample_pivot(row_ptr,  # [V] one logits row
     idx = start[:, None] + tl.arange(0, SW)[None, :]
     mask = tl.reshape((blk[:, None] < nb) & (idx < V), [SB * SW])
     idx = tl.reshape(idx, [SB * SW])
-    x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+    x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK, edits, HAS_EDITS)
     # int32 keys (a float key fits; INT32_MIN, below every pivot, marks the unsampled lanes):
     # half the registers of int64 ones in the walking kernel
     keys = tl.where(mask, float_key(x), INT32_MIN).to(tl.int32)
@@ -538,14 +655,17 @@ def sample_pivot(row_ptr,  # [V] one logits row
 
 
 @triton.jit
-def filter_active(V, greedy, top_k, top_p, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr):
-    """Does a filter change this row's distribution (a sampling row with top-k in ``(0, V)`` or
-    top-p below 1)?"""
+def filter_active(V, greedy, top_k, top_p, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+                  min_p=0.0, HAS_MINP: tl.constexpr = False):  # fmt: skip
+    """Does a filter change this row's distribution (a sampling row with top-k in ``(0, V)``,
+    top-p below 1 or min-p above 0)?"""
     on = greedy == 2  # False, as a tensor
     if HAS_TOPK:
         on = on | ((top_k > 0) & (top_k < V))
     if HAS_TOPP:
         on = on | (top_p < 1.0)
+    if HAS_MINP:
+        on = on | (min_p > 0.0)
     return on & (greedy == 0)
 
 
@@ -569,15 +689,19 @@ def select_filter(
     HAS_TOPP: tl.constexpr,
     CAP: tl.constexpr,
     NPIV: tl.constexpr,
+    min_p=0.0,
+    HAS_MINP: tl.constexpr = False,
 ):
-    """``(exact, kappa, Z)`` of the top-k / top-p filter from a position's candidate buffer: the
-    reference's rules (:func:`thresholds`) searched over the candidates in registers
+    """``(exact, kappa, Z)`` of the top-k / top-p / min-p filter from a position's candidate
+    buffer: the reference's rules (:func:`thresholds`) searched over the candidates in registers
     (:func:`key_search`; masses in fixed point, so every reader gets the same sums).
 
     The buffer holds every finite token with key ``>= pivot`` (unless it overflowed). The answer
     is exact when the kept set lies inside it: top-k needs ``k`` candidates, top-p survivors
     whose mass reaches ``top_p * Z_k``; both hold trivially when the pivot is ``-inf`` (every
-    finite token gathered). ``exact`` is False otherwise (the caller falls back to the search)."""
+    finite token gathered); min-p (:func:`min_p_key`) only raises ``kappa``, and needs the
+    buffer to reach down to its key where no other filter is on. ``exact`` is False otherwise
+    (the caller falls back to the search)."""
     n = cand_count
     offs = tl.arange(0, CAP)
     live = offs < n
@@ -607,6 +731,11 @@ def select_filter(
             kp = key_search(key, survivors, kappa - 1, max_key, target, NPIV)
             kappa = tl.where(found, kp, kappa)
             exact = exact & (found | topk_on | complete)
+            topk_on = topk_on | (top_p < 1.0)  # from here: "a filter before min-p is on"
+    if HAS_MINP:
+        k_min = min_p_key(m, min_p)
+        exact = exact & (topk_on | complete | (k_min >= pivot))
+        kappa = tl.maximum(kappa, k_min)
     z = tl.sum(tl.where(key >= kappa, mass, 0), axis=0).to(tl.float32) / FIXED_SCALE
     return exact, kappa, z
 
@@ -649,7 +778,9 @@ def chunk_pivot_pass(row_ptr,  # [V] one logits row
                      chunk_start, V, temp, m, floor_key, pivots, NPIV: tl.constexpr,
                      CHUNK: tl.constexpr, TBLOCK: tl.constexpr, LOG_X: tl.constexpr = False,
                      bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-                     HAS_MASK: tl.constexpr = False):
+                     HAS_MASK: tl.constexpr = False,
+                     edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                     HAS_EDITS: tl.constexpr = False):
     """Over one chunk, for each pivot: the count and unnormalised mass ``exp(x - m)`` of the
     tokens with ``key >= floor_key`` and ``key > pivot``."""
     offs = tl.arange(0, TBLOCK)
@@ -660,7 +791,7 @@ def chunk_pivot_pass(row_ptr,  # [V] one logits row
     for t in range(0, CHUNK, TBLOCK):
         idx = chunk_start + t + offs
         mask = idx < V
-        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+        x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK, edits, HAS_EDITS)
         key = float_key(x)
         live = mask & (key >= floor_key)
         e = tl.where(live, tl.exp(x - m), 0.0)
@@ -706,7 +837,9 @@ def _search(row_ptr,  # [V] one logits row
             USE_MASS: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
             TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False,
             bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-            HAS_MASK: tl.constexpr = False):
+            HAS_MASK: tl.constexpr = False,
+            edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+            HAS_EDITS: tl.constexpr = False):
     """Smallest key ``k`` in ``(lo, hi]`` with ``f(k) < target``, ``f`` = count or mass above.
 
     Invariant: ``f(lo) >= target > f(hi)``. Each pass over the row tests ``NPIV`` pivots, so the
@@ -722,7 +855,7 @@ def _search(row_ptr,  # [V] one logits row
             for c in range(0, NCHUNK):
                 cc, cm = chunk_pivot_pass(
                     row_ptr, c * CHUNK, V, temp, m, floor_key, pivots, NPIV, CHUNK, TBLOCK, LOG_X,
-                    bits_row, HAS_MASK,
+                    bits_row, HAS_MASK, edits, HAS_EDITS,
                 )
                 counts += cc
                 masses += cm
@@ -741,13 +874,17 @@ def thresholds(row_ptr,  # [V] one logits row
                HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
                TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr = False,
                bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-               HAS_MASK: tl.constexpr = False):
-    """Key threshold ``kappa`` of the top-k/top-p filter and the kept mass ``Z``.
+               HAS_MASK: tl.constexpr = False, min_p=0.0, HAS_MINP: tl.constexpr = False,
+               edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+               HAS_EDITS: tl.constexpr = False):
+    """Key threshold ``kappa`` of the top-k/top-p/min-p filter and the kept mass ``Z``.
 
     Tokens with ``float_key(x) >= kappa`` are kept; ``p(x) = exp(x - m) / Z`` on them. Without
     an active filter ``kappa`` keeps everything and ``Z = s``. Top-k: the smallest key with fewer
     than ``k`` tokens above it (ties at the k-th value kept). Top-p, on the top-k survivors: the
-    smallest key whose strictly-larger mass is below ``top_p * Z_k``.
+    smallest key whose strictly-larger mass is below ``top_p * Z_k``. Min-p, on the top-p
+    survivors: :func:`min_p_key` where it cuts more, and ``Z`` is then one more pass over the
+    row (:func:`kept_mass`).
     """
     kappa = tl.full([], KEY_FLOOR, tl.int64)
     z = s
@@ -755,49 +892,70 @@ def thresholds(row_ptr,  # [V] one logits row
     if HAS_TOPK:
         if (top_k > 0) & (top_k < V):
             kappa, z = _search(
-                row_ptr,
-                V,
-                temp,
-                m,
-                KEY_FLOOR,
-                kappa,
-                max_key,
-                z,
-                top_k,
-                0.0,
-                False,
-                NPIV,
-                CHUNK,
-                TBLOCK,
-                NCHUNK,
-                LOG_X,
-                bits_row,
-                HAS_MASK,
+                row_ptr, V, temp, m, KEY_FLOOR, kappa, max_key, z, top_k, 0.0, False, NPIV, CHUNK,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK, edits, HAS_EDITS,
             )
     if HAS_TOPP:
         if top_p < 1.0:
             kappa, z = _search(
-                row_ptr,
-                V,
-                temp,
-                m,
-                kappa,
-                kappa - 1,
-                max_key,
-                z,
-                0,
-                top_p * z,
-                True,
-                NPIV,
-                CHUNK,
-                TBLOCK,
-                NCHUNK,
-                LOG_X,
-                bits_row,
-                HAS_MASK,
+                row_ptr, V, temp, m, kappa, kappa - 1, max_key, z, 0, top_p * z, True, NPIV,
+                CHUNK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK, edits, HAS_EDITS,
             )
+    if HAS_MINP:
+        k_min = min_p_key(m, min_p)
+        if k_min > kappa:
+            kappa = k_min
+            z = kept_mass(row_ptr, V, temp, m, kappa, NPIV, CHUNK, TBLOCK, NCHUNK, LOG_X,
+                          bits_row, HAS_MASK, edits, HAS_EDITS)
     return kappa, z
 # fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def kept_mass(row_ptr,  # [V] one logits row
+              V, temp, m, kappa, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+              TBLOCK: tl.constexpr, NCHUNK, LOG_X: tl.constexpr,
+              bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+              HAS_MASK: tl.constexpr,
+              edits,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+              HAS_EDITS: tl.constexpr):
+    """``sum exp(x - m)`` over the tokens with ``float_key(x) >= kappa``: the search's pass
+    (:func:`chunk_pivot_pass`, chunk partials added in chunk order) with every pivot below."""
+    pivots = tl.full([NPIV], KEY_FLOOR, tl.int64)
+    z = tl.zeros([], tl.float32)
+    for c in range(0, NCHUNK):
+        _, cm = chunk_pivot_pass(
+            row_ptr, c * CHUNK, V, temp, m, kappa, pivots, NPIV, CHUNK, TBLOCK, LOG_X, bits_row,
+            HAS_MASK, edits, HAS_EDITS,
+        )
+        z += tl.max(cm, axis=0)  # every column is the same sum
+    return z
+# fmt: on
+
+
+@triton.jit
+def key_float(key):
+    """The float32 of an order-preserving key (:func:`float_key`'s inverse)."""
+    bits = tl.where(key >= 0, key, key ^ 0x7FFFFFFF).to(tl.int32)
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def min_p_key(m, min_p):
+    """Min-p's key threshold: the smallest key whose ``x`` has ``exp(x - m) >= min_p`` (the
+    reference's rule, evaluated with the kernel's own ``exp``: an upper set of ``x``, the max
+    always in it), bisected over ``(key(-inf), key(m)]`` in 32 scalar steps; ``KEY_FLOOR``
+    (keep everything) where ``min_p <= 0`` or no token is finite."""
+    lo = tl.full([], NEG_INF_KEY, tl.int64)  # exp(-inf) = 0 < min_p
+    hi = float_key(m)  # exp(0) = 1 >= min_p
+    for _ in range(32):  # the range is below 2**32 keys
+        mid = lo + (hi - lo) // 2
+        ok = tl.exp(key_float(mid) - m) >= min_p
+        lo = tl.where(ok, lo, mid)
+        hi = tl.where(ok, mid, hi)
+    return tl.where((min_p > 0.0) & (m > float("-inf")), hi, KEY_FLOOR)
 
 
 # argument groups keep their shape comments: no reformatting
@@ -809,7 +967,9 @@ def position_stats(row_ptr,  # [V] one position's (or node's) logits row
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NCHUNK,
                    LOG_X: tl.constexpr = False,
                    bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-                   HAS_MASK: tl.constexpr = False):
+                   HAS_MASK: tl.constexpr = False, min_p=0.0, HAS_MINP: tl.constexpr = False,
+                   edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                   HAS_EDITS: tl.constexpr = False):
     """(max of x, first argmax, key threshold, kept mass) of one row, read by a walking kernel:
     chunk statistics merged in chunk order, then (sampling rows) the top-k / top-p search."""
     big_m = tl.full([], float("-inf"), tl.float32)
@@ -817,7 +977,8 @@ def position_stats(row_ptr,  # [V] one position's (or node's) logits row
     big_a = tl.zeros([], tl.int32)
     for c in range(0, NCHUNK):
         m, s, a = chunk_stats(
-            row_ptr, c * CHUNK, V, temp, NEED_SUM, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+            row_ptr, c * CHUNK, V, temp, NEED_SUM, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+            edits=edits, HAS_EDITS=HAS_EDITS,
         )
         big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
     kappa = tl.full([], KEY_FLOOR, tl.int64)
@@ -826,7 +987,7 @@ def position_stats(row_ptr,  # [V] one position's (or node's) logits row
         if greedy == 0:
             kappa, z = thresholds(
                 row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
-                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK, min_p, HAS_MINP, edits, HAS_EDITS,
             )
     return big_m, big_a, kappa, z
 # fmt: on
@@ -839,7 +1000,9 @@ def position_stats_race(row_ptr,  # [V] one position's logits row
                         V, temp, stream, draft, NCHUNK, CHUNK: tl.constexpr,
                         BLOCK: tl.constexpr, LOG_X: tl.constexpr,
                         bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
-                        HAS_MASK: tl.constexpr):
+                        HAS_MASK: tl.constexpr,
+                        edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                        HAS_EDITS: tl.constexpr = False):
     """:func:`chunk_stats_race` over a row, merged in chunk order: ``(max, argmax, sum,
     best_x, best_index, gap)`` (the race's winner but the draft, for :func:`race_choice`)."""
     big_m = tl.full([], float("-inf"), tl.float32)
@@ -851,7 +1014,7 @@ def position_stats_race(row_ptr,  # [V] one position's logits row
     for c in range(0, NCHUNK):
         m, s, a, bx, bi, g = chunk_stats_race(
             row_ptr, c * CHUNK, V, temp, stream, draft, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
-            False,
+            False, edits, HAS_EDITS,
         )
         big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
         best_x, best_i, gap = merge_race(best_x, best_i, gap, bx, bi, g, stream)
@@ -870,15 +1033,18 @@ def position_filter_stats(row_ptr,  # [V] one position's logits row
                           bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
                           HAS_MASK: tl.constexpr,
                           cand,  # (count [1] int32 (zeroed), ids [CAP] int32, x [CAP] float32)
-                          CAP: tl.constexpr, SB: tl.constexpr, SW: tl.constexpr):
+                          CAP: tl.constexpr, SB: tl.constexpr, SW: tl.constexpr,
+                          min_p=0.0, HAS_MINP: tl.constexpr = False,
+                          edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                          HAS_EDITS: tl.constexpr = False):
     """:func:`position_stats` of a sampling row under top-k / top-p in one pass over the row:
     the statistics pass gathers the candidates (:func:`sample_pivot`, :func:`gather`) and the
     thresholds are selected from them (:func:`select_filter`); the search runs only where the
     buffer misses the kept set. Returns ``(max, argmax, kappa, Z, from_buffer)``."""
     pivot = tl.full([], KEY_CEIL, tl.int64)
-    if filter_active(V, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP):
+    if filter_active(V, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, min_p, HAS_MINP):
         pivot = sample_pivot(row_ptr, V, temp, top_k, HAS_TOPK, LOG_X, bits_row, HAS_MASK, CAP,
-                             SB, SW, NPIV)
+                             SB, SW, NPIV, edits, HAS_EDITS)
     tl.debug_barrier()  # the previous position's readers are done with the buffer
     big_m = tl.full([], float("-inf"), tl.float32)
     big_s = tl.zeros([], tl.float32)
@@ -886,7 +1052,7 @@ def position_filter_stats(row_ptr,  # [V] one position's logits row
     for c in range(0, NCHUNK):
         m, s, a = chunk_stats(
             row_ptr, c * CHUNK, V, temp, True, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK, True,
-            pivot, cand, CAP,
+            pivot, cand, CAP, edits, HAS_EDITS,
         )
         big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
     tl.debug_barrier()  # every gathered candidate is visible
@@ -896,12 +1062,12 @@ def position_filter_stats(row_ptr,  # [V] one position's logits row
     if greedy == 0:
         exact, kappa, z = select_filter(
             tl.load(cand[0]), cand[1], cand[2], V, big_m, big_s, top_k, top_p, pivot, HAS_TOPK,
-            HAS_TOPP, CAP, NPIV,
+            HAS_TOPP, CAP, NPIV, min_p, HAS_MINP,
         )
         if not exact:
             kappa, z = thresholds(
                 row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
-                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK, min_p, HAS_MINP, edits, HAS_EDITS,
             )
     return big_m, big_a, kappa, z, exact & (greedy == 0)
 # fmt: on
@@ -919,11 +1085,13 @@ def target_prob(x, m, z, kappa):
 def _chunk_pq(row_ptr,  # [V] one logits row
               q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
               draft, idx, V, temp, m, z, kappa, q_len, HAS_Q: tl.constexpr,
-              LOG_X: tl.constexpr, bits_row, HAS_MASK: tl.constexpr):
+              LOG_X: tl.constexpr, bits_row, HAS_MASK: tl.constexpr,
+              edits,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+              HAS_EDITS: tl.constexpr):
     """``(p, q)`` at the token ids ``idx`` of one tile: the filtered target probability (0 past
     ``V``) and the draft's (one-hot at ``draft`` without ``HAS_Q``; 0 at ``idx >= q_len``)."""
     mask = idx < V
-    x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK)
+    x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK, edits, HAS_EDITS)
     p = tl.where(mask, target_prob(x, m, z, kappa), 0.0)
     if HAS_Q:
         q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
@@ -941,7 +1109,9 @@ def chunk_residual_mass(row_ptr,  # [V] one logits row
                         chunk_start, V, temp, m, z, kappa, weight, q_len,
                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr,
                         bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
-                        HAS_MASK: tl.constexpr):
+                        HAS_MASK: tl.constexpr,
+                        edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                        HAS_EDITS: tl.constexpr = False):
     """Block verification's residual mass over one chunk: ``sum max(0, weight * p - q)`` (the
     chunk values are added in chunk order by both chain strategies)."""
     offs = tl.arange(0, BLOCK)
@@ -949,7 +1119,7 @@ def chunk_residual_mass(row_ptr,  # [V] one logits row
     for t in range(0, CHUNK, BLOCK):  # not unrolled: the walking kernels keep registers
         idx = chunk_start + t + offs
         p, q = _chunk_pq(row_ptr, q_ptr, 0, idx, V, temp, m, z, kappa, q_len, True, LOG_X,
-                         bits_row, HAS_MASK)
+                         bits_row, HAS_MASK, edits, HAS_EDITS)
         total += tl.maximum(weight * p - q, 0.0)
     return tl.sum(total, axis=0)
 # fmt: on
@@ -964,7 +1134,9 @@ def chunk_race(row_ptr,  # [V] one logits row
                HAS_Q: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                LOG_X: tl.constexpr = False, weight=1.0,
                bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-               HAS_MASK: tl.constexpr = False):
+               HAS_MASK: tl.constexpr = False,
+               edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+               HAS_EDITS: tl.constexpr = False):
     """Exponential race over one chunk, for the residual ``max(0, weight * p - q)`` and for
     ``p`` (``weight`` is 1 but for block verification's weighted residual).
 
@@ -981,7 +1153,7 @@ def chunk_race(row_ptr,  # [V] one logits row
         idx = chunk_start + t + offs
         mask = idx < V
         p, q = _chunk_pq(row_ptr, q_ptr, draft, idx, V, temp, m, z, kappa, q_len, HAS_Q, LOG_X,
-                         bits_row, HAS_MASK)  # fmt: skip
+                         bits_row, HAS_MASK, edits, HAS_EDITS)  # fmt: skip
         e = exponential(uniform(stream, idx))
         residual = weight * p - q
         # Zero (or NaN) weights score 0 / -1 and never beat the initial values: a token with no
@@ -1008,10 +1180,13 @@ def accept_draft(row_ptr,  # [V] one logits row
                  draft, V, temp, m, z, kappa, key, j, HAS_Q: tl.constexpr,
                  LOG_X: tl.constexpr = False,
                  bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-                 HAS_MASK: tl.constexpr = False):
+                 HAS_MASK: tl.constexpr = False,
+                 edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                 HAS_EDITS: tl.constexpr = False):
     """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
     p, q, in_vocab = draft_prob(
-        row_ptr, q_ptr, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK
+        row_ptr, q_ptr, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK, edits,
+        HAS_EDITS,
     )
     u = uniform_first(stream_key(key, j, PURPOSE_ACCEPT))
     return (u * q < p) & (q > 0.0) & in_vocab
@@ -1025,12 +1200,14 @@ def draft_prob(row_ptr,  # [V] one logits row
                q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
                draft, V, temp, m, z, kappa, HAS_Q: tl.constexpr, LOG_X: tl.constexpr = False,
                bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
-               HAS_MASK: tl.constexpr = False):
+               HAS_MASK: tl.constexpr = False,
+               edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+               HAS_EDITS: tl.constexpr = False):
     """``(p(x), q(x), x in [0, V))`` of draft token ``x = draft`` (``q = 1`` without ``HAS_Q``;
     an id outside the vocabulary is read clamped, the flag says so)."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)
-    x = load_x(row_ptr + d, d == d, temp, LOG_X, bits_row, d, HAS_MASK)
+    x = load_x(row_ptr + d, d == d, temp, LOG_X, bits_row, d, HAS_MASK, edits, HAS_EDITS)
     p = target_prob(x, m, z, kappa)
     if HAS_Q:
         q = tl.load(q_ptr + d).to(tl.float32)

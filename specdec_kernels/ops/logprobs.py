@@ -27,7 +27,9 @@ A token the bitmask disallows is a ``-inf`` logit (``"processed"`` only; ``"raw"
 mask); where it allows no finite logit the emitted token's log-probability is NaN, as
 ``log_softmax`` gives (``validate=True`` rejects such inputs before). The statistics and the
 threshold search are ``_common``'s, reading the bitmask as the verification kernels do
-(``HAS_MASK``). Padding positions (``rows < 0`` or ``tokens < 0``) read nothing.
+(``HAS_MASK``), and so are min-p and the sparse logit edits (``HAS_MINP``, ``HAS_EDITS``: an edited
+logit replaces the row's before the bitmask, the temperature, the filters and the top-n list).
+Padding positions (``rows < 0`` or ``tokens < 0``) read nothing.
 """
 
 import torch
@@ -38,6 +40,8 @@ from specdec_kernels.ops._common import (
     COMPILE,
     KEY_FLOOR,
     chunk_stats,
+    edit_args,
+    edit_row,
     float_key,
     launch,
     launch_config,
@@ -45,6 +49,7 @@ from specdec_kernels.ops._common import (
     merge_stats,
     row_controls,
     row_filters,
+    row_min_p,
     row_temperature,
     thresholds,
 )
@@ -87,14 +92,16 @@ def _rank_key(logit, idx):
 def _chunk_top(row_ptr,  # [V] one logits row
                word_ptr,  # [W] its bitmask row (if HAS_MASK)
                chunk_start, V, best, HAS_MASK: tl.constexpr, CHUNK: tl.constexpr,
-               BLOCK: tl.constexpr):
+               BLOCK: tl.constexpr,
+               edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+               HAS_EDITS: tl.constexpr):
     """The running list ``best [NBLOCK]`` of rank keys merged with one chunk's tokens: while
     the chunk's best token beats the list's worst entry, it replaces that entry."""
     offs = tl.arange(0, BLOCK)
     for t in range(0, CHUNK, BLOCK):
         idx = chunk_start + t + offs
         valid = idx < V
-        logit = load_x(row_ptr + idx, valid, 1.0, False)
+        logit = load_x(row_ptr + idx, valid, 1.0, False, None, idx, False, edits, HAS_EDITS)
         listed = logit > float("-inf")  # nonzero probability (NaN: never)
         if HAS_MASK:
             listed = listed & _allowed(word_ptr, idx, valid)
@@ -115,13 +122,16 @@ def _chunk_top(row_ptr,  # [V] one logits row
 @triton.jit
 def _write_top(row_ptr,  # [V] one logits row
                top_ptr, ids_ptr,  # [n] this position's outputs
-               best, temp, m, log_z, kappa, NTOP: tl.constexpr, NBLOCK: tl.constexpr):
+               best, temp, m, log_z, kappa, NTOP: tl.constexpr, NBLOCK: tl.constexpr,
+               edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+               HAS_EDITS: tl.constexpr):
     """The list in rank order: ``log p`` and id of its kept entries, then ``-inf`` / ``-1``."""
     slot = tl.arange(0, NBLOCK)
     real = slot < NTOP
     listed = real & (best > NO_KEY + NBLOCK)  # not an empty slot
     token = tl.where(listed, TOP_ID - (best & 0xFFFFFFFF), 0)
-    x = load_x(row_ptr + token, listed, temp, False)  # as the verifiers compute it
+    # as the verifiers compute it
+    x = load_x(row_ptr + token, listed, temp, False, None, token, False, edits, HAS_EDITS)
     kept = listed & (x > float("-inf")) & (float_key(x) >= kappa)
     above = (best[None, :] > best[:, None]) & real[None, :]  # [NBLOCK, NBLOCK]
     rank = tl.sum(above.to(tl.int32), axis=1)  # 0 .. n-1 over the real slots: distinct keys
@@ -140,10 +150,13 @@ def _emitted_logprobs_kernel(
     temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
     lp_ptr,  # [B, P] float32 out: log p of the emitted token
     top_ptr, ids_ptr,  # [B, P, NTOP] float32 / int64 out: the top-n log p and ids
-    P, N, V, NCHUNK,
+    minp_ptr,  # [B] float32 min_p (if HAS_MINP)
+    eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, P, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    P, N, V, NCHUNK, E, NG,
     GREEDY_ONLY: tl.constexpr, HAS_MASK: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, NTOP: tl.constexpr, NBLOCK: tl.constexpr, CHUNK: tl.constexpr,
-    BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NPIV: tl.constexpr,
+    BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NPIV: tl.constexpr, HAS_MINP: tl.constexpr,
+    HAS_EDITS: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     b = pid // P
@@ -156,6 +169,8 @@ def _emitted_logprobs_kernel(
     nchunk = tl.where(live, NCHUNK, 0)  # padding reads nothing
     temp, greedy = row_temperature(temp_ptr, b, GREEDY_ONLY)
     top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
+    min_p = row_min_p(minp_ptr, b, HAS_MINP)
+    edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pid, E, NG)  # edit_vals[b, p]
 
     big_m = tl.full([], float("-inf"), tl.float32)
     big_s = tl.zeros([], tl.float32)
@@ -164,10 +179,11 @@ def _emitted_logprobs_kernel(
     best = tl.where(slot < NTOP, NO_KEY + 1 + slot.to(tl.int64), FULL_KEY)  # empty list
     for c in range(0, nchunk):
         m, s, a = chunk_stats(row_ptr, c * CHUNK, V, temp, True, CHUNK, BLOCK, False, word_ptr,
-                              HAS_MASK)
+                              HAS_MASK, edits=edits, HAS_EDITS=HAS_EDITS)
         big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
         if NTOP > 0:
-            best = _chunk_top(row_ptr, word_ptr, c * CHUNK, V, best, HAS_MASK, CHUNK, BLOCK)
+            best = _chunk_top(row_ptr, word_ptr, c * CHUNK, V, best, HAS_MASK, CHUNK, BLOCK,
+                              edits, HAS_EDITS)
 
     kappa = tl.full([], KEY_FLOOR, tl.int64)
     z = big_s
@@ -175,7 +191,7 @@ def _emitted_logprobs_kernel(
         if live & (greedy == 0):
             kappa, z = thresholds(
                 row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
-                TBLOCK, NCHUNK, False, word_ptr, HAS_MASK,
+                TBLOCK, NCHUNK, False, word_ptr, HAS_MASK, min_p, HAS_MINP, edits, HAS_EDITS,
             )
     # Rows with nothing allowed (and padding) have max -inf and z = 0: nothing is kept there,
     # and these keep the unused arithmetic finite.
@@ -184,14 +200,14 @@ def _emitted_logprobs_kernel(
 
     in_vocab = live & (tok < V)
     t = tl.minimum(tok, V - 1)
-    x = load_x(row_ptr + t, in_vocab, temp, False, word_ptr, t, HAS_MASK)
+    x = load_x(row_ptr + t, in_vocab, temp, False, word_ptr, t, HAS_MASK, edits, HAS_EDITS)
     kept = (x > float("-inf")) & (float_key(x) >= kappa)
     lp = tl.where(kept, (x - safe_m) - log_z, float("-inf"))
     nothing = in_vocab & (big_m == float("-inf"))  # no finite logit allowed: NaN, as log_softmax
     tl.store(lp_ptr + pid, tl.where(nothing, float("nan"), lp))
     if NTOP > 0:
         _write_top(row_ptr, top_ptr + pid * NTOP, ids_ptr + pid * NTOP, best, temp, safe_m, log_z,
-                   kappa, NTOP, NBLOCK)
+                   kappa, NTOP, NBLOCK, edits, HAS_EDITS)
 # fmt: on
 
 
@@ -205,6 +221,9 @@ def emitted_logprobs(
     top_p: torch.Tensor | None,
     processed: bool,
     num_logprobs: int,
+    min_p: torch.Tensor | None = None,
+    edit_ids: torch.Tensor | None = None,
+    edit_vals: torch.Tensor | None = None,
 ):
     """The Triton kernel of ``torch.ops.specdec.emitted_logprobs`` (same arguments, less
     ``backend``; see :mod:`specdec_kernels.logprobs`).
@@ -227,6 +246,14 @@ def emitted_logprobs(
         The distribution verification samples from; else ``log_softmax`` of the logits.
     num_logprobs : int
         ``n`` in ``[0, 20]``.
+    min_p : Tensor or None
+        `[B]` float32 (``0``: off), ``processed`` sampling rows only: after top-k / top-p keep
+        the tokens with ``exp(x - max x) >= min_p``.
+    edit_ids, edit_vals : Tensor or None
+        `[B, E]` int32 (sorted, unique, padded with ``V``) and `[B, P, E]` float32, both or
+        neither, ``processed`` only: the logit of token ``edit_ids[b, e]`` in the row scoring
+        position ``p`` is ``edit_vals[b, p, e]``, before the bitmask, the temperature and the
+        filters (API.md section 10).
 
     Returns
     -------
@@ -260,7 +287,8 @@ def emitted_logprobs(
         (mask, mask.stride(0), mask.stride(1)) if mask is not None else (tokens, 0, 0)
     )
     greedy_only = not processed or temperature is None
-    c = row_controls(tokens, temperature, top_k, top_p, None, greedy_only=greedy_only)
+    c = row_controls(tokens, temperature, top_k, top_p, None, greedy_only=greedy_only, min_p=min_p)
+    e = edit_args(edit_ids if processed else None, edit_vals, v, tokens)
     cfg = launch_config(v)
     launch(
         _emitted_logprobs_kernel,
@@ -279,10 +307,16 @@ def emitted_logprobs(
         logprobs,
         top,
         ids,
+        c.min_p,
+        e.ids,
+        e.vals,
+        e.table,
         p,
         n_rows,
         v,
         cfg["NCHUNK"],
+        e.num_edits,
+        e.num_granules,
         GREEDY_ONLY=greedy_only,
         HAS_MASK=mask is not None,
         HAS_TOPK=c.has_top_k,
@@ -293,6 +327,8 @@ def emitted_logprobs(
         BLOCK=cfg["BLOCK"],
         TBLOCK=cfg["TBLOCK"],
         NPIV=cfg["NPIV"],
+        HAS_MINP=c.has_min_p,
+        HAS_EDITS=e.has_edits,
         **LOGPROBS_COMPILE,
     )
     return logprobs, top, ids

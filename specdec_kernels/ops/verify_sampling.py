@@ -39,6 +39,15 @@ race kernel (split); one-hot drafts use the closed forms. A token bitmask (``HAS
 laid out like the logits') makes a disallowed token a ``-inf`` logit wherever a logit is read
 (``_common.load_x``). Neither changes the launches.
 
+Sparse logit edits and min-p (API.md section 10). With ``HAS_EDITS`` the same ``load_x`` reads an
+edited token's logit from ``edit_vals [B, K+1, E]`` instead of the row (then the bitmask and the
+temperature apply): a tile finds its edits from a ``[B, ceil(V / 32) + 1]`` granule table of the
+sorted ``edit_ids`` that the launcher builds with ``torch.searchsorted``
+(``_common.edit_logits``: a tile without edits costs two reductions and two cached scalar
+loads), so no ``[B, K+1, V]`` copy is made. Min-p (``HAS_MINP``) is one more key threshold after
+top-k / top-p (``_common.min_p_key``), a filter like them for the launches (no fused race; the
+candidate buffer answers where it reaches down to min-p's key).
+
 Vocabulary: a row's draft tokens are *accepted* in order until the first rejection; the token
 emitted after them is the *recovered* token (sampled from the residual ``max(0, p - q)``) at a
 rejected draft, or the *bonus* token (sampled from ``p``) when every draft was accepted; the
@@ -71,6 +80,7 @@ from specdec_kernels.ops._common import (
     PURPOSE_ACCEPT,
     PURPOSE_SAMPLE,
     WALK_COMPILE,
+    EditArgs,
     RowControls,
     accept_draft,
     buffer_race,
@@ -79,6 +89,8 @@ from specdec_kernels.ops._common import (
     chunk_stats,
     chunk_stats_race,
     draft_prob,
+    edit_args,
+    edit_row,
     filter_active,
     launch,
     launch_config,
@@ -93,6 +105,7 @@ from specdec_kernels.ops._common import (
     row_count,
     row_filters,
     row_key,
+    row_min_p,
     row_sampling,
     row_temperature,
     sample_pivot,
@@ -185,7 +198,9 @@ def _accepts(row_ptr,  # [V] logits row of position j
              bits_row,  # [W] its token bitmask row (if HAS_MASK)
              draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
              GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, LOG_X: tl.constexpr,
-             HAS_MASK: tl.constexpr):
+             HAS_MASK: tl.constexpr,
+             edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+             HAS_EDITS: tl.constexpr):
     """The token rule: is the draft at position ``j < k_b`` accepted? A greedy row accepts
     the argmax ``a``; a sampling row accepts when ``u * q(x) < p(x)`` (``_common.accept_draft``).
     The bonus position ``j == k_b`` never accepts."""
@@ -194,7 +209,7 @@ def _accepts(row_ptr,  # [V] logits row of position j
         if (greedy == 0) & (j < kb):
             accepted = accept_draft(
                 row_ptr, q_row, draft, V, temp, m, z, kappa, key, j, HAS_Q, LOG_X, bits_row,
-                HAS_MASK,
+                HAS_MASK, edits, HAS_EDITS,
             )
     return accepted & (j < kb)
 # fmt: on
@@ -220,7 +235,9 @@ def _residual_mass(row_ptr,  # [V] logits row of position j (unless PARTIALS)
                    mass_ptr,  # [B*(K+1), NCHUNK] residual mass partials (PARTIALS)
                    V, temp, m, z, kappa, weight, pos, NCHUNK, PARTIALS: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr,
-                   HAS_MASK: tl.constexpr):
+                   HAS_MASK: tl.constexpr,
+                   edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+                   HAS_EDITS: tl.constexpr):
     """Block verification's ``R_j = sum max(0, weight * p - q)`` of one position with draft
     probabilities: chunk by chunk over the row, or with ``PARTIALS`` the split race kernel's
     chunk values of position ``pos``; added in chunk order either way."""
@@ -231,7 +248,7 @@ def _residual_mass(row_ptr,  # [V] logits row of position j (unless PARTIALS)
         else:
             total += chunk_residual_mass(
                 row_ptr, q_row, c * CHUNK, V, temp, m, z, kappa, weight, V, CHUNK, BLOCK, LOG_X,
-                bits_row, HAS_MASK,
+                bits_row, HAS_MASK, edits, HAS_EDITS,
             )
     return total
 # fmt: on
@@ -246,7 +263,9 @@ def _block_fires(row_ptr,  # [V] logits row of position j (unless PARTIALS)
                  mass_ptr,  # [B*(K+1), NCHUNK] residual mass partials (HAS_Q and PARTIALS)
                  j, kb, V, temp, key, m, z, kappa, weight, p_next, pos, NCHUNK,
                  HAS_Q: tl.constexpr, PARTIALS: tl.constexpr, CHUNK: tl.constexpr,
-                 BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+                 BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
+                 edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+                 HAS_EDITS: tl.constexpr):
     """Block verification's test of the stop ``tau = j`` (``1 <= j <= k_b``, ``weight = p_j``):
     ``eta_j < h_j`` with ``eta_j`` the accept uniform of position ``j - 1`` and ``h_j =
     R_j / (R_j + 1 - p_j)`` (``1`` when that denominator is 0), ``h_{k_b} = p_{k_b}``. ``R_j``
@@ -258,7 +277,7 @@ def _block_fires(row_ptr,  # [V] logits row of position j (unless PARTIALS)
         if j < kb:
             r = _residual_mass(
                 row_ptr, q_row, bits_row, mass_ptr, V, temp, m, z, kappa, weight, pos, NCHUNK,
-                PARTIALS, CHUNK, BLOCK, LOG_X, HAS_MASK,
+                PARTIALS, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
             )
     denom = r + (1.0 - weight)
     safe = tl.where(denom > 0.0, denom, 1.0)
@@ -279,7 +298,9 @@ def _decide(row_ptr,  # [V] logits row of position j
             draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, pos, NCHUNK,
             GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, PARTIALS: tl.constexpr,
             METHOD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-            LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+            LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
+            edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+            HAS_EDITS: tl.constexpr):
     """One position of a row's walk: ``(is j the stop so far, does the walk go on, the weight
     of position j + 1)``. Token rule (and greedy rows): ``j`` is the stop when its draft is
     rejected (:func:`_accepts`), and the walk ends there. Block verification (sampling rows):
@@ -290,14 +311,15 @@ def _decide(row_ptr,  # [V] logits row of position j
     if METHOD == METHOD_TOKEN:
         accepted = _accepts(
             row_ptr, q_row, bits_row, draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
-            GREEDY_ONLY, HAS_Q, LOG_X, HAS_MASK,
+            GREEDY_ONLY, HAS_Q, LOG_X, HAS_MASK, edits, HAS_EDITS,
         )
     stop = accepted == 0
     go_on = accepted
     if METHOD == METHOD_BLOCK:
         if greedy == 0:
             p_x, q_x, in_vocab = draft_prob(
-                row_ptr, q_row, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK
+                row_ptr, q_row, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK,
+                edits, HAS_EDITS,
             )
             live = in_vocab & (j < kb)
             stop = j == 0
@@ -305,7 +327,7 @@ def _decide(row_ptr,  # [V] logits row of position j
                 stop = _block_fires(
                     row_ptr, q_row, bits_row, mass_ptr, j, kb, V, temp, key, m, z, kappa,
                     weight, tl.where(live, p_x, 0.0), pos, NCHUNK, HAS_Q, PARTIALS, CHUNK,
-                    BLOCK, LOG_X, HAS_MASK,
+                    BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
                 )
             weight = _next_weight(weight, p_x, q_x, live)
             go_on = (j < kb) & (weight > 0.0)
@@ -323,7 +345,9 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
                         race_pb_ptr, race_pi_ptr,  # [B*(K+1), NCHUNK] plain race (PARTIALS)
                         draft, j, kb, V, temp, key, m, z, kappa, weight, pos, NCHUNK,
                         PARTIALS: tl.constexpr, HAS_Q: tl.constexpr, CHUNK: tl.constexpr,
-                        BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+                        BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
+                        edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+                        HAS_EDITS: tl.constexpr):
     """The token a sampling row emits at its stop position ``j``: the recovered token (the race
     over ``max(0, weight * p - q)``: ``weight`` is 1 but for block verification with draft
     probabilities) at a rejected draft, else the bonus token (the race over ``p``). The chunks'
@@ -345,6 +369,7 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
             rb, ri, pb, pi = chunk_race(
                 row_ptr, q_row, draft, c * CHUNK, V, temp, m, z, kappa, stream,
                 tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
+                edits, HAS_EDITS,
             )
         r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
         p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
@@ -358,7 +383,9 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
 def _fused_race(row_ptr,  # [V] logits row of the stop position j
                 bits_row,  # [W] its token bitmask row (if HAS_MASK)
                 token, sure, draft, j, kb, V, temp, key, m, z, NCHUNK, CHUNK: tl.constexpr,
-                BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr):
+                BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
+                edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+                HAS_EDITS: tl.constexpr):
     """:func:`_recovered_or_bonus` of a one-hot draft without a filter from the race its
     statistics pass ran (``_common.chunk_stats_race``, ``_common.race_choice``): its ``token``
     where it is ``sure``, else the race over the row in ``CHUNK``s of ``NCHUNK`` (the same token:
@@ -367,7 +394,7 @@ def _fused_race(row_ptr,  # [V] logits row of the stop position j
         token = _recovered_or_bonus(
             row_ptr, row_ptr, bits_row, row_ptr, row_ptr, row_ptr, row_ptr, draft, j, kb, V,
             temp, key, m, z, KEY_FLOOR, 1.0, 0, NCHUNK, False, False, CHUNK, BLOCK, LOG_X,
-            HAS_MASK,
+            HAS_MASK, edits, HAS_EDITS,
         )
     return token
 # fmt: on
@@ -418,17 +445,21 @@ def _verify_row_kernel(
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
     cnt_ptr,  # [B, K+2] int32 zeros: candidates gathered per position (+1: the block re-read)
     cidx_ptr, cx_ptr,  # [B, CAP] int32, float32: the row's candidate buffer (GATHER)
-    V, K, NCHUNK, NROWS, QROWS,
+    minp_ptr,  # [B] float32 min_p (if HAS_MINP)
+    eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    V, K, NCHUNK, NROWS, QROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
     NPIV: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
     METHOD: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
-    SB: tl.constexpr, SW: tl.constexpr, FUSED: tl.constexpr,
+    SB: tl.constexpr, SW: tl.constexpr, FUSED: tl.constexpr, HAS_MINP: tl.constexpr,
+    HAS_EDITS: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
     temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, GREEDY_ONLY)
     top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
+    min_p = row_min_p(minp_ptr, b, HAS_MINP)
     j = 0
     weight = tl.full([], 1.0, tl.float32)  # block verification's p_j
     go_on = kb >= 0
@@ -451,6 +482,7 @@ def _verify_row_kernel(
             row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
             q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
             bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
+            edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, b * (K + 1) + jj, E, NG)
             from_buf = kb < 0
             draft = _draft(draft_ptr, stride_db, b, j, kb)
             race = tl.zeros([], tl.int32)
@@ -458,28 +490,31 @@ def _verify_row_kernel(
             if FUSED:  # one-hot drafts, no filter: the race rides on the statistics pass
                 stream = stream_key(key, j, PURPOSE_SAMPLE)
                 m, a, z, bx, bi, gap = position_stats_race(
-                    row, V, temp, stream, draft, NCHUNK, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+                    row, V, temp, stream, draft, NCHUNK, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+                    edits, HAS_EDITS,
                 )
                 kappa = tl.full([], KEY_FLOOR, tl.int64)
                 race, sure = race_choice(
                     row, bx, bi, gap, m, z, draft, j < kb, V, temp, stream, LOG_X, bits_row,
-                    HAS_MASK,
+                    HAS_MASK, edits, HAS_EDITS,
                 )
             elif GATHER:
                 m, a, kappa, z, from_buf = position_filter_stats(
                     row, V, temp, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
                     TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
-                    (cnt_ptr + b * (K + 2) + jj, cidx_row, cx_row), CAP, SB, SW,
+                    (cnt_ptr + b * (K + 2) + jj, cidx_row, cx_row), CAP, SB, SW, min_p, HAS_MINP,
+                    edits, HAS_EDITS,
                 )
             else:
                 m, a, kappa, z = position_stats(
                     row, V, temp, greedy, top_k, top_p, not GREEDY_ONLY, HAS_TOPK, HAS_TOPP,
-                    NPIV, CHUNK, BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                    NPIV, CHUNK, BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK, min_p, HAS_MINP,
+                    edits, HAS_EDITS,
                 )
             stop, go_on, next_weight = _decide(
                 row, q_row, bits_row, row,  # no mass partials: R_j is summed over the row
                 draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, 0, NCHUNK,
-                GREEDY_ONLY, HAS_Q, False, METHOD, CHUNK, BLOCK, LOG_X, HAS_MASK,
+                GREEDY_ONLY, HAS_Q, False, METHOD, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
             )
             if stop:
                 n_acc = j
@@ -497,6 +532,7 @@ def _verify_row_kernel(
     jj = n_acc.to(tl.int64)
     row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
     bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
+    edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, b * (K + 1) + jj, E, NG)
     if METHOD == METHOD_BLOCK:
         # Block verification's walk goes on past its stop: carrying the stop's statistics through
         # it spills registers, so the stop position's row is read once more.
@@ -504,12 +540,14 @@ def _verify_row_kernel(
             stop_m, stop_a, stop_kappa, stop_z, stop_buf = position_filter_stats(
                 row, V, temp, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
                 TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
-                (cnt_ptr + b * (K + 2) + K + 1, cidx_row, cx_row), CAP, SB, SW,
+                (cnt_ptr + b * (K + 2) + K + 1, cidx_row, cx_row), CAP, SB, SW, min_p, HAS_MINP,
+                edits, HAS_EDITS,
             )
         else:
             stop_m, stop_a, stop_kappa, stop_z = position_stats(
                 row, V, temp, greedy, top_k, top_p, True, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
-                BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                BLOCK, TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK, min_p, HAS_MINP, edits,
+                HAS_EDITS,
             )
     recovered_or_bonus = stop_a
     if not GREEDY_ONLY:
@@ -520,7 +558,7 @@ def _verify_row_kernel(
             if FUSED:
                 recovered_or_bonus = _fused_race(
                     row, bits_row, stop_race, stop_sure, draft, n_acc, kb, V, temp, key, stop_m,
-                    stop_z, NCHUNK, CHUNK, BLOCK, LOG_X, HAS_MASK,
+                    stop_z, NCHUNK, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
                 )
             elif stop_buf:  # the kept set is in the buffer: race over it, not the row
                 slot = jj
@@ -536,7 +574,7 @@ def _verify_row_kernel(
                 recovered_or_bonus = _recovered_or_bonus(
                     row, q_row, bits_row, row, row, row, row,  # no race partials: over the row
                     draft, n_acc, kb, V, temp, key, stop_m, stop_z, stop_kappa, race_w, 0,
-                    NCHUNK, False, HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK,
+                    NCHUNK, False, HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
                 )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
@@ -558,10 +596,11 @@ def _split_stats_kernel(
     draft_ptr, stride_db, seed_ptr,  # [B, K] draft token ids, [B] int64 seeds (FUSED)
     race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: race winner's x, token (FUSED)
     race_pb_ptr,  # [B*(K+1), NCHUNK] out: its gap (FUSED)
-    V, K, NCHUNK, NROWS,
+    eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    V, K, NCHUNK, NROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FLAT: tl.constexpr,
     LOG_X: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
-    FUSED: tl.constexpr,
+    FUSED: tl.constexpr, HAS_EDITS: tl.constexpr,
 ):
     """One chunk's statistics of one position; with ``GATHER`` it also fills the position's
     filter candidates, with ``FUSED`` (one-hot drafts, no filter) it also runs the chunk's race
@@ -575,12 +614,13 @@ def _split_stats_kernel(
         temp, greedy = row_temperature(temp_ptr, b, GREEDY_ONLY)
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+        edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pid, E, NG)
         if FUSED:
             m, s, a, bx, bi, gap = chunk_stats_race(
                 row, c * CHUNK, V, temp, stream_key(row_key(tl.load(seed_ptr + b)), j,
                                                     PURPOSE_SAMPLE),
                 _draft(draft_ptr, stride_db, b, j, kb), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
-                True,
+                True, edits, HAS_EDITS,
             )
             at = pid * NCHUNK + c
             tl.store(race_rb_ptr + at, bx)
@@ -590,11 +630,12 @@ def _split_stats_kernel(
             m, s, a = chunk_stats(
                 row, c * CHUNK, V, temp, True, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK, True,
                 tl.load(pivot_ptr + pid), (cnt_ptr + pid, cidx_ptr + pid * CAP, cx_ptr + pid * CAP),
-                CAP,
+                CAP, edits, HAS_EDITS,
             )
         else:
             m, s, a = chunk_stats(
-                row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK
+                row, c * CHUNK, V, temp, not GREEDY_ONLY, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+                edits=edits, HAS_EDITS=HAS_EDITS,
             )
         out = pid * NCHUNK + c
         tl.store(part_m_ptr + out, m)
@@ -612,10 +653,12 @@ def _split_pivot_kernel(
     nd_ptr, temp_ptr, topk_ptr, topp_ptr,  # [B] num_draft_tokens, temperature, top_k, top_p
     pivot_ptr, cnt_ptr,  # [B*(K+1)] out: gather cutoff keys, candidate counts (zeroed)
     lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
-    V, K, NROWS,
+    minp_ptr,  # [B] float32 min_p (if HAS_MINP)
+    eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    V, K, NROWS, E, NG,
     HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
     HAS_MASK: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr, SW: tl.constexpr,
-    NPIV: tl.constexpr,
+    NPIV: tl.constexpr, HAS_MINP: tl.constexpr, HAS_EDITS: tl.constexpr,
 ):
     """The gather cutoff of one position from a sample of its row (``_common.sample_pivot``,
     ``SB * SW`` tokens: 3% of a 128k row), ``KEY_CEIL`` (gather nothing) where no filter is on;
@@ -626,12 +669,14 @@ def _split_pivot_kernel(
     kb = row_count(nd_ptr, b, 0, K)
     temp, greedy = row_temperature(temp_ptr, b, False)
     top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
+    min_p = row_min_p(minp_ptr, b, HAS_MINP)
     pivot = tl.full([], KEY_CEIL, tl.int64)
-    if (j <= kb) & filter_active(V, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP):
+    if (j <= kb) & filter_active(V, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, min_p, HAS_MINP):
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+        edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pid, E, NG)
         pivot = sample_pivot(row, V, temp, top_k, HAS_TOPK, LOG_X, bits_row, HAS_MASK, CAP, SB,
-                             SW, NPIV)
+                             SW, NPIV, edits, HAS_EDITS)
     tl.store(pivot_ptr + pid, pivot)
     tl.store(cnt_ptr + pid, 0)
 # fmt: on
@@ -650,10 +695,12 @@ def _split_threshold_kernel(
     pivot_ptr, cnt_ptr,  # [B*(K+1)] gather cutoff keys, candidate counts
     cidx_ptr, cx_ptr,  # [B*(K+1), CAP] candidate token ids, x
     mode_ptr,  # [B*(K+1)] int32 out: 1 where the filter came from the buffer (race over it)
-    V, K, NCHUNK, NROWS,
+    minp_ptr,  # [B] float32 min_p (if HAS_MINP)
+    eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    V, K, NCHUNK, NROWS, E, NG,
     HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
     TBLOCK: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
-    CAP: tl.constexpr,
+    CAP: tl.constexpr, HAS_MINP: tl.constexpr, HAS_EDITS: tl.constexpr,
 ):
     """The top-k / top-p threshold of one position: selected from the candidates its statistics
     pass gathered (``_common.select_filter``, the row strategy's rule on the same buffer), or,
@@ -670,16 +717,19 @@ def _split_threshold_kernel(
     from_buf = kb < 0
     if (j <= kb) & (greedy == 0):
         top_k, top_p = row_filters(topk_ptr, topp_ptr, b, HAS_TOPK, HAS_TOPP)
+        min_p = row_min_p(minp_ptr, b, HAS_MINP)
         from_buf, kappa, z = select_filter(
             tl.load(cnt_ptr + pid), cidx_ptr + pid * CAP, cx_ptr + pid * CAP, V, big_m, big_s,
-            top_k, top_p, tl.load(pivot_ptr + pid), HAS_TOPK, HAS_TOPP, CAP, NPIV,
+            top_k, top_p, tl.load(pivot_ptr + pid), HAS_TOPK, HAS_TOPP, CAP, NPIV, min_p,
+            HAS_MINP,
         )
         if not from_buf:
             row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
             bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+            edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pid, E, NG)
             kappa, z = thresholds(
                 row, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
-                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK,
+                TBLOCK, NCHUNK, LOG_X, bits_row, HAS_MASK, min_p, HAS_MINP, edits, HAS_EDITS,
             )
     tl.store(kappa_ptr + pid, kappa)
     tl.store(z_ptr + pid, z)
@@ -697,9 +747,10 @@ def _split_weight(logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits
                   part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
                   kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
                   lstart_ptr, qstart_ptr,  # [B] FLAT only: rows of position 0
-                  b, j, kb, V, K, NCHUNK, NROWS, QROWS, temp,
+                  eids_ptr, evals_ptr, etab_ptr,  # [B, E], [B, K+1, E], [B, NG+1] (HAS_EDITS)
+                  b, j, kb, V, K, NCHUNK, NROWS, QROWS, E, NG, temp,
                   HAS_FILTER: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
-                  HAS_MASK: tl.constexpr):
+                  HAS_MASK: tl.constexpr, HAS_EDITS: tl.constexpr):
     """Block verification's weight ``p_j`` of position ``j`` in a split race program: the decide
     kernel's recursion (:func:`_next_weight` over positions ``0 .. j-1``) from the same partials,
     so that both find the same number."""
@@ -711,9 +762,10 @@ def _split_weight(logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits
         row = _row(logits_ptr, lstart_ptr, b, i, stride_lb, stride_lk, NROWS, FLAT)
         q_row = _row(q_ptr, qstart_ptr, b, i, stride_qb, stride_qk, QROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, i, stride_mb, stride_mk, NROWS, FLAT)
+        edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pos, E, NG)
         p_x, q_x, in_vocab = draft_prob(
             row, q_row, _draft(draft_ptr, stride_db, b, i, kb), V, temp, m, z, kappa, True,
-            LOG_X, bits_row, HAS_MASK,
+            LOG_X, bits_row, HAS_MASK, edits, HAS_EDITS,
         )
         weight = _next_weight(weight, p_x, q_x, in_vocab & (i < kb))
     return weight
@@ -737,10 +789,11 @@ def _split_race_kernel(
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
     mode_ptr, cnt_ptr,  # [B*(K+1)] 1 where the filter came from the buffer, candidate counts
     cidx_ptr, cx_ptr,  # [B*(K+1), CAP] candidate token ids, x (HAS_FILTER)
-    V, K, NCHUNK, NROWS, QROWS,
+    eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    V, K, NCHUNK, NROWS, QROWS, E, NG,
     HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr, HAS_MASK: tl.constexpr,
-    CAP: tl.constexpr,
+    CAP: tl.constexpr, HAS_EDITS: tl.constexpr,
 ):
     """One chunk's race winners of one position (what :func:`_recovered_or_bonus` merges); for
     block verification with draft probabilities the race is over the weighted residual and the
@@ -763,18 +816,21 @@ def _split_race_kernel(
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         q_row = _row(q_ptr, qstart_ptr, b, j, stride_qb, stride_qk, QROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
+        edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pid, E, NG)
         weight = tl.full([], 1.0, tl.float32)
         if METHOD == METHOD_BLOCK:
             if HAS_Q:
                 weight = _split_weight(
                     logits_ptr, stride_lb, stride_lk, draft_ptr, stride_db, q_ptr, stride_qb,
                     stride_qk, bits_ptr, stride_mb, stride_mk, part_m_ptr, part_s_ptr,
-                    part_a_ptr, kappa_ptr, z_ptr, lstart_ptr, qstart_ptr, b, j, kb, V, K,
-                    NCHUNK, NROWS, QROWS, temp, HAS_FILTER, FLAT, LOG_X, HAS_MASK,
+                    part_a_ptr, kappa_ptr, z_ptr, lstart_ptr, qstart_ptr, eids_ptr, evals_ptr,
+                    etab_ptr, b, j, kb, V, K, NCHUNK, NROWS, QROWS, E, NG, temp, HAS_FILTER, FLAT,
+                    LOG_X, HAS_MASK, HAS_EDITS,
                 )
                 mass = chunk_residual_mass(
                     row, q_row, c * CHUNK, V, temp, big_m, z, kappa, weight,
-                    tl.where(j < kb, V, 0), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
+                    tl.where(j < kb, V, 0), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK, edits,
+                    HAS_EDITS,
                 )
                 tl.store(mass_ptr + pid * NCHUNK + c, mass)
         rb = tl.zeros([], tl.float32)
@@ -799,6 +855,7 @@ def _split_race_kernel(
             rb, ri, pb, pi = chunk_race(
                 row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa, stream,
                 tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
+                edits, HAS_EDITS,
             )
         out = pid * NCHUNK + c
         tl.store(race_rb_ptr + out, rb)
@@ -825,10 +882,11 @@ def _split_decide_kernel(
     tokens_ptr,  # [B, K+1] int64 out: emitted tokens, -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
-    V, K, NCHUNK, NROWS, QROWS,
+    eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    V, K, NCHUNK, NROWS, QROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr,
-    HAS_MASK: tl.constexpr, FUSED: tl.constexpr, TBLOCK: tl.constexpr,
+    HAS_MASK: tl.constexpr, FUSED: tl.constexpr, TBLOCK: tl.constexpr, HAS_EDITS: tl.constexpr,
 ):
     """The walk of row ``b`` over its positions' merged partials (:func:`_decide`), then the
     token at its stop: the race kernel's partials merged, or with ``FUSED`` the statistics
@@ -851,10 +909,12 @@ def _split_decide_kernel(
         q_row = _row(q_ptr, qstart_ptr, b, jj, stride_qb, stride_qk, QROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
         draft = _draft(draft_ptr, stride_db, b, j, kb)
+        edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pos, E, NG)
         stop, go_on, next_weight = _decide(
             row, q_row, bits_row, mass_ptr,
             draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, pos, NCHUNK,
             GREEDY_ONLY, HAS_Q, True, METHOD, 1, 1, LOG_X, HAS_MASK,  # CHUNK, BLOCK: unused
+            edits, HAS_EDITS,
         )
         if stop:
             n_acc = j
@@ -881,19 +941,20 @@ def _split_decide_kernel(
                 row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
                 bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
                 draft = _draft(draft_ptr, stride_db, b, n_acc, kb)
+                edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pos, E, NG)
                 race, sure = race_choice(
                     row, bx, bi, gap, m, s, draft, n_acc < kb, V, temp, stream, LOG_X, bits_row,
-                    HAS_MASK,
+                    HAS_MASK, edits, HAS_EDITS,
                 )
                 recovered_or_bonus = _fused_race(
                     row, bits_row, race, sure, draft, n_acc, kb, V, temp, key, m, s,
-                    tl.cdiv(V, TBLOCK), TBLOCK, TBLOCK, LOG_X, HAS_MASK,
+                    tl.cdiv(V, TBLOCK), TBLOCK, TBLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
                 )
             else:
                 recovered_or_bonus = _recovered_or_bonus(
                     logits_ptr, q_ptr, bits_ptr, race_rb_ptr, race_ri_ptr, race_pb_ptr,
                     race_pi_ptr, 0, n_acc, kb, V, temp, key, 0.0, 1.0, 0, 1.0, pos, NCHUNK, True,
-                    HAS_Q, 1, 1, LOG_X, HAS_MASK,
+                    HAS_Q, 1, 1, LOG_X, HAS_MASK, None, False,
                 )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
@@ -975,7 +1036,8 @@ class _Args:
     rows: _Rows
     drafts: tuple  # (draft_tokens, stride_db): [B, K]
     num_draft_tokens: torch.Tensor  # [B]
-    controls: RowControls  # [B] temperature, top_k, top_p, seeds and the filter flags
+    controls: RowControls  # [B] temperature, top_k, top_p, min_p, seeds and the filter flags
+    edits: EditArgs  # the sparse logit edits (placeholders without)
     cfg: dict  # tile sizes: _common.launch_config(V)
     greedy_only: bool
     log_input: bool
@@ -993,7 +1055,17 @@ class _Args:
 
     @property
     def has_filter(self) -> bool:
-        return self.controls.has_top_k or self.controls.has_top_p
+        return self.controls.has_filter
+
+    @property
+    def edit_ptrs(self) -> tuple:
+        """The edits' kernel arguments: ``eids_ptr, evals_ptr, etab_ptr``."""
+        return self.edits.ids, self.edits.vals, self.edits.table
+
+    @property
+    def edit_sizes(self) -> tuple:
+        """``E, NG``."""
+        return self.edits.num_edits, self.edits.num_granules
 
     @property
     def fused_race(self) -> bool:
@@ -1013,7 +1085,12 @@ class _Args:
     @property
     def layout(self) -> dict:
         """The layout constexprs every kernel takes."""
-        return {"FLAT": self.rows.flat, "LOG_X": self.log_input, "HAS_MASK": self.rows.has_mask}
+        return {
+            "FLAT": self.rows.flat,
+            "LOG_X": self.log_input,
+            "HAS_MASK": self.rows.has_mask,
+            "HAS_EDITS": self.edits.has_edits,
+        }
 
     def tiles(self, *names) -> dict:
         """The tile-size constexprs ``names`` of :func:`_common.launch_config`."""
@@ -1041,11 +1118,14 @@ def _launch_row(a: _Args, tokens, num_accepted):
         a.rows.lstart, a.rows.qstart,
         cand.count,
         cand.ids, cand.x,
-        *a.sizes, a.rows.qrows,
+        c.min_p,
+        *a.edit_ptrs,
+        *a.sizes, a.rows.qrows, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p,
         **a.tiles("CHUNK", "BLOCK", "TBLOCK", "NPIV"), BLOCK_K=a.block_k, **a.layout,
         METHOD=a.method, GATHER=a.gather, **a.tiles("CAP", "SB", "SW"),
-        FUSED=a.fused_race and a.method == METHODS["token"], **WALK_COMPILE,
+        FUSED=a.fused_race and a.method == METHODS["token"], HAS_MINP=c.has_min_p,
+        **WALK_COMPILE,
     )
 # fmt: on
 
@@ -1119,9 +1199,11 @@ def _launch_split_pivot(a: _Args, parts: _Partials, positions: int):
         a.num_draft_tokens, c.temperature, c.top_k, c.top_p,
         parts.cand.pivot, parts.cand.count,
         a.rows.lstart,
-        vocab, k, nrows,
+        c.min_p,
+        *a.edit_ptrs,
+        vocab, k, nrows, *a.edit_sizes,
         HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p, **a.layout,
-        **a.tiles("CAP", "SB", "SW", "NPIV"), **SPLIT_COMPILE,
+        **a.tiles("CAP", "SB", "SW", "NPIV"), HAS_MINP=c.has_min_p, **SPLIT_COMPILE,
     )
 
 
@@ -1137,7 +1219,8 @@ def _launch_split_stats(a: _Args, parts: _Partials, positions: int):
         parts.cand.ids, parts.cand.x,
         *a.drafts, a.controls.seeds,
         *parts.race[:3],
-        *a.sizes,
+        *a.edit_ptrs,
+        *a.sizes, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, **a.tiles("CHUNK", "BLOCK"), **a.layout, GATHER=a.gather,
         **a.tiles("CAP"), FUSED=a.fused_race, **COMPILE,
     )
@@ -1156,9 +1239,11 @@ def _launch_split_thresholds(a: _Args, parts: _Partials, positions: int):
         parts.cand.pivot, parts.cand.count,
         parts.cand.ids, parts.cand.x,
         parts.cand.mode,
-        *a.sizes,
+        c.min_p,
+        *a.edit_ptrs,
+        *a.sizes, *a.edit_sizes,
         HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p, **a.tiles("NPIV", "CHUNK", "TBLOCK"),
-        **a.layout, **a.tiles("CAP"), **THRESHOLD_COMPILE,
+        **a.layout, **a.tiles("CAP"), HAS_MINP=c.has_min_p, **THRESHOLD_COMPILE,
     )
 
 
@@ -1176,7 +1261,8 @@ def _launch_split_race(a: _Args, parts: _Partials, positions: int):
         a.rows.lstart, a.rows.qstart,
         parts.cand.mode, parts.cand.count,
         parts.cand.ids, parts.cand.x,
-        *a.sizes, a.rows.qrows,
+        *a.edit_ptrs,
+        *a.sizes, a.rows.qrows, *a.edit_sizes,
         HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, **a.tiles("CHUNK", "BLOCK"), **a.layout,
         METHOD=a.method, **a.tiles("CAP"), **THRESHOLD_COMPILE,
     )
@@ -1196,7 +1282,8 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
         tokens,
         num_accepted,
         a.rows.lstart, a.rows.qstart,
-        *a.sizes, a.rows.qrows,
+        *a.edit_ptrs,
+        *a.sizes, a.rows.qrows, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, BLOCK_K=a.block_k,
         **a.layout, METHOD=a.method, FUSED=a.fused_race, **a.tiles("TBLOCK"), **SPLIT_COMPILE,
     )
@@ -1237,6 +1324,9 @@ def verify(
     log_input: bool = False,
     method: str = "token",
     token_bitmask=None,
+    min_p=None,
+    edit_ids=None,
+    edit_vals=None,
 ):
     """Launch the verification kernels; see :func:`specdec_kernels.verify_sampling`.
 
@@ -1251,7 +1341,13 @@ def verify(
     acceptance rule of the sampling rows, ``"token"`` or ``"block"``
     (:mod:`specdec_kernels.reference.verify_block`). ``token_bitmask``: None or int32 with the
     logits' row layout (``[B, K+1, W]``, or ``[R, W]`` read through ``logits_row_start``); a
-    disallowed token is a ``-inf`` logit.
+    disallowed token is a ``-inf`` logit. ``min_p``: None or ``[B]`` float32 (0: off; greedy
+    rows ignore it): after top-k / top-p keep the tokens with ``exp(x - max x) >= min_p``.
+    ``edit_ids [B, E]`` int32 (sorted, unique, padded with ``V``) and ``edit_vals [B, K+1, E]``
+    float32, both or neither (never with ``log_input``): the logit of token ``edit_ids[b, e]`` at
+    position ``j`` of row ``b`` (flat layout: row ``logits_row_start[b] + j``) is
+    ``edit_vals[b, j, e]``, before the bitmask, the temperature and the filters (API.md
+    section 10); nothing ``[B, K+1, V]`` is written.
     Returns ``(tokens [B, K+1] int64, num_accepted [B] int64)``.
     """
     batch, k = draft_tokens.shape
@@ -1277,8 +1373,9 @@ def verify(
         drafts=(draft_tokens, draft_tokens.stride(0)),
         num_draft_tokens=num_draft_tokens,
         controls=row_controls(
-            num_draft_tokens, temperature, top_k, top_p, seeds, greedy_only=greedy_only
+            num_draft_tokens, temperature, top_k, top_p, seeds, greedy_only=greedy_only, min_p=min_p
         ),
+        edits=edit_args(edit_ids, edit_vals, target_logits.shape[-1], num_draft_tokens),
         cfg=launch_config(target_logits.shape[-1]),
         greedy_only=greedy_only,
         log_input=log_input,
