@@ -202,16 +202,11 @@ def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
 
     if inv is not None:  # a reduced draft vocabulary: not in the Triton kernels yet
         probs = ref_layout.scatter_draft_vocab(probs, inv)
-
-    if min_p is not None or edit_ids is not None:  # not in the Triton kernels yet
-        return _reference_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
-                                bitmask, mode, log_input, threshold, alpha, min_p, edit_ids,
-                                edit_vals)  # fmt: skip
-
     return verify_sampling.verify(
         logits, drafts, probs, nd, temp, topk, topp, seeds, greedy_only=mode == "greedy",
         logits_row_start=lrs, probs_row_start=prs, log_input=log_input,
-        method="block" if mode == "block" else "token", token_bitmask=bitmask,
+        method="block" if mode == "block" else "token", token_bitmask=bitmask, min_p=min_p,
+        edit_ids=edit_ids, edit_vals=edit_vals,
     )  # fmt: skip
 
 
@@ -262,9 +257,7 @@ def _reference_logprobs(logits, rows, tokens, bitmask, temp, topk, topp, process
 def _triton_logprobs(*args):
     from specdec_kernels.ops import logprobs  # imports triton: lazily
 
-    if any(a is not None for a in args[9:]):  # min_p / edits: not in the Triton kernel yet
-        return _reference_logprobs(*args)
-    return logprobs.emitted_logprobs(*args[:9])
+    return logprobs.emitted_logprobs(*args)
 
 
 def _triton_accept_reject(draft_tokens, verifier_tokens):

@@ -60,6 +60,7 @@ class Processors:
         )  # fmt: skip
         if validate:
             _check_processed(vals, temperature)
+            _check_some_finite(target_logits, ids, vals, num_draft_tokens, logits_row_start)
         return ids, vals
 
 
@@ -195,6 +196,31 @@ def _check_values(p: Processors, v: int) -> None:
                 f"logit_bias values[{row}, {col}] = {float(values[row, col])}: a bias must be "
                 "finite or -inf (to allow only some tokens, pass a token_bitmask)"
             )
+
+
+def _check_some_finite(logits, ids, vals, num_draft_tokens, row_start) -> None:
+    """Every decided position (``j <= k_b``) keeps a finite processed logit: the finite logits
+    of the row, less the edited ones, plus the finite edited values (one more pass over the
+    logits, as the other value checks make)."""
+    b, k1, e = vals.shape
+    v = logits.shape[-1]
+    finite = torch.isfinite(logits).sum(-1)  # [B, K+1] or flat [R]
+    cols = ids.clamp(max=v - 1).to(torch.int64)[:, None, :].expand(b, k1, e)
+    pos = torch.arange(k1, device=vals.device)
+    if row_start is not None:
+        rows = (row_start.to(torch.int64)[:, None] + pos[None, :]).clamp(0, logits.shape[0] - 1)
+        finite, raw = finite[rows], logits.take(rows[:, :, None] * v + cols)
+    else:
+        raw = logits.gather(-1, cols)
+    live = (ids < v)[:, None, :]
+    left = finite - (torch.isfinite(raw) & live).sum(-1) + (torch.isfinite(vals) & live).sum(-1)
+    bad = (left == 0) & (pos[None, :] <= num_draft_tokens.to(torch.int64)[:, None])
+    if bool(bad.any()):
+        row, j = check.first_index(bad)
+        raise ValueError(
+            f"the processed logits of row {row} at position {j} have no finite entry "
+            "(logit_bias -inf or penalties on every token the logits allow)"
+        )
 
 
 def _check_processed(vals: Tensor, temperature: Tensor | None) -> None:

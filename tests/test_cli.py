@@ -126,6 +126,11 @@ def _a_folder(tmp_path):
         (["--tp", "0"], "--tp", "'0'"),
         (["--record", _a_folder], "--record", "is a directory"),
         (["--record", _not_a_json_list], "--record", "cannot append to"),
+        (["--repetition-penalty", "0"], "--repetition-penalty", "'0'"),
+        (["--min-p", "1.5"], "--min-p", "'1.5'"),
+        (["--top-k", "-3"], "--top-k", "'-3'"),
+        (["--presence-penalty", "inf"], "--presence-penalty", "'inf'"),
+        (["--method", "exact"], "--method", "'exact'"),
     ],
 )
 def test_demo_refuses_bad_arguments_up_front(no_demo, capsys, tmp_path, argv, option, value):
@@ -158,6 +163,25 @@ def test_demo_takes_good_arguments_at_their_bounds(no_demo, tmp_path):
     rows = tmp_path / "rows.json"
     rows.write_text('[{"case": "batched"}]')
     assert main(["demo", "--record", str(rows)]) == 0 and no_demo[-1].record == str(rows)
+
+
+def test_demo_match_reproduces_the_target_alone(capsys):
+    """``--method match`` with processors at ``T > 0``: the speculative output is the target's
+    own seeded sampling, and the demo says so."""
+    argv = ["demo", "-n", "10", "--pair", "tiny", "-t", "0.8", "--method", "match", "--top-p",
+            "0.9", "--min-p", "0.05", "--repetition-penalty", "1.2", "--frequency-penalty", "0.3",
+            "--repeats", "1", "--color", "never", "x = 1\n", "def f("]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "sampled output identical to the target's own sampling with seed 0" in out
+
+
+def test_demo_sampling_options_refused_where_they_cannot_apply(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--pair", "qwen2.5-coder", "--method", "match"])
+    assert exc.value.code == 2 and "takes no --top-k" in capsys.readouterr().err
+    assert main(["demo", "-t", "0.5", "--top-p", "0", "-n", "2", "--repeats", "1"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
 
 
 def test_python_m_entry_point():

@@ -188,3 +188,38 @@ def test_pretrained_benchmark_rows_and_table():
     ]  # fmt: skip
     table = e2e_hf.format_table(rows)
     assert "1.50x (1.40-1.60)" in table and "4/4" in table and "2.50" in table
+
+
+def test_transformers_processors_keep_greedy_output(pair):
+    """``repetition_penalty`` and single-token ``sequence_bias`` follow ``generate()``'s own
+    processors: greedy output equal to the target's ``generate`` with them (no padding)."""
+    target, draft = pair
+    ids = torch.randint(1, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
+    bias = {(int(ids[0, 0]),): 3.0, (7,): -float("inf")}
+    with torch.inference_mode():
+        want = target.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+            repetition_penalty=1.5, sequence_bias=bias, pad_token_id=0, min_new_tokens=16,
+            eos_token_id=None,
+        )  # fmt: skip
+    out = speculative_generate(target, draft, ids, max_new_tokens=16, num_speculative_tokens=4,
+                               repetition_penalty=1.5, sequence_bias=bias)  # fmt: skip
+    assert torch.equal(out, want)
+    plain = speculative_generate(target, draft, ids, max_new_tokens=16, num_speculative_tokens=4)
+    assert not torch.equal(plain, want)  # the processors changed the output
+    assert 7 not in out[0, 6:].tolist()
+
+
+def test_transformers_processors_refused_by_name(pair):
+    target, draft = pair
+    ids = torch.ones(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="only single-token sequences"):
+        speculative_generate(target, draft, ids, sequence_bias={(1, 2): 1.0})
+    from transformers import LogitsProcessorList, NoRepeatNGramLogitsProcessor
+
+    procs = LogitsProcessorList([NoRepeatNGramLogitsProcessor(2)])
+    with pytest.raises(ValueError, match=r"logits_processor \(NoRepeatNGramLogitsProcessor\)"):
+        speculative_generate(target, draft, ids, logits_processor=procs)
+    with pytest.raises(ValueError, match="use logprobs='processed'"):
+        speculative_generate(target, draft, ids, do_sample=True, repetition_penalty=1.2,
+                             return_dict_in_generate=True, output_scores=True)  # fmt: skip

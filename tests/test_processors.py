@@ -18,7 +18,7 @@ from specdec_kernels.reference.processors import apply_edits, logit_edits, proce
 from specdec_kernels.reference.verify_sampling import filtered_probs_alike
 from specdec_kernels.verification import run_chain
 
-from helpers import ALL_BACKENDS, ALPHA, available, chi_square_check
+from helpers import ALL_BACKENDS, ALPHA, NATIVE, TRITON, available, chi_square_check
 
 INF = math.inf
 
@@ -115,9 +115,20 @@ def test_repetition_follows_transformers_sign_rule():
 
 
 # ---------------------------------------------------------------- every backend follows it
-@pytest.mark.parametrize("backend", ALL_BACKENDS)
-@pytest.mark.parametrize("name", list(PROCESSORS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+#: Every processor on the reference and the native kernels, in both dtypes; the Triton kernels
+#: (interpreted here: slow) with all of them at once (tests/test_edits_triton.py covers their
+#: layouts and strategies).
+DENSE_CASES = [
+    pytest.param(backend, name, dtype, id=f"{getattr(backend, 'values', [backend])[0]}-{name}-"
+                 f"{str(dtype)[6:]}")
+    for backend in ("reference", NATIVE)
+    for name in PROCESSORS
+    for dtype in (torch.float32, torch.bfloat16)
+] + [pytest.param(TRITON.values[0], "all", torch.bfloat16, marks=TRITON.marks,
+                  id="triton-all-bfloat16")]  # fmt: skip
+
+
+@pytest.mark.parametrize("backend, name, dtype", DENSE_CASES)
 def test_backend_with_processors_equals_it_on_dense_logits(backend, name, dtype):
     logits, drafts, nd, context, bias = _case(dtype=dtype, seed=3)
     kw = _kwargs(name, bias, context)
@@ -178,7 +189,7 @@ def test_min_p_one_keeps_only_the_most_likely(backend):
     logits, drafts, nd, _, _ = _case(seed=6)
     logits[:, :, 7] = logits.amax(-1)  # a tie at the max: both kept
     best = logits.amax(-1, keepdim=True)
-    for s in range(20):
+    for s in range(4 if backend == "triton" else 20):
         out = sk.verify_sampling(logits, drafts, num_draft_tokens=nd, seed=s, min_p=1.0,
                                  temperature=1.5, backend=backend)  # fmt: skip
         pos = torch.arange(5)[:, None].expand(-1, 5)
@@ -192,7 +203,7 @@ def test_min_p_one_keeps_only_the_most_likely(backend):
 def test_minus_inf_bias_on_every_draft_rejects_them_all(backend):
     logits, drafts, nd, context, _ = _case(seed=7)
     bias = (drafts, torch.full(drafts.shape, -INF))
-    for s in range(10):
+    for s in range(3 if backend == "triton" else 10):
         out = sk.verify_sampling(logits, drafts, num_draft_tokens=nd, seed=s, logit_bias=bias,
                                  backend=backend)  # fmt: skip
         assert out.num_accepted.tolist() == [0] * 5
@@ -439,3 +450,15 @@ def test_bad_draft_vocab_maps_are_named():
         sk.verify_sampling(logits, drafts, draft_vocab_map=torch.tensor([0, 1]), seed=0)
     with pytest.raises(ValueError, match=r"draft_probs must have shape \[B, K, V_draft\]"):
         sk.verify_sampling(logits, drafts, q, draft_vocab_map=torch.tensor([0, 1]), seed=0)
+
+
+def test_a_row_left_without_finite_logits_is_refused():
+    logits = torch.full((1, 2, 5), -INF)
+    logits[0, :, 2] = 1.0  # the only finite token ...
+    ids, bias = torch.tensor([[2]]), torch.tensor([[-INF]])  # ... biased away
+    with pytest.raises(ValueError, match="row 0 at position 0 have no finite entry"):
+        sk.verify_sampling(logits, torch.tensor([[0]]), seed=0, logit_bias=(ids, bias))
+    ok = sk.verify_sampling(
+        logits, torch.tensor([[2]]), seed=0, logit_bias=(ids, torch.tensor([[5.0]]))
+    )
+    assert ok.tokens.tolist() == [[2, 2]]

@@ -147,7 +147,6 @@ def logit_edits(
     b, k = draft_tokens.shape
     v = target_logits.shape[-1]
     dev = target_logits.device
-    rows = torch.arange(b, device=dev)
     pos = torch.arange(k + 1, device=dev)
     drafts = draft_tokens.to(torch.int64)
     live = (pos[None, :k] < num_draft_tokens.to(torch.int64)[:, None]) & (drafts >= 0)
@@ -179,27 +178,21 @@ def logit_edits(
         counts[:, 1:] += hit.cumsum(dim=1)
     counts *= (ids < v)[:, None, :]  # the padding id matches the uncounted entries: no count
     bias = None
-    if logit_bias is not None:
-        order = bias_ids.sort(-1)
-        values = logit_bias[1].to(device=dev, dtype=torch.float64).gather(1, order.indices)
-        lo = torch.searchsorted(order.values, ids, right=False)
-        hi = torch.searchsorted(order.values, ids, right=True)
+    if logit_bias is not None:  # each bias added into its id's slot (0 + b: exact, as dense)
+        slot = torch.searchsorted(ids, bias_ids).clamp(max=ids.shape[1] - 1)  # [B, M]
+        values = logit_bias[1].to(device=dev, dtype=torch.float64)
+        values = torch.where(bias_ids < v, values, 0.0)  # padding adds nothing
+        bias = torch.zeros(ids.shape, dtype=torch.float64, device=dev)
+        bias = bias.scatter_add(1, slot, values)[:, None, :]  # [B, 1, E]
 
-        def range_sum(x):  # [B, E]: the sum of x over each id's run of the sorted bias ids
-            cum = torch.nn.functional.pad(x.cumsum(-1), (1, 0))  # [B, M+1]
-            return cum.gather(1, hi) - cum.gather(1, lo)
-
-        ninf = values == -torch.inf  # summed apart: -inf - -inf would be NaN
-        finite = range_sum(torch.where(ninf, 0.0, values))
-        bias = torch.where(range_sum(ninf.double()) > 0, -torch.inf, finite)[:, None, :]
-
-    # the logits at (b, j, ids[b, e]): their row, then the ids (the padding reads column 0)
+    # the logits at (b, j, ids[b, e]) (the padding reads column V - 1): a gather, no row copied
+    cols = ids.clamp(max=v - 1)[:, None, :].expand(b, k + 1, -1)  # [B, K+1, E]
     if logits_row_start is not None:
         rr = logits_row_start.to(torch.int64)[:, None] + pos[None, :]
         rr = rr.clamp(0, target_logits.shape[0] - 1)  # [B, K+1]
-        x = target_logits[rr[:, :, None], ids.clamp(max=v - 1)[:, None, :]]
+        x = target_logits.take(rr[:, :, None] * v + cols)
     else:
-        x = target_logits[rows[:, None, None], pos[None, :, None], ids.clamp(max=v - 1)[:, None, :]]
+        x = target_logits.gather(-1, cols)
     rep, pres, freq = (_row_values(p, b, dev) for p in (repetition_penalty, presence_penalty,
                                                       frequency_penalty))  # fmt: skip
     vals = penalise(x.double(), counts, bias, rep, pres, freq)
