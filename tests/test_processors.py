@@ -119,9 +119,9 @@ def test_repetition_follows_transformers_sign_rule():
 #: (interpreted here: slow) with all of them at once (tests/test_edits_triton.py covers their
 #: layouts and strategies).
 DENSE_CASES = [
-    pytest.param(backend, name, dtype, id=f"{getattr(backend, 'values', [backend])[0]}-{name}-"
-                 f"{str(dtype)[6:]}")
-    for backend in ("reference", NATIVE)
+    pytest.param(param.values[0], name, dtype, marks=param.marks,
+                 id=f"{param.values[0]}-{name}-{str(dtype)[6:]}")
+    for param in (pytest.param("reference"), NATIVE)
     for name in PROCESSORS
     for dtype in (torch.float32, torch.bfloat16)
 ] + [pytest.param(TRITON.values[0], "all", torch.bfloat16, marks=TRITON.marks,
@@ -140,6 +140,9 @@ def test_backend_with_processors_equals_it_on_dense_logits(backend, name, dtype)
         got = sk.verify_sampling(logits, drafts, method=method, **common, **kw)
         want = sk.verify_sampling(dense, drafts, method=method, **common)
         assert torch.equal(got.tokens, want.tokens), (method, got.tokens, want.tokens)
+        ref = sk.verify_sampling(logits, drafts, method=method,
+                                 **{**common, **kw, "backend": "reference"})  # fmt: skip
+        assert torch.equal(got.tokens, ref.tokens), (method, "the reference differs")
     g = sk.verify_greedy(logits, drafts, num_draft_tokens=nd, backend=backend, **kw)
     w = sk.verify_greedy(dense, drafts, num_draft_tokens=nd, backend=backend)
     assert torch.equal(g.tokens, w.tokens)
@@ -229,6 +232,17 @@ def test_a_penalty_flips_the_greedy_choice(backend):
     freq = sk.verify_greedy(logits, drafts, frequency_penalty=1.5,
                             context_tokens=torch.full((1, 1), -1), backend=backend)  # fmt: skip
     assert freq.tokens.tolist() == [[4, 9, -1]]
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_an_empty_context_counts_the_drafts_alone(backend):
+    logits, drafts, nd, _, _ = _case(seed=10)
+    empty = torch.zeros(5, 0, dtype=torch.int64)  # [B, 0]: nothing generated yet
+    got = sk.verify_sampling(logits, drafts, num_draft_tokens=nd, seed=1, context_tokens=empty,
+                             frequency_penalty=2.0, backend=backend)  # fmt: skip
+    dense = processed_logits(logits, drafts, nd, empty, frequency_penalty=2.0)
+    want = sk.verify_sampling(dense, drafts, num_draft_tokens=nd, seed=1, backend=backend)
+    assert torch.equal(got.tokens, want.tokens)
 
 
 def test_huge_penalties_stay_finite_or_masked():
