@@ -23,7 +23,7 @@
 // schema (and update specdec_kernels/_extension.py's ABI_VERSION and OPS with it). The loader
 // checks it once, at import, and uses no extension of another stamp; the rest of the package asks
 // the loader (_extension.has_op) which ops there are, never torch.ops.specdec itself.
-constexpr long kAbiVersion = 2;
+constexpr long kAbiVersion = 3;
 
 // Importing specdec_kernels._C runs the registrations below; the module holds only the stamp
 // (_C.ABI_VERSION).
@@ -57,7 +57,7 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor? seeds, bool greedy_only, Tensor? logits_row_start, Tensor? probs_row_start, "
         "Tensor? token_bitmask, bool log_input, int mode, float posterior_threshold, "
         "float posterior_alpha, Tensor? min_p=None, Tensor? edit_ids=None, "
-        "Tensor? edit_vals=None) -> (Tensor, Tensor)");
+        "Tensor? edit_vals=None, Tensor? draft_vocab_inv=None) -> (Tensor, Tensor)");
   m.def("native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor");
   m.def("native_accept_tests_passed(Tensor draft_probs, Tensor draft_tokens, "
         "Tensor target_probs, Tensor seeds, Tensor after) -> Tensor");

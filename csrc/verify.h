@@ -6,7 +6,8 @@
 //                    Tensor? seeds, bool greedy_only, Tensor? logits_row_start,
 //                    Tensor? probs_row_start, Tensor? token_bitmask, bool log_input, int mode,
 //                    float posterior_threshold, float posterior_alpha, Tensor? min_p=None,
-//                    Tensor? edit_ids=None, Tensor? edit_vals=None) -> (Tensor, Tensor)
+//                    Tensor? edit_ids=None, Tensor? edit_vals=None,
+//                    Tensor? draft_vocab_inv=None) -> (Tensor, Tensor)
 //   native_accept_reject(Tensor draft_tokens, Tensor verifier_tokens) -> Tensor
 //   native_accept_tests_passed(Tensor draft_probs, Tensor draft_tokens, Tensor target_probs,
 //                              Tensor seeds, Tensor after) -> Tensor
@@ -29,7 +30,10 @@
 // top-p). edit_ids [B, E] int32 (sorted, unique, padded with V) and edit_vals [B, K+1, E]
 // float32, both or neither (API.md section 10): position j of row b reads edit_vals[b, j, e] as
 // the logit of token edit_ids[b, e], before the bitmask and the temperature (the (b, j) indexing
-// in the flat layout too); not with log_input, not in mode 2. The plain
+// in the flat layout too); not with log_input, not in mode 2. draft_vocab_inv: None or [V] int32
+// contiguous (a reduced draft vocabulary, EAGLE-3's draft-to-target map): draft_probs is then
+// [B, K, V_draft] (or [rows, V_draft]), V_draft >= 1, and q(t) = draft_probs[..., inv[t]] where
+// inv[t] is in [0, V_draft), else 0 (read through the index; no [V] copy). The plain
 // chain call passes logits_row_start = probs_row_start = token_bitmask = None, log_input =
 // false, mode = 0 and posterior_threshold = posterior_alpha = 0. They are the
 // `backend="native"` implementation of the public custom ops specdec::verify_greedy /
@@ -69,7 +73,8 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     const std::optional<at::Tensor>& probs_row_start,
     const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
     double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
-    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals);
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
+    const std::optional<at::Tensor>& draft_vocab_inv);
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
                                     const at::Tensor& verifier_tokens);

@@ -188,7 +188,8 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     const std::optional<at::Tensor>& probs_row_start,
     const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
     double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
-    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals) {
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
+    const std::optional<at::Tensor>& draft_vocab_inv) {
   const char* op = "native_verify";
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, op,
                     ": mode must be 0 (token), 1 (block) or 2 (typical), got ", mode);
@@ -266,17 +267,40 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     }
     a.token_bitmask = m.const_data_ptr<int32_t>();
   }
+  // A reduced draft vocabulary: draft_probs' last dim is V_draft (any size >= 1), read through
+  // the [V] inverse index (its values are the caller's: any outside [0, V_draft) reads q = 0).
+  if (draft_vocab_inv.has_value()) {
+    const at::Tensor& inv = *draft_vocab_inv;
+    check_cpu(op, "draft_vocab_inv", inv);
+    TORCH_CHECK_TYPE(inv.scalar_type() == at::kInt, op, ": draft_vocab_inv must be int32, got ",
+                     inv.scalar_type());
+    TORCH_CHECK_VALUE(inv.dim() == 1 && inv.size(0) == V, op,
+                      ": draft_vocab_inv must have shape [V] = [", V, "] (from target_logits ",
+                      target_logits.sizes(), "), got ", inv.sizes());
+    TORCH_CHECK_VALUE(inv.is_contiguous(), op,
+                      ": draft_vocab_inv must be contiguous, got strides ", inv.strides());
+    TORCH_CHECK_VALUE(draft_probs.has_value(), op,
+                      ": draft_vocab_inv maps target ids to draft_probs columns: it needs "
+                      "draft_probs ([B, K, V_draft], or [rows, V_draft] with probs_row_start)");
+  }
+  const bool mapped = draft_vocab_inv.has_value();
   Controls controls;
   if (!greedy_only) {
     controls = sampling_controls(op, B, temperature, top_k, top_p, seeds, a);
     if (draft_probs.has_value()) {
       const at::Tensor& q = *draft_probs;
       check_cpu(op, "draft_probs", q);
+      // the width of q's rows: V, or V_draft (>= 1) with draft_vocab_inv
+      const int64_t Vq = mapped && q.dim() >= 1 ? q.size(-1) : V;
+      const char* vq_name = mapped ? "V_draft" : "V";
+      TORCH_CHECK_VALUE(!mapped || Vq >= 1, op,
+                        ": with draft_vocab_inv, draft_probs' last dim V_draft must be >= 1, got ",
+                        "draft_probs ", q.sizes());
       if (probs_row_start.has_value()) {
-        TORCH_CHECK_VALUE(q.dim() == 2 && q.size(1) == V && (q.size(0) >= 1 || B == 0), op,
-                          ": with probs_row_start, draft_probs must have shape [rows, V] with V = ",
-                          V, ", got ", q.sizes());
-        TORCH_CHECK_VALUE(q.stride(1) == 1 || V == 1, op,
+        TORCH_CHECK_VALUE(q.dim() == 2 && q.size(1) == Vq && (q.size(0) >= 1 || B == 0), op,
+                          ": with probs_row_start, draft_probs must have shape [rows, ", vq_name,
+                          "] with ", vq_name, " = ", Vq, ", got ", q.sizes());
+        TORCH_CHECK_VALUE(q.stride(1) == 1 || Vq == 1, op,
                           ": draft_probs must have stride 1 in its last dim, got strides ",
                           q.strides());
         check_int(op, "probs_row_start", *probs_row_start);
@@ -285,15 +309,19 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
         a.probs_rows = q.size(0);
         a.probs_stride_k = q.stride(0);
       } else {
-        TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == B && q.size(1) == K && q.size(2) == V, op,
-                          ": draft_probs must have shape [B, K, V] = [", B, ", ", K, ", ", V,
-                          "], got ", q.sizes());
+        TORCH_CHECK_VALUE(q.dim() == 3 && q.size(0) == B && q.size(1) == K && q.size(2) == Vq,
+                          op, ": draft_probs must have shape [B, K, ", vq_name, "] = [", B, ", ",
+                          K, ", ", Vq, "], got ", q.sizes());
         check_vocab_stride("draft_probs", q);
         a.probs_stride_b = q.stride(0);
         a.probs_stride_k = q.stride(1);
       }
       a.draft_probs = q.const_data_ptr();
       a.probs_kind = float_kind("draft_probs", q);
+      if (mapped) {
+        a.draft_vocab_inv = draft_vocab_inv->const_data_ptr<int32_t>();
+        a.draft_vocab = Vq;
+      }
     }
   }
   const bool edited = edit_ids.has_value() || edit_vals.has_value();

@@ -188,11 +188,10 @@ _NATIVE_CHAIN_MODE = {"greedy": 0, "sampling": 0, "block": 1, "typical": 2}
 
 def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
                   log_input, threshold, alpha, min_p, edit_ids, edit_vals, inv):  # fmt: skip
-    if inv is not None:  # a reduced draft vocabulary: not in the C++ kernels yet
-        probs = ref_layout.scatter_draft_vocab(probs, inv)
+    # inv: a reduced draft vocabulary, read through the index by the kernels (no [B, K, V] scatter)
     return torch.ops.specdec.native_verify_ex(
         logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs, bitmask,
-        log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha, min_p, edit_ids, edit_vals,
+        log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha, min_p, edit_ids, edit_vals, inv,
     )  # fmt: skip
 
 

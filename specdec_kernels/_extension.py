@@ -36,7 +36,7 @@ NATIVE_PREFIX = "native_"  # the extension's kernel of a public op `name` is `na
 
 #: The ABI stamp this package needs (``csrc/bindings.cpp``'s ``kAbiVersion``): bumped with every op
 #: of the extension added, removed or changed in schema, together with :data:`OPS`.
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: The ops that ``csrc/bindings.cpp`` registers at :data:`ABI_VERSION` (``torch.ops.specdec.*``;
 #: ``tests/test_extension_abi.py`` checks the list against the file and the loaded extension).
 OPS = frozenset(

@@ -29,7 +29,8 @@ struct VerifyArgs {
   FloatKind logits_kind = FloatKind::kFloat32;
   int64_t logits_stride_b = 0, logits_stride_k = 0;
   const int64_t* draft_tokens = nullptr;  // [B, K] contiguous
-  const void* draft_probs = nullptr;      // [B, K, V] probs_kind, or nullptr (one-hot drafts)
+  const void* draft_probs = nullptr;      // [B, K, V] probs_kind, or nullptr (one-hot drafts);
+                                          // [B, K, V_draft] with draft_vocab_inv
   FloatKind probs_kind = FloatKind::kFloat32;
   int64_t probs_stride_b = 0, probs_stride_k = 0;
   const int64_t* num_draft_tokens = nullptr;  // [B]
@@ -71,6 +72,13 @@ struct VerifyArgs {
   const int32_t* edit_ids = nullptr;
   const float* edit_vals = nullptr;
   int64_t num_edits = 0;  // E
+  // A reduced draft vocabulary (EAGLE-3's draft-to-target map): draft_probs rows are then
+  // [draft_vocab] wide and q(t) = row[draft_vocab_inv[t]] where that column is in
+  // [0, draft_vocab), else 0 (a target id outside the map; values outside the range read as
+  // outside the map, never out of bounds). [V] int32, contiguous. nullptr: rows are [V], q(t) =
+  // row[t].
+  const int32_t* draft_vocab_inv = nullptr;
+  int64_t draft_vocab = 0;  // V_draft
 };
 
 // VerifyArgs::mode: token verification (rejection sampling), block verification (Sun et al.

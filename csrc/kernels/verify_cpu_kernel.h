@@ -31,6 +31,13 @@
 // the edited ids (EditIndex, O(E) to build in a thread's scratch) makes a vector of W tokens
 // without an edit cost one more load-shift-and-test; an edited token reads its value in O(1).
 // min_p is one more threshold on x, taken with top-k / top-p's (thresholds()).
+//
+// A reduced draft vocabulary (VerifyArgs::draft_vocab_inv, EAGLE-3's draft-to-target map) is read
+// through its [V] inverse index wherever q is (QRow): one lookup for the accept test's q(x) and
+// block verification's Q_i(X_{i+1}), one gather per token in the residual passes (the race over
+// max(0, p - q) at a rejection, block verification's R_i), where the dense path loads a vector.
+// The choice is a template parameter taken outside the vocabulary loops, so calls without a map
+// run the dense code unchanged; no scattered [V] copy of q is ever written.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -161,6 +168,53 @@ inline Vec load_x(const T* src, int64_t i, int64_t n, float temp, float pad) {
     v = Vec::loadu(tail);
   }
   return temp != 1.0f ? v / Vec(temp) : v;
+}
+
+// The draft probabilities q of one position (or of a span of it, at()): dense, q(t) = row[t], or
+// through a reduced draft vocabulary's inverse index (VerifyArgs::draft_vocab_inv), q(t) =
+// row[inv[t]] where inv[t] is in [0, cols), else 0. Nothing (row == nullptr): no draft
+// probabilities (one-hot drafts, or a pass without q).
+template <typename Q>
+struct QRow {
+  const Q* row = nullptr;         // [V] (span-relative) dense, or [cols] with inv
+  const int32_t* inv = nullptr;   // [V] (span-relative) or nullptr: dense
+  int64_t cols = 0;               // V_draft with inv
+
+  explicit operator bool() const { return row != nullptr; }
+
+  // The span that starts at token `base` of the position.
+  QRow at(int64_t base) const {
+    if (row == nullptr) return *this;
+    return inv != nullptr ? QRow{row, inv + base, cols} : QRow{row + base, nullptr, 0};
+  }
+
+  // q of token t of the span (in range). Branchless through the index: in a pass over the
+  // vocabulary, whether a token is in the map is a coin flip to the branch predictor (a branch
+  // made block verification's mapped R_i passes ~2x the dense ones); column 0 is read instead
+  // of a column outside [0, cols) (cols >= 1) and the value dropped.
+  float value(int64_t t) const {
+    if (inv == nullptr) return static_cast<float>(row[t]);
+    const int32_t c = inv[t];
+    const bool in_map = static_cast<uint32_t>(c) < static_cast<uint64_t>(cols);
+    const float v = static_cast<float>(row[in_map ? c : 0]);
+    return in_map ? v : 0.0f;
+  }
+};
+
+// W values of q at tokens [i, i + W) of a span of n tokens; lanes at or past n hold 0. MAP: the
+// span reads through the inverse index, one scalar gather per token (its cost over the dense
+// load), the values bit for bit those of the dense load of the scattered row (a bf16 / fp16 to
+// float32 conversion is exact either way). The choice is a template parameter, made once per
+// pass outside the loop over the vocabulary: the dense path is the same code as before the map.
+template <bool MAP, typename Q>
+C10_ALWAYS_INLINE Vec load_q(const QRow<Q>& q, int64_t i, int64_t n) {
+  if constexpr (!MAP) {
+    return load_x(q.row, i, n, 1.0f, 0.0f);
+  } else {
+    alignas(64) float g[W];
+    for (int64_t l = 0; l < W; ++l) g[l] = i + l < n ? q.value(i + l) : 0.0f;
+    return Vec::loadu(g);
+  }
 }
 
 // How a logits row maps to x: x = value / temp, or x = log(value) for probability inputs; the
@@ -564,10 +618,11 @@ struct RaceState {
 // The race of one chunk over x = src[0, n) / temp: argmax of w / E with E = -log(1 - v)
 // (exponentials) and w = max(0, scale p - q) (residual; scale = 1 for token verification, the weight p_tau
 // <= 1 at a block's stop) or p (plain); zero (or NaN) weights never score. q comes from q_src
-// [n] or, when q_src is nullptr, is one-hot at chunk-local `draft_local` (-1: q = 0).
-template <RaceKind KIND, typename T, typename Q>
+// [n] (MAP: through its inverse index, load_q) or, when q_src is empty, is one-hot at chunk-local
+// `draft_local` (-1: q = 0).
+template <RaceKind KIND, bool MAP, typename T, typename Q>
 inline void chunk_race(RaceState& rs, const T* src,  // [n]
-                       const Q* q_src,                // [n] or nullptr
+                       const QRow<Q>& q_src,          // the chunk's span, or empty
                        int64_t draft_local, int64_t n, const XMap& xm, int64_t base, float m,
                        const Filter& f, uint32_t stream, float scale) {
   const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), one(1.0f), ln2(LN2);
@@ -587,8 +642,7 @@ inline void chunk_race(RaceState& rs, const T* src,  // [n]
     Vec w = p;
     if constexpr (KIND == RaceKind::kResidual) {
       const Vec idx = Vec::arange(static_cast<float>(i), 1.0f);
-      const Vec qv = q_src != nullptr ? load_x(q_src, i, n, 1.0f, 0.0f)
-                                      : Vec::blendv(zero, one, idx == draft);
+      const Vec qv = q_src ? load_q<MAP>(q_src, i, n) : Vec::blendv(zero, one, idx == draft);
       w = (scale != 1.0f ? Vec(scale) * p : p) - qv;
     }
     const Vec e = exponentials(u);
@@ -652,12 +706,13 @@ inline Stats position_stats(const T* row,  // [V]
 }
 
 // One race over a position's chunks (per thread range, merged in range order).
-template <RaceKind KIND, typename T, typename Q>
-inline RaceState position_race(const T* row,    // [V]
-                               const Q* q_row,  // [V] draft probabilities, or nullptr
-                               int64_t draft, int64_t V, const XMap& xm, float m,
-                               const Filter& f, uint32_t stream, bool split,
-                               float scale = 1.0f) {
+// MAP: q_row reads through a reduced draft vocabulary's inverse index (chosen here, once per
+// race, by position_race below).
+template <RaceKind KIND, bool MAP, typename T, typename Q>
+inline RaceState position_race_of(const T* row,  // [V]
+                                  const QRow<Q>& q_row,  // draft probabilities, or empty
+                                  int64_t draft, int64_t V, const XMap& xm, float m,
+                                  const Filter& f, uint32_t stream, bool split, float scale) {
   const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
   std::vector<RaceState> parts(nchunks, RaceState(KIND, f.z));  // one per range, at its start
   std::vector<char> used(nchunks, 0);
@@ -667,10 +722,9 @@ inline RaceState position_race(const T* row,    // [V]
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t base = c * CHUNK;
       const int64_t n = std::min(CHUNK, V - base);
-      const Q* qp = q_row != nullptr ? q_row + base : nullptr;
       const int64_t draft_local = draft >= base && draft < base + n ? draft - base : -1;
-      chunk_race<KIND>(rs, row + base, qp, draft_local, n, xm.at(base), base, m, f, stream,
-                       scale);
+      chunk_race<KIND, MAP>(rs, row + base, q_row.at(base), draft_local, n, xm.at(base), base, m,
+                            f, stream, scale);
     }
   }, race_work(f, V));
   RaceState best(KIND, f.z);
@@ -680,10 +734,25 @@ inline RaceState position_race(const T* row,    // [V]
   return best;
 }
 
+template <RaceKind KIND, typename T, typename Q>
+inline RaceState position_race(const T* row,           // [V]
+                               const QRow<Q>& q_row,  // draft probabilities, or empty
+                               int64_t draft, int64_t V, const XMap& xm, float m,
+                               const Filter& f, uint32_t stream, bool split,
+                               float scale = 1.0f) {
+  if constexpr (KIND == RaceKind::kResidual) {
+    if (q_row && q_row.inv != nullptr) {
+      return position_race_of<KIND, true>(row, q_row, draft, V, xm, m, f, stream, split, scale);
+    }
+  }
+  return position_race_of<KIND, false>(row, q_row, draft, V, xm, m, f, stream, split, scale);
+}
+
 // The extra token of a position: at a rejection the residual race over max(0, scale p - q) (when
 // the residual has mass), else (or at the bonus position) the plain race over p.
 template <typename T, typename Q>
-inline int64_t extra_token(const T* row, const Q* q_row, int64_t draft, bool rejected, int64_t V,
+inline int64_t extra_token(const T* row, const QRow<Q>& q_row, int64_t draft, bool rejected,
+                           int64_t V,
                            const XMap& xm, float m, const Filter& f, uint32_t stream, bool split,
                            float scale = 1.0f) {
   if (rejected) {
@@ -691,7 +760,7 @@ inline int64_t extra_token(const T* row, const Q* q_row, int64_t draft, bool rej
                                                            stream, split, scale);
     if (r.s > 0.0f) return r.index;
   }
-  return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, xm, m, f, stream, split)
+  return position_race<RaceKind::kPlain, T, Q>(row, QRow<Q>{}, -1, V, xm, m, f, stream, split)
       .index;
 }
 
@@ -727,11 +796,11 @@ inline int64_t clamp_row(int64_t first, int64_t j, int64_t rows) {
 // Sum over the vocabulary of max(0, scale p(x) - q(x)) (p the filtered target probabilities of
 // one position, q [V] the draft's): block verification's residual mass R_i (scale = p_i). Chunk
 // sums are added in chunk order, so the result does not depend on the strategy.
-template <typename T, typename Q>
-inline float residual_mass(const T* row,    // [V]
-                           const Q* q_row,  // [V]
-                           int64_t V, const XMap& xm, float m, const Filter& f, float scale,
-                           bool split) {
+template <bool MAP, typename T, typename Q>
+inline float residual_mass_of(const T* row,           // [V]
+                              const QRow<Q>& q_row,  // the draft probabilities
+                              int64_t V, const XMap& xm, float m, const Filter& f, float scale,
+                              bool split) {
   const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
   std::vector<float> parts(nchunks, 0.0f);
   const Vec shift(safe_max(m)), kappa(f.kappa), z(f.z), zero(0.0f), weight(scale);
@@ -740,11 +809,12 @@ inline float residual_mass(const T* row,    // [V]
       const int64_t base = c * CHUNK;
       const int64_t n = std::min(CHUNK, V - base);
       const XMap cm = xm.at(base);
+      const QRow<Q> qs = q_row.at(base);
       Vec acc(0.0f);
       for (int64_t i = 0; i < n; i += W) {
         const Vec xv = load_logits(row + base, i, n, cm);
         const Vec p = Vec::blendv(zero, (xv - shift).exp() / z, xv >= kappa);
-        const Vec qv = load_x(q_row + base, i, n, 1.0f, 0.0f);
+        const Vec qv = load_q<MAP>(qs, i, n);
         acc = acc + at::vec::maximum(weight * p - qv, zero);
       }
       alignas(64) float lanes[W];
@@ -757,6 +827,14 @@ inline float residual_mass(const T* row,    // [V]
   float total = 0.0f;
   for (float v : parts) total += v;
   return total;
+}
+
+// residual_mass_of, the dense or the mapped (reduced draft vocabulary) read chosen once.
+template <typename T, typename Q>
+inline float residual_mass(const T* row, const QRow<Q>& q_row, int64_t V, const XMap& xm,
+                           float m, const Filter& f, float scale, bool split) {
+  return q_row.inv != nullptr ? residual_mass_of<true>(row, q_row, V, xm, m, f, scale, split)
+                              : residual_mass_of<false>(row, q_row, V, xm, m, f, scale, split);
 }
 
 // The inputs of one row b: where its positions' logits, draft probabilities and bitmask words
@@ -821,13 +899,16 @@ struct RowInputs {
     }
     return xm;
   }
-  const Q* probs_row(int64_t j) const {
+  // The draft probabilities of position j ([V], or [V_draft] read through draft_vocab_inv), or
+  // none.
+  QRow<Q> probs_row(int64_t j) const {
     const Q* probs = static_cast<const Q*>(a.draft_probs);
-    if (probs == nullptr) return nullptr;
-    if (a.probs_row_start != nullptr) {
-      return probs + clamp_row(a.probs_row_start[b], j, a.probs_rows) * a.probs_stride_k;
-    }
-    return probs + b * a.probs_stride_b + j * a.probs_stride_k;
+    if (probs == nullptr) return {};
+    const Q* row = a.probs_row_start != nullptr
+                       ? probs + clamp_row(a.probs_row_start[b], j, a.probs_rows) *
+                                     a.probs_stride_k
+                       : probs + b * a.probs_stride_b + j * a.probs_stride_k;
+    return {row, a.draft_vocab_inv, a.draft_vocab};
   }
 
   // The filtered target probability p_j(x) of token x (clamped into [0, V)): the accept test's
@@ -865,7 +946,7 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
       return j;
     }
     const Filter f = r.filter(cand, st);
-    const Q* q_row = j < r.kb && !typical ? r.probs_row(j) : nullptr;
+    const QRow<Q> q_row = j < r.kb && !typical ? r.probs_row(j) : QRow<Q>{};
     if (j < r.kb) {  // the accept test
       const bool in_vocab = draft >= 0 && draft < r.V;
       const int64_t d = std::min(std::max<int64_t>(draft, 0), r.V - 1);
@@ -875,7 +956,7 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
         const float bound = std::min(a.posterior_threshold, a.posterior_alpha * std::exp(-h));
         accepted = p > bound && in_vocab;
       } else {  // u * q(x) < p(x)
-        const float q = q_row != nullptr ? static_cast<float>(q_row[d]) : 1.0f;
+        const float q = q_row ? q_row.value(d) : 1.0f;
         const float u = uniform(stream_key(r.key, j, PURPOSE_ACCEPT), 0);
         accepted = (u * q < p) && q > 0.0f && in_vocab;
       }
@@ -921,11 +1002,11 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
     weights.push_back(weight);
     const int64_t x = r.drafts[i];
     const bool in_vocab = x >= 0 && x < r.V;
-    const Q* q_row = r.probs_row(i);
+    const QRow<Q> q_row = r.probs_row(i);
     const float p_x = r.prob(row, xm, x, st, f);  // P_i(X_{i+1}), 0 out of vocabulary
-    const float q_x = !in_vocab ? 0.0f : (q_row != nullptr ? static_cast<float>(q_row[x]) : 1.0f);
+    const float q_x = !in_vocab ? 0.0f : (q_row ? q_row.value(x) : 1.0f);
     if (i >= 1) {  // h_i = R_i / (R_i + 1 - p_i), 1 when the denominator is 0
-      const float mass = q_row != nullptr
+      const float mass = q_row
                              ? residual_mass(row, q_row, r.V, xm, st.m, f, weight, r.split)
                              : weight * (1.0f - p_x);
       const float denom = mass + (1.0f - weight);
@@ -949,16 +1030,16 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
   const T* row = r.logits_row(tau);
   const XMap xm = r.xmap(tau);
   if (tau < kb) {  // walked in stage 1: h_tau > 0 needs p_tau > 0
-    const Q* q_row = r.probs_row(tau);
+    const QRow<Q> q_row = r.probs_row(tau);
     const int64_t x = r.drafts[tau];
     const int64_t one_hot = x >= 0 && x < r.V ? x : -1;
-    const float scale = q_row != nullptr ? weights[tau] : 1.0f;
+    const float scale = q_row ? weights[tau] : 1.0f;
     extra = extra_token(row, q_row, one_hot, true, r.V, xm, stats[tau].m, filters[tau], stream,
                         r.split, scale);
   } else {  // the bonus token from P_gamma
     const Stats st = r.stats(row, xm, true, cand);
     const Filter f = r.filter(cand, st);
-    extra = extra_token<T, Q>(row, nullptr, -1, false, r.V, xm, st.m, f, stream, r.split);
+    extra = extra_token<T, Q>(row, QRow<Q>{}, -1, false, r.V, xm, st.m, f, stream, r.split);
   }
   return tau;
 }

@@ -214,7 +214,8 @@ struct TreeWalk {
       }
       if (best.s > 0.0f) return best.index;
     }
-    return position_race<RaceKind::kPlain, T, Q>(row, nullptr, -1, V, xm, st.m, f, stream, split)
+    return position_race<RaceKind::kPlain, T, Q>(row, QRow<Q>{}, -1, V, xm, st.m, f, stream,
+                                                 split)
         .index;
   }
 };
