@@ -17,13 +17,14 @@
 #include "kv_cache.h"
 #include "logprobs.h"
 #include "model.h"
+#include "processors.h"
 #include "verify.h"
 
 // The extension's one ABI stamp: bump it whenever an op below is added, removed or changes its
 // schema (and update specdec_kernels/_extension.py's ABI_VERSION and OPS with it). The loader
 // checks it once, at import, and uses no extension of another stamp; the rest of the package asks
 // the loader (_extension.has_op) which ops there are, never torch.ops.specdec itself.
-constexpr long kAbiVersion = 3;
+constexpr long kAbiVersion = 4;
 
 // Importing specdec_kernels._C runs the registrations below; the module holds only the stamp
 // (_C.ABI_VERSION).
@@ -72,6 +73,10 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor? token_bitmask, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "bool processed, int num_logprobs, Tensor? min_p=None, Tensor? edit_ids=None, "
         "Tensor? edit_vals=None) -> (Tensor, Tensor, Tensor)");
+  m.def("native_logit_edits(Tensor target_logits, Tensor draft_tokens, Tensor num_draft_tokens, "
+        "Tensor? context_tokens, Tensor? bias_ids, Tensor? bias_values, "
+        "Tensor? repetition_penalty, Tensor? presence_penalty, Tensor? frequency_penalty, "
+        "Tensor? logits_row_start) -> (Tensor, Tensor)");
   // no tensor argument: one kernel for every dispatch key
   m.def("native_finish_ms(float[] alpha, float[] left, float[] quantiles, float[] stretch_costs, "
         "int max_k) -> float[]",
@@ -104,6 +109,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_expected_accepts", &specdec::native_expected_accepts_cpu);
   m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);
   m.impl("native_emitted_logprobs", &specdec::native_emitted_logprobs_cpu);
+  m.impl("native_logit_edits", &specdec::native_logit_edits_cpu);
   m.impl("rowinv_linear", &specdec::rowinv_linear_cpu);
   m.impl("rowinv_attention", &specdec::rowinv_attention_cpu);
   m.impl("causal_lm_pass", &specdec::causal_lm_pass_cpu);

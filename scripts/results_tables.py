@@ -929,9 +929,64 @@ def traffic_section() -> str | None:
     return "\n\n".join(parts)
 
 
+def sampling_section() -> str | None:
+    """The sampling surface (docs/sampling.md): what the new controls cost through the public
+    op (``bench/processor_cost.py``) and how many drafts each acceptance rule keeps
+    (``bench/match_rate.py``), latest run of each."""
+    parts = []
+    data = load("processor_cost.json")
+    if data:
+        rows = latest_run(data)
+        body = [
+            [r["batch_size"], r.get("context", "–"), r["case"], num(r["median_ms"]),
+             f"{num(r['q1_ms'])}-{num(r['q3_ms'])}", num(r["ratio_to_plain"]) + "x"]
+            for r in rows
+        ]  # fmt: skip
+        r0 = rows[0]
+        parts += [
+            "## The sampling surface: cost of the new controls",
+            provenance(rows, "processor_cost.json", "python bench/processor_cost.py"),
+            f"`verify_sampling` on the native kernels, {r0['threads']} thread(s), K = {r0['k']}, "
+            f"V = {r0['vocab_size']}, bfloat16 logits, one-hot drafts, `validate=False`, top-k "
+            "50 + top-p 0.9 in every case; `all` adds `min_p` 0.05, an 8-id `logit_bias` a row "
+            "and the three penalties over a context of L tokens a row (each case timed beside "
+            "its own `plain` call). Median and quartiles of "
+            f"{r0['rounds']} interleaved rounds.",
+            table(["B", "L", "case", "ms", "quartiles", "vs plain"], body),
+        ]
+    data = load("match_rate.json")
+    if data:
+        rows = latest_run(data)
+        body = [
+            [temp(r["temperature"]), r["verify_method"], "yes" if r["coupled"] else "no",
+             num(r["acceptance"]), num(r["tokens_per_pass"]), r["identical_to_target"] or "–"]
+            for r in rows
+        ]  # fmt: skip
+        r0 = rows[0]
+        parts += [
+            "## Acceptance rules: token, match, coupled match",
+            provenance(rows, "match_rate.json", "python bench/match_rate.py"),
+            f"The bundled `{r0['pair']}` pair, K = {r0['k']}, {r0['prompts']} prompts, "
+            f"{r0['new_tokens']} new tokens, {r0['seeds']} seeds per row (counts, not times).",
+            table(
+                [
+                    "T",
+                    "rule",
+                    "coupled drafts",
+                    "acceptance",
+                    "tokens / pass",
+                    "= target alone (seeds)",
+                ],
+                body,
+            ),  # fmt: skip
+        ]
+    return "\n\n".join(parts) if parts else None
+
+
 SECTIONS = (
     demo_section,
     pretrained_section,
+    sampling_section,
     row_invariant_section,
     serving_cost_section,
     block_gain_section,

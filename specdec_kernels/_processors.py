@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specdec_kernels import _extension
 from specdec_kernels import _validate as check
 from specdec_kernels.reference.processors import logit_edits
 
@@ -48,20 +49,35 @@ class Processors:
         logits_row_start: Tensor | None = None,
         temperature: Tensor | None = None,
         validate: bool = True,
+        backend: str = "reference",
     ) -> tuple[Tensor | None, Tensor | None]:
         """``(edit_ids [B, E] int32, edit_vals [B, K+1, E] float32)`` of this call, or
         ``(None, None)`` when no processor changes logits. ``validate``: also reject a
-        ``temperature`` under which a processed logit overflows float32."""
+        ``temperature`` under which a processed logit overflows float32. ``backend``: the
+        resolved backend of the call; the native one builds the list with the extension's
+        ``native_logit_edits`` (one op, bit for bit the reference's
+        :func:`~specdec_kernels.reference.processors.logit_edits`, a few dozen tensor ops)."""
         if not self.edits_logits:
             return None, None
-        ids, vals = logit_edits(
+        args = (
             target_logits, draft_tokens, num_draft_tokens, self.context, self.bias,
             self.repetition, self.presence, self.frequency, logits_row_start,
         )  # fmt: skip
+        if backend == "native" and _extension.has_op("native_logit_edits"):
+            ids, vals = _native_edits(*args)
+        else:
+            ids, vals = logit_edits(*args)
         if validate:
             _check_processed(vals, temperature)
             _check_some_finite(target_logits, ids, vals, num_draft_tokens, logits_row_start)
         return ids, vals
+
+
+def _native_edits(logits, drafts, nd, context, bias, rep, pres, freq, row_start):
+    bias_ids, bias_values = (None, None) if bias is None else bias
+    return torch.ops.specdec.native_logit_edits(
+        logits, drafts, nd, context, bias_ids, bias_values, rep, pres, freq, row_start
+    )
 
 
 def _per_row_float(name: str, value, b: int, device, dtype=torch.float64) -> Tensor:

@@ -539,16 +539,17 @@ def verify_greedy(
             repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
             frequency_penalty=frequency_penalty, context_tokens=context_tokens, validate=validate,
         )  # fmt: skip
+        resolved = resolve_backend(backend, target_logits.device)
         ids, vals = procs.edits(
             target_logits, flat.drafts, flat.num_draft_tokens, flat.logits_row_start,
-            validate=validate,
+            validate=validate, backend=resolved,
         )  # fmt: skip
         return ChainCall(
             target_logits,
             flat.drafts,
             flat.num_draft_tokens,
             "greedy",
-            resolve_backend(backend, target_logits.device),
+            resolved,
             logits_row_start=flat.logits_row_start,
             token_bitmask=token_bitmask,
             edit_ids=ids,
@@ -628,7 +629,9 @@ def parse_chain(
     if check.all_greedy(temperature):
         if validate:
             check.check_values(target_logits, draft_tokens, nd)
-        ids, vals = procs.edits(target_logits, draft_tokens, nd, validate=validate)
+        ids, vals = procs.edits(
+            target_logits, draft_tokens, nd, validate=validate, backend=resolved
+        )
         return ChainCall(
             target_logits,
             draft_tokens,
@@ -644,7 +647,9 @@ def parse_chain(
     temp, topk, topp = check.controls_per_row(b, device, temperature, top_k, top_p)
     if validate:
         check.check_values(target_logits, draft_tokens, nd, draft_probs, temp, topk, topp)
-    ids, vals = procs.edits(target_logits, draft_tokens, nd, temperature=temp, validate=validate)
+    ids, vals = procs.edits(
+        target_logits, draft_tokens, nd, temperature=temp, validate=validate, backend=resolved
+    )
     return ChainCall(
         target_logits,
         draft_tokens,
@@ -848,9 +853,10 @@ def verify_sampling(
             presence_penalty=presence_penalty, frequency_penalty=frequency_penalty,
             context_tokens=context_tokens, validate=validate,
         )  # fmt: skip
+        resolved = resolve_backend(backend, target_logits.device)
         ids, vals = procs.edits(
             target_logits, flat.drafts, flat.num_draft_tokens, flat.logits_row_start,
-            temperature=temp, validate=validate,
+            temperature=temp, validate=validate, backend=resolved,
         )  # fmt: skip
         greedy = check.all_greedy(temperature)
         return ChainCall(
@@ -858,7 +864,7 @@ def verify_sampling(
             flat.drafts,
             flat.num_draft_tokens,
             "greedy" if greedy else _RULES[method],
-            resolve_backend(backend, target_logits.device),
+            resolved,
             draft_probs=draft_probs,
             temperature=temp,
             top_k=topk,

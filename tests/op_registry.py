@@ -169,6 +169,14 @@ def _native_emitted_logprobs(device):
     return _emitted_logprobs("native")(device)[:9]
 
 
+def _native_logit_edits(device):
+    logits, drafts, _ = make_inputs(2, 3, 40)
+    nd, context = torch.tensor([3, 1]), torch.tensor([[1, 2, 2], [5, -1, -1]])
+    bias = (torch.tensor([[7], [8]]), torch.tensor([[1.5], [-2.0]]))
+    penalty = torch.tensor([1.2, 0.9])
+    return _on(device, logits, drafts, nd, context, *bias, penalty, penalty, penalty, None)
+
+
 def _accept_tests(backend):
     def args(device):
         q = torch.softmax(torch.randn(3, 2, 7), -1)
@@ -350,6 +358,7 @@ def _cases() -> list[Case]:
     for label, args, needs in _backends(_emitted_logprobs):
         cases.append(Case("emitted_logprobs", label, args, needs))
     cases.append(_native("native_emitted_logprobs", "", _native_emitted_logprobs))
+    cases.append(_native("native_logit_edits", "", _native_logit_edits))
     cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))
     for label, args, needs in _backends(_accept_tests):

@@ -476,3 +476,38 @@ def test_a_row_left_without_finite_logits_is_refused():
         logits, torch.tensor([[2]]), seed=0, logit_bias=(ids, torch.tensor([[5.0]]))
     )
     assert ok.tokens.tolist() == [[2, 2]]
+
+
+@pytest.mark.skipif(not sk._extension.has_op("native_logit_edits"), reason="needs the extension")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("flat", [False, True])
+def test_native_edit_builder_is_the_reference_bit_for_bit(dtype, flat):
+    """The native backend builds the edit list in one op; every value bit equal to the
+    reference's (signed zeros included: a negative presence penalty makes ``x - (-0.0)``)."""
+    for seed in range(4):
+        logits, drafts, nd, context, (bias_ids, bias) = _case(seed=seed, dtype=dtype)
+        bias_ids[1, 1] = bias_ids[1, 0]  # an id biased twice: the biases add up
+        logits[2, :, :7] = 0.0  # zeros and -0.0 through the penalties
+        logits[2, :, 7:9] = -0.0
+        context[2, :4] = torch.tensor([0, 7, 8, 8])
+        b, k1, v = logits.shape
+        rep = torch.tensor([1.3, 0.8, 2.0, 1.0, 1.1])
+        pres = torch.tensor([0.5, -0.3, -1.0, 0.0, 2.0])
+        freq = torch.tensor([0.1, 0.0, -0.2, 1.0, 0.3])
+        args = [drafts, nd, context, (bias_ids, bias), rep, pres, freq]
+        if flat:
+            x, starts = logits.reshape(b * k1, v), torch.arange(b) * k1
+        else:
+            x, starts = logits, None
+        want = logit_edits(x, *args, logits_row_start=starts)
+        bias_pair = args[3]
+        got = torch.ops.specdec.native_logit_edits(
+            x, drafts, nd, context, *bias_pair, *args[4:], starts
+        )
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[1].view(torch.int32), want[1].view(torch.int32)), seed
+        none = [None] * 5  # no processor but the context: the values are the logits
+        plain = torch.ops.specdec.native_logit_edits(x, drafts, nd, context, *none, starts)
+        assert torch.equal(
+            plain[1], logit_edits(x, drafts, nd, context, logits_row_start=starts)[1]
+        )
