@@ -199,13 +199,12 @@ def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
                   log_input, threshold, alpha, min_p, edit_ids, edit_vals, inv):  # fmt: skip
     from specdec_kernels.ops import verify_sampling  # imports triton: lazily
 
-    if inv is not None:  # a reduced draft vocabulary: not in the Triton kernels yet
-        probs = ref_layout.scatter_draft_vocab(probs, inv)
+    # a reduced draft vocabulary: the kernels read q through the inverse index (no scatter)
     return verify_sampling.verify(
         logits, drafts, probs, nd, temp, topk, topp, seeds, greedy_only=mode == "greedy",
         logits_row_start=lrs, probs_row_start=prs, log_input=log_input,
         method="block" if mode == "block" else "token", token_bitmask=bitmask, min_p=min_p,
-        edit_ids=edit_ids, edit_vals=edit_vals,
+        edit_ids=edit_ids, edit_vals=edit_vals, draft_vocab_inv=inv,
     )  # fmt: skip
 
 

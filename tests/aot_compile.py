@@ -87,6 +87,7 @@ POINTER_TYPES = {
     "eids_ptr": "*i32",
     "evals_ptr": "*fp32",
     "etab_ptr": "*i32",
+    "inv_ptr": "*i32",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
@@ -100,6 +101,10 @@ MASK_FLAGS = ("HAS_MASK",)
 # Sparse logit edits and min-p (issue 54): off in every variant above; on together in the richest
 # variant of each kernel (with the layout and mask flags), and the edits in its greedy-only one.
 EDIT_FLAGS = ("HAS_EDITS", "HAS_MINP")
+# A reduced draft vocabulary (issue 54, q read through the [V] inverse index): off in every variant
+# above; on in the kernels that read q, in each sampling variant of the product with draft
+# probabilities (no layout, mask or edits; the filters, the method) and in the richest one.
+MAP_FLAGS = ("HAS_DRAFT_MAP",)
 # non-boolean mode constexprs and their values (NTOP: the logprobs' top-n off and at its largest;
 # METHOD: block verification, issue 22, with every sampling flag combination of the chain kernels)
 MODES = {"MODE": (0, 1, 2), "NTOP": (0, 20), "METHOD": (0, 1)}
@@ -155,6 +160,20 @@ def _compile(fn, constexprs, target):
 
 
 def kernels():
+    """Every variant of :func:`_variants` with the draft map off, then the map's variants."""
+    for fn, constexprs in _variants():
+        if not any(k in fn.arg_names for k in MAP_FLAGS):
+            yield fn, constexprs
+            continue
+        yield fn, {**constexprs, **{k: False for k in MAP_FLAGS}}
+        plain = not any(constexprs.get(k) for k in LAYOUT_FLAGS + MASK_FLAGS + EDIT_FLAGS)
+        richest = constexprs.get("HAS_EDITS")
+        sampling = constexprs.get("HAS_Q") and not constexprs.get("GREEDY_ONLY")
+        if sampling and (plain or richest):
+            yield fn, {**constexprs, **{k: True for k in MAP_FLAGS}}
+
+
+def _variants():
     cfg = verify_sampling.launch_config(128256)
     sizes = {
         "CHUNK": cfg["CHUNK"],
@@ -311,6 +330,7 @@ def main(archs, report=None, fail_on_spills=False, command=None):
                 or k in LAYOUT_FLAGS
                 or k in MASK_FLAGS
                 or k in EDIT_FLAGS
+                or k in MAP_FLAGS
             }
             try:
                 compiled = _compile(fn, constexprs, target)

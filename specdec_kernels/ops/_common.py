@@ -746,7 +746,9 @@ def select_filter(
 def buffer_race(cand_count, cidx_ptr, cx_ptr,  # the candidate buffer (count, [CAP], [CAP])
                 q_ptr,  # [V] the draft probabilities of the same position (if HAS_Q)
                 draft, m, z, kappa, stream, q_len, HAS_Q: tl.constexpr, weight,
-                CAP: tl.constexpr):
+                CAP: tl.constexpr,
+                inv_ptr=None,  # [V] int32 draft_probs column of each target id (HAS_DRAFT_MAP)
+                HAS_DRAFT_MAP: tl.constexpr = False):
     """:func:`chunk_race` over a position's candidate buffer instead of its row: exact when the
     buffer holds the filter's kept set (every other token has ``p = 0`` and cannot win). The
     winners do not depend on the buffer's order (max score, first token id on ties)."""
@@ -756,7 +758,10 @@ def buffer_race(cand_count, cidx_ptr, cx_ptr,  # the candidate buffer (count, [C
     x = tl.load(cx_ptr + offs, mask=live, other=float("-inf"))
     p = tl.where(live, target_prob(x, m, z, kappa), 0.0)
     if HAS_Q:
-        q = tl.load(q_ptr + idx, mask=live & (idx < q_len), other=0.0).to(tl.float32)
+        if HAS_DRAFT_MAP:
+            q = mapped_q(q_ptr, inv_ptr, idx, live & (idx < q_len))
+        else:
+            q = tl.load(q_ptr + idx, mask=live & (idx < q_len), other=0.0).to(tl.float32)
     else:
         q = tl.where(idx == draft, 1.0, 0.0)
     e = exponential(uniform(stream, idx))
@@ -1079,6 +1084,22 @@ def target_prob(x, m, z, kappa):
     return tl.where(float_key(x) >= kappa, tl.exp(x - m) / z, 0.0)
 
 
+# A reduced draft vocabulary (EAGLE-3's draft-to-target map, ``HAS_DRAFT_MAP``): a position's
+# draft probabilities are a ``[V_draft]`` row and ``inv [V]`` int32 gives the column of each
+# target id, or -1 outside the map (q = 0 there). Each q read costs one int32 gather of ``inv``
+# per token (4 bytes a token, like a bitmask word per token) and then a gather of q from the
+# ``[V_draft]`` row instead of a contiguous load; nothing ``[B, K, V]`` is written. Without the
+# flag the q loads are the plain ones, compiled as before.
+@triton.jit
+def mapped_q(q_ptr,  # [V_draft] the draft probabilities of one position
+             inv_ptr,  # [V] int32: the column of each target id, -1 outside the map
+             idx, mask):  # fmt: skip
+    """float32 ``q`` at the target ids ``idx``: ``q_ptr[inv[idx]]``, 0 where ``inv[idx] < 0``
+    or ``mask`` is false."""
+    col = tl.load(inv_ptr + idx, mask=mask, other=-1)
+    return tl.load(q_ptr + col, mask=col >= 0, other=0.0).to(tl.float32)
+
+
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
@@ -1087,14 +1108,19 @@ def _chunk_pq(row_ptr,  # [V] one logits row
               draft, idx, V, temp, m, z, kappa, q_len, HAS_Q: tl.constexpr,
               LOG_X: tl.constexpr, bits_row, HAS_MASK: tl.constexpr,
               edits,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
-              HAS_EDITS: tl.constexpr):
+              HAS_EDITS: tl.constexpr,
+              inv_ptr,  # [V] int32 draft_probs column of each target id (if HAS_DRAFT_MAP)
+              HAS_DRAFT_MAP: tl.constexpr):
     """``(p, q)`` at the token ids ``idx`` of one tile: the filtered target probability (0 past
     ``V``) and the draft's (one-hot at ``draft`` without ``HAS_Q``; 0 at ``idx >= q_len``)."""
     mask = idx < V
     x = load_x(row_ptr + idx, mask, temp, LOG_X, bits_row, idx, HAS_MASK, edits, HAS_EDITS)
     p = tl.where(mask, target_prob(x, m, z, kappa), 0.0)
     if HAS_Q:
-        q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
+        if HAS_DRAFT_MAP:
+            q = mapped_q(q_ptr, inv_ptr, idx, idx < q_len)
+        else:
+            q = tl.load(q_ptr + idx, mask=idx < q_len, other=0.0).to(tl.float32)
     else:
         q = tl.where(idx == draft, 1.0, 0.0)
     return p, q
@@ -1111,7 +1137,9 @@ def chunk_residual_mass(row_ptr,  # [V] one logits row
                         bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
                         HAS_MASK: tl.constexpr,
                         edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
-                        HAS_EDITS: tl.constexpr = False):
+                        HAS_EDITS: tl.constexpr = False,
+                        inv_ptr=None,  # [V] int32 draft_probs columns (if HAS_DRAFT_MAP)
+                        HAS_DRAFT_MAP: tl.constexpr = False):
     """Block verification's residual mass over one chunk: ``sum max(0, weight * p - q)`` (the
     chunk values are added in chunk order by both chain strategies)."""
     offs = tl.arange(0, BLOCK)
@@ -1119,7 +1147,7 @@ def chunk_residual_mass(row_ptr,  # [V] one logits row
     for t in range(0, CHUNK, BLOCK):  # not unrolled: the walking kernels keep registers
         idx = chunk_start + t + offs
         p, q = _chunk_pq(row_ptr, q_ptr, 0, idx, V, temp, m, z, kappa, q_len, True, LOG_X,
-                         bits_row, HAS_MASK, edits, HAS_EDITS)
+                         bits_row, HAS_MASK, edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP)
         total += tl.maximum(weight * p - q, 0.0)
     return tl.sum(total, axis=0)
 # fmt: on
@@ -1136,7 +1164,9 @@ def chunk_race(row_ptr,  # [V] one logits row
                bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
                HAS_MASK: tl.constexpr = False,
                edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
-               HAS_EDITS: tl.constexpr = False):
+               HAS_EDITS: tl.constexpr = False,
+               inv_ptr=None,  # [V] int32 draft_probs column of each target id (HAS_DRAFT_MAP)
+               HAS_DRAFT_MAP: tl.constexpr = False):
     """Exponential race over one chunk, for the residual ``max(0, weight * p - q)`` and for
     ``p`` (``weight`` is 1 but for block verification's weighted residual).
 
@@ -1153,7 +1183,8 @@ def chunk_race(row_ptr,  # [V] one logits row
         idx = chunk_start + t + offs
         mask = idx < V
         p, q = _chunk_pq(row_ptr, q_ptr, draft, idx, V, temp, m, z, kappa, q_len, HAS_Q, LOG_X,
-                         bits_row, HAS_MASK, edits, HAS_EDITS)  # fmt: skip
+                         bits_row, HAS_MASK, edits, HAS_EDITS, inv_ptr,
+                         HAS_DRAFT_MAP)  # fmt: skip
         e = exponential(uniform(stream, idx))
         residual = weight * p - q
         # Zero (or NaN) weights score 0 / -1 and never beat the initial values: a token with no
@@ -1182,11 +1213,13 @@ def accept_draft(row_ptr,  # [V] one logits row
                  bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
                  HAS_MASK: tl.constexpr = False,
                  edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
-                 HAS_EDITS: tl.constexpr = False):
+                 HAS_EDITS: tl.constexpr = False,
+                 inv_ptr=None,  # [V] int32 draft_probs column of each target id (HAS_DRAFT_MAP)
+                 HAS_DRAFT_MAP: tl.constexpr = False):
     """The accept test of draft token ``draft`` at position ``j``: ``u * q(x) < p(x)``."""
     p, q, in_vocab = draft_prob(
         row_ptr, q_ptr, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK, edits,
-        HAS_EDITS,
+        HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
     )
     u = uniform_first(stream_key(key, j, PURPOSE_ACCEPT))
     return (u * q < p) & (q > 0.0) & in_vocab
@@ -1202,15 +1235,21 @@ def draft_prob(row_ptr,  # [V] one logits row
                bits_row=None,  # [W] int32 token bitmask row (if HAS_MASK)
                HAS_MASK: tl.constexpr = False,
                edits=None,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
-               HAS_EDITS: tl.constexpr = False):
+               HAS_EDITS: tl.constexpr = False,
+               inv_ptr=None,  # [V] int32 draft_probs column of each target id (HAS_DRAFT_MAP)
+               HAS_DRAFT_MAP: tl.constexpr = False):
     """``(p(x), q(x), x in [0, V))`` of draft token ``x = draft`` (``q = 1`` without ``HAS_Q``;
-    an id outside the vocabulary is read clamped, the flag says so)."""
+    an id outside the vocabulary is read clamped, the flag says so; ``q = 0`` for an id outside
+    a reduced draft vocabulary, so that draft is never accepted)."""
     in_vocab = (draft >= 0) & (draft < V)
     d = tl.minimum(tl.maximum(draft, 0), V - 1)
     x = load_x(row_ptr + d, d == d, temp, LOG_X, bits_row, d, HAS_MASK, edits, HAS_EDITS)
     p = target_prob(x, m, z, kappa)
     if HAS_Q:
-        q = tl.load(q_ptr + d).to(tl.float32)
+        if HAS_DRAFT_MAP:
+            q = mapped_q(q_ptr, inv_ptr, d, d == d)
+        else:
+            q = tl.load(q_ptr + d).to(tl.float32)
     else:
         q = tl.full([], 1.0, tl.float32)
     return p, q, in_vocab

@@ -48,6 +48,12 @@ loads), so no ``[B, K+1, V]`` copy is made. Min-p (``HAS_MINP``) is one more key
 top-k / top-p (``_common.min_p_key``), a filter like them for the launches (no fused race; the
 candidate buffer answers where it reaches down to min-p's key).
 
+A reduced draft vocabulary (``HAS_DRAFT_MAP``, EAGLE-3's ``draft_vocab_map``): the draft rows are
+``V_draft`` wide and every read of ``q`` (the accept test, block verification's weights and
+residual mass, the residual race over the row or the candidate buffer) goes through the
+launcher's ``[V]`` int32 inverse index (``_common.mapped_q``: one int32 gather a token, then a
+gather of ``q``); no ``[B, K, V]`` scatter is made, and the launches do not change.
+
 Vocabulary: a row's draft tokens are *accepted* in order until the first rejection; the token
 emitted after them is the *recovered* token (sampled from the residual ``max(0, p - q)``) at a
 rejected draft, or the *bonus* token (sampled from ``p``) when every draft was accepted; the
@@ -200,7 +206,9 @@ def _accepts(row_ptr,  # [V] logits row of position j
              GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, LOG_X: tl.constexpr,
              HAS_MASK: tl.constexpr,
              edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
-             HAS_EDITS: tl.constexpr):
+             HAS_EDITS: tl.constexpr,
+             inv_ptr,  # [V] int32 draft_probs column of each target id (if HAS_DRAFT_MAP)
+             HAS_DRAFT_MAP: tl.constexpr):
     """The token rule: is the draft at position ``j < k_b`` accepted? A greedy row accepts
     the argmax ``a``; a sampling row accepts when ``u * q(x) < p(x)`` (``_common.accept_draft``).
     The bonus position ``j == k_b`` never accepts."""
@@ -209,7 +217,7 @@ def _accepts(row_ptr,  # [V] logits row of position j
         if (greedy == 0) & (j < kb):
             accepted = accept_draft(
                 row_ptr, q_row, draft, V, temp, m, z, kappa, key, j, HAS_Q, LOG_X, bits_row,
-                HAS_MASK, edits, HAS_EDITS,
+                HAS_MASK, edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
             )
     return accepted & (j < kb)
 # fmt: on
@@ -237,7 +245,9 @@ def _residual_mass(row_ptr,  # [V] logits row of position j (unless PARTIALS)
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, LOG_X: tl.constexpr,
                    HAS_MASK: tl.constexpr,
                    edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
-                   HAS_EDITS: tl.constexpr):
+                   HAS_EDITS: tl.constexpr,
+                   inv_ptr,  # [V] int32 draft_probs columns (if HAS_DRAFT_MAP, unless PARTIALS)
+                   HAS_DRAFT_MAP: tl.constexpr):
     """Block verification's ``R_j = sum max(0, weight * p - q)`` of one position with draft
     probabilities: chunk by chunk over the row, or with ``PARTIALS`` the split race kernel's
     chunk values of position ``pos``; added in chunk order either way."""
@@ -248,7 +258,7 @@ def _residual_mass(row_ptr,  # [V] logits row of position j (unless PARTIALS)
         else:
             total += chunk_residual_mass(
                 row_ptr, q_row, c * CHUNK, V, temp, m, z, kappa, weight, V, CHUNK, BLOCK, LOG_X,
-                bits_row, HAS_MASK, edits, HAS_EDITS,
+                bits_row, HAS_MASK, edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
             )
     return total
 # fmt: on
@@ -265,7 +275,9 @@ def _block_fires(row_ptr,  # [V] logits row of position j (unless PARTIALS)
                  HAS_Q: tl.constexpr, PARTIALS: tl.constexpr, CHUNK: tl.constexpr,
                  BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
                  edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
-                 HAS_EDITS: tl.constexpr):
+                 HAS_EDITS: tl.constexpr,
+                 inv_ptr,  # [V] int32 draft_probs columns (if HAS_DRAFT_MAP, unless PARTIALS)
+                 HAS_DRAFT_MAP: tl.constexpr):
     """Block verification's test of the stop ``tau = j`` (``1 <= j <= k_b``, ``weight = p_j``):
     ``eta_j < h_j`` with ``eta_j`` the accept uniform of position ``j - 1`` and ``h_j =
     R_j / (R_j + 1 - p_j)`` (``1`` when that denominator is 0), ``h_{k_b} = p_{k_b}``. ``R_j``
@@ -277,7 +289,7 @@ def _block_fires(row_ptr,  # [V] logits row of position j (unless PARTIALS)
         if j < kb:
             r = _residual_mass(
                 row_ptr, q_row, bits_row, mass_ptr, V, temp, m, z, kappa, weight, pos, NCHUNK,
-                PARTIALS, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
+                PARTIALS, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
             )
     denom = r + (1.0 - weight)
     safe = tl.where(denom > 0.0, denom, 1.0)
@@ -300,7 +312,9 @@ def _decide(row_ptr,  # [V] logits row of position j
             METHOD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
             LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
             edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
-            HAS_EDITS: tl.constexpr):
+            HAS_EDITS: tl.constexpr,
+            inv_ptr,  # [V] int32 draft_probs column of each target id (if HAS_DRAFT_MAP)
+            HAS_DRAFT_MAP: tl.constexpr):
     """One position of a row's walk: ``(is j the stop so far, does the walk go on, the weight
     of position j + 1)``. Token rule (and greedy rows): ``j`` is the stop when its draft is
     rejected (:func:`_accepts`), and the walk ends there. Block verification (sampling rows):
@@ -311,7 +325,7 @@ def _decide(row_ptr,  # [V] logits row of position j
     if METHOD == METHOD_TOKEN:
         accepted = _accepts(
             row_ptr, q_row, bits_row, draft, j, kb, V, temp, greedy, key, m, a, z, kappa,
-            GREEDY_ONLY, HAS_Q, LOG_X, HAS_MASK, edits, HAS_EDITS,
+            GREEDY_ONLY, HAS_Q, LOG_X, HAS_MASK, edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
         )
     stop = accepted == 0
     go_on = accepted
@@ -319,7 +333,7 @@ def _decide(row_ptr,  # [V] logits row of position j
         if greedy == 0:
             p_x, q_x, in_vocab = draft_prob(
                 row_ptr, q_row, draft, V, temp, m, z, kappa, HAS_Q, LOG_X, bits_row, HAS_MASK,
-                edits, HAS_EDITS,
+                edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
             )
             live = in_vocab & (j < kb)
             stop = j == 0
@@ -327,7 +341,7 @@ def _decide(row_ptr,  # [V] logits row of position j
                 stop = _block_fires(
                     row_ptr, q_row, bits_row, mass_ptr, j, kb, V, temp, key, m, z, kappa,
                     weight, tl.where(live, p_x, 0.0), pos, NCHUNK, HAS_Q, PARTIALS, CHUNK,
-                    BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
+                    BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
                 )
             weight = _next_weight(weight, p_x, q_x, live)
             go_on = (j < kb) & (weight > 0.0)
@@ -347,7 +361,9 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
                         PARTIALS: tl.constexpr, HAS_Q: tl.constexpr, CHUNK: tl.constexpr,
                         BLOCK: tl.constexpr, LOG_X: tl.constexpr, HAS_MASK: tl.constexpr,
                         edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
-                        HAS_EDITS: tl.constexpr):
+                        HAS_EDITS: tl.constexpr,
+                        inv_ptr,  # [V] int32 draft_probs columns (HAS_DRAFT_MAP, unless PARTIALS)
+                        HAS_DRAFT_MAP: tl.constexpr):
     """The token a sampling row emits at its stop position ``j``: the recovered token (the race
     over ``max(0, weight * p - q)``: ``weight`` is 1 but for block verification with draft
     probabilities) at a rejected draft, else the bonus token (the race over ``p``). The chunks'
@@ -369,7 +385,7 @@ def _recovered_or_bonus(row_ptr,  # [V] logits row of the stop position j (unles
             rb, ri, pb, pi = chunk_race(
                 row_ptr, q_row, draft, c * CHUNK, V, temp, m, z, kappa, stream,
                 tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
-                edits, HAS_EDITS,
+                edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
             )
         r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
         p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
@@ -394,7 +410,7 @@ def _fused_race(row_ptr,  # [V] logits row of the stop position j
         token = _recovered_or_bonus(
             row_ptr, row_ptr, bits_row, row_ptr, row_ptr, row_ptr, row_ptr, draft, j, kb, V,
             temp, key, m, z, KEY_FLOOR, 1.0, 0, NCHUNK, False, False, CHUNK, BLOCK, LOG_X,
-            HAS_MASK, edits, HAS_EDITS,
+            HAS_MASK, edits, HAS_EDITS, row_ptr, False,
         )
     return token
 # fmt: on
@@ -435,7 +451,7 @@ def _write_row(draft_ptr, stride_db,  # [B, K] draft token ids
 def _verify_row_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
-    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] (V_draft: HAS_DRAFT_MAP) draft probs (if HAS_Q)
     bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr,  # [B] num_draft_tokens
     temp_ptr, topk_ptr, topp_ptr,  # [B] temperature, top_k, top_p (used as flagged)
@@ -447,13 +463,14 @@ def _verify_row_kernel(
     cidx_ptr, cx_ptr,  # [B, CAP] int32, float32: the row's candidate buffer (GATHER)
     minp_ptr,  # [B] float32 min_p (if HAS_MINP)
     eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    inv_ptr,  # [V] int32 draft_probs column of each target id, -1 outside (HAS_DRAFT_MAP)
     V, K, NCHUNK, NROWS, QROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
     NPIV: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
     METHOD: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
     SB: tl.constexpr, SW: tl.constexpr, FUSED: tl.constexpr, HAS_MINP: tl.constexpr,
-    HAS_EDITS: tl.constexpr,
+    HAS_EDITS: tl.constexpr, HAS_DRAFT_MAP: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
@@ -515,6 +532,7 @@ def _verify_row_kernel(
                 row, q_row, bits_row, row,  # no mass partials: R_j is summed over the row
                 draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, 0, NCHUNK,
                 GREEDY_ONLY, HAS_Q, False, METHOD, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
+                inv_ptr, HAS_DRAFT_MAP,
             )
             if stop:
                 n_acc = j
@@ -567,14 +585,15 @@ def _verify_row_kernel(
                 rb, ri, pb, pi = buffer_race(
                     tl.load(cnt_ptr + b * (K + 2) + slot), cidx_row, cx_row, q_row, draft,
                     stop_m, stop_z, stop_kappa, stream_key(key, n_acc, PURPOSE_SAMPLE),
-                    tl.where(n_acc < kb, V, 0), HAS_Q, race_w, CAP,
+                    tl.where(n_acc < kb, V, 0), HAS_Q, race_w, CAP, inv_ptr, HAS_DRAFT_MAP,
                 )
                 recovered_or_bonus = tl.where((n_acc < kb) & (rb > 0.0), ri, pi)
             else:
                 recovered_or_bonus = _recovered_or_bonus(
                     row, q_row, bits_row, row, row, row, row,  # no race partials: over the row
                     draft, n_acc, kb, V, temp, key, stop_m, stop_z, stop_kappa, race_w, 0,
-                    NCHUNK, False, HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS,
+                    NCHUNK, False, HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS, inv_ptr,
+                    HAS_DRAFT_MAP,
                 )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
@@ -742,15 +761,16 @@ def _split_threshold_kernel(
 @triton.jit
 def _split_weight(logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits
                   draft_ptr, stride_db,  # [B, K] draft token ids
-                  q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities
+                  q_ptr, stride_qb, stride_qk,  # [B, K, V] (V_draft: HAS_DRAFT_MAP) draft probs
                   bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] token bitmask (if HAS_MASK)
                   part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
                   kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass
                   lstart_ptr, qstart_ptr,  # [B] FLAT only: rows of position 0
                   eids_ptr, evals_ptr, etab_ptr,  # [B, E], [B, K+1, E], [B, NG+1] (HAS_EDITS)
+                  inv_ptr,  # [V] int32 draft_probs column of each target id (HAS_DRAFT_MAP)
                   b, j, kb, V, K, NCHUNK, NROWS, QROWS, E, NG, temp,
                   HAS_FILTER: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
-                  HAS_MASK: tl.constexpr, HAS_EDITS: tl.constexpr):
+                  HAS_MASK: tl.constexpr, HAS_EDITS: tl.constexpr, HAS_DRAFT_MAP: tl.constexpr):
     """Block verification's weight ``p_j`` of position ``j`` in a split race program: the decide
     kernel's recursion (:func:`_next_weight` over positions ``0 .. j-1``) from the same partials,
     so that both find the same number."""
@@ -765,7 +785,7 @@ def _split_weight(logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits
         edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pos, E, NG)
         p_x, q_x, in_vocab = draft_prob(
             row, q_row, _draft(draft_ptr, stride_db, b, i, kb), V, temp, m, z, kappa, True,
-            LOG_X, bits_row, HAS_MASK, edits, HAS_EDITS,
+            LOG_X, bits_row, HAS_MASK, edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
         )
         weight = _next_weight(weight, p_x, q_x, in_vocab & (i < kb))
     return weight
@@ -778,7 +798,7 @@ def _split_weight(logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits
 def _split_race_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
-    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] (V_draft: HAS_DRAFT_MAP) draft probs (if HAS_Q)
     bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
@@ -790,10 +810,11 @@ def _split_race_kernel(
     mode_ptr, cnt_ptr,  # [B*(K+1)] 1 where the filter came from the buffer, candidate counts
     cidx_ptr, cx_ptr,  # [B*(K+1), CAP] candidate token ids, x (HAS_FILTER)
     eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    inv_ptr,  # [V] int32 draft_probs column of each target id, -1 outside (HAS_DRAFT_MAP)
     V, K, NCHUNK, NROWS, QROWS, E, NG,
     HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
     FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr, HAS_MASK: tl.constexpr,
-    CAP: tl.constexpr, HAS_EDITS: tl.constexpr,
+    CAP: tl.constexpr, HAS_EDITS: tl.constexpr, HAS_DRAFT_MAP: tl.constexpr,
 ):
     """One chunk's race winners of one position (what :func:`_recovered_or_bonus` merges); for
     block verification with draft probabilities the race is over the weighted residual and the
@@ -824,13 +845,13 @@ def _split_race_kernel(
                     logits_ptr, stride_lb, stride_lk, draft_ptr, stride_db, q_ptr, stride_qb,
                     stride_qk, bits_ptr, stride_mb, stride_mk, part_m_ptr, part_s_ptr,
                     part_a_ptr, kappa_ptr, z_ptr, lstart_ptr, qstart_ptr, eids_ptr, evals_ptr,
-                    etab_ptr, b, j, kb, V, K, NCHUNK, NROWS, QROWS, E, NG, temp, HAS_FILTER, FLAT,
-                    LOG_X, HAS_MASK, HAS_EDITS,
+                    etab_ptr, inv_ptr, b, j, kb, V, K, NCHUNK, NROWS, QROWS, E, NG, temp,
+                    HAS_FILTER, FLAT, LOG_X, HAS_MASK, HAS_EDITS, HAS_DRAFT_MAP,
                 )
                 mass = chunk_residual_mass(
                     row, q_row, c * CHUNK, V, temp, big_m, z, kappa, weight,
                     tl.where(j < kb, V, 0), CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK, edits,
-                    HAS_EDITS,
+                    HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
                 )
                 tl.store(mass_ptr + pid * NCHUNK + c, mass)
         rb = tl.zeros([], tl.float32)
@@ -849,13 +870,13 @@ def _split_race_kernel(
                         rb, ri, pb, pi = buffer_race(
                             tl.load(cnt_ptr + pid), cidx_ptr + pid * CAP, cx_ptr + pid * CAP,
                             q_row, draft, big_m, z, kappa, stream, tl.where(j < kb, V, 0), HAS_Q,
-                            weight, CAP,
+                            weight, CAP, inv_ptr, HAS_DRAFT_MAP,
                         )
         if not from_buf:
             rb, ri, pb, pi = chunk_race(
                 row, q_row, draft, c * CHUNK, V, temp, big_m, z, kappa, stream,
                 tl.where(j < kb, V, 0), HAS_Q, CHUNK, BLOCK, LOG_X, weight, bits_row, HAS_MASK,
-                edits, HAS_EDITS,
+                edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
             )
         out = pid * NCHUNK + c
         tl.store(race_rb_ptr + out, rb)
@@ -871,7 +892,7 @@ def _split_race_kernel(
 def _split_decide_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
-    q_ptr, stride_qb, stride_qk,  # [B, K, V] draft probabilities (unused without HAS_Q)
+    q_ptr, stride_qb, stride_qk,  # [B, K, V] (V_draft: HAS_DRAFT_MAP) draft probs (if HAS_Q)
     bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] int32 token bitmask (unused without HAS_MASK)
     nd_ptr, temp_ptr, seed_ptr,  # [B] num_draft_tokens, temperature, int64 seeds
     part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
@@ -883,10 +904,12 @@ def _split_decide_kernel(
     nacc_ptr,  # [B] int64 out: num_accepted
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
     eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    inv_ptr,  # [V] int32 draft_probs column of each target id, -1 outside (HAS_DRAFT_MAP)
     V, K, NCHUNK, NROWS, QROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr,
     HAS_MASK: tl.constexpr, FUSED: tl.constexpr, TBLOCK: tl.constexpr, HAS_EDITS: tl.constexpr,
+    HAS_DRAFT_MAP: tl.constexpr,
 ):
     """The walk of row ``b`` over its positions' merged partials (:func:`_decide`), then the
     token at its stop: the race kernel's partials merged, or with ``FUSED`` the statistics
@@ -914,7 +937,7 @@ def _split_decide_kernel(
             row, q_row, bits_row, mass_ptr,
             draft, j, kb, V, temp, greedy, key, m, a, z, kappa, weight, pos, NCHUNK,
             GREEDY_ONLY, HAS_Q, True, METHOD, 1, 1, LOG_X, HAS_MASK,  # CHUNK, BLOCK: unused
-            edits, HAS_EDITS,
+            edits, HAS_EDITS, inv_ptr, HAS_DRAFT_MAP,
         )
         if stop:
             n_acc = j
@@ -954,7 +977,7 @@ def _split_decide_kernel(
                 recovered_or_bonus = _recovered_or_bonus(
                     logits_ptr, q_ptr, bits_ptr, race_rb_ptr, race_ri_ptr, race_pb_ptr,
                     race_pi_ptr, 0, n_acc, kb, V, temp, key, 0.0, 1.0, 0, 1.0, pos, NCHUNK, True,
-                    HAS_Q, 1, 1, LOG_X, HAS_MASK, None, False,
+                    HAS_Q, 1, 1, LOG_X, HAS_MASK, None, False, None, False,
                 )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
@@ -981,27 +1004,37 @@ class _Rows:
     rows (padded ``[B, *, V]`` tensors, or ``FLAT`` rows ``start[b] + j`` of ``[R, V]`` ones)."""
 
     logits: tuple  # (target_logits, stride_lb, stride_lk): [B, K+1, V], or FLAT [NROWS, V]
-    q: tuple  # (draft_probs, stride_qb, stride_qk): [B, K, V], or FLAT [QROWS, V]
+    q: tuple  # (draft_probs, stride_qb, stride_qk): [B, K, V], or FLAT [QROWS, V] (V_draft)
     bits: tuple  # (token_bitmask, stride_mb, stride_mk): int32 [B, K+1, W], or FLAT [NROWS, W]
     lstart: torch.Tensor  # [B] int64, FLAT only: logits_row_start
     qstart: torch.Tensor  # [B] int64, FLAT only: probs_row_start
+    inv: torch.Tensor  # [V] int32, HAS_DRAFT_MAP only: draft_vocab_inv
     nrows: int  # NROWS (FLAT)
     qrows: int  # QROWS (FLAT with draft probabilities)
     flat: bool
     has_q: bool
     has_mask: bool
+    has_map: bool
 
 
 def _rows(
-    target_logits, draft_probs, logits_row_start, probs_row_start, token_bitmask, placeholder
+    target_logits,
+    draft_probs,
+    logits_row_start,
+    probs_row_start,
+    token_bitmask,
+    placeholder,
+    draft_vocab_inv=None,
 ) -> _Rows:
     """:class:`_Rows` of one call. A pointer a mode never reads still needs a tensor: the logits
     stand in for absent draft probabilities and an absent token bitmask, ``placeholder`` (a
-    ``[B]`` tensor) for absent start rows. The bitmask rows follow the logits' (``FLAT``: row
-    ``start[b] + j`` of ``[NROWS, W]``)."""
+    ``[B]`` tensor) for absent start rows and an absent ``draft_vocab_inv``. The bitmask rows
+    follow the logits' (``FLAT``: row ``start[b] + j`` of ``[NROWS, W]``). With
+    ``draft_vocab_inv`` the draft rows are ``V_draft`` wide: their strides are the tensor's."""
     flat = logits_row_start is not None
     has_q = draft_probs is not None
     has_mask = token_bitmask is not None
+    has_map = has_q and draft_vocab_inv is not None
     q = draft_probs if has_q else target_logits  # never read when HAS_Q is false
     bits = token_bitmask if has_mask else target_logits  # never read when HAS_MASK is false
     if flat:  # position j of row b reads row start[b] + j: only the row stride counts
@@ -1021,11 +1054,13 @@ def _rows(
         bits_args,
         lstart,
         qstart,
+        inv=draft_vocab_inv if has_map else placeholder,  # never read without HAS_DRAFT_MAP
         nrows=target_logits.shape[0] if flat else 0,
         qrows=q.shape[0] if flat and has_q else 0,
         flat=flat,
         has_q=has_q,
         has_mask=has_mask,
+        has_map=has_map,
     )
 
 
@@ -1120,12 +1155,13 @@ def _launch_row(a: _Args, tokens, num_accepted):
         cand.ids, cand.x,
         c.min_p,
         *a.edit_ptrs,
+        a.rows.inv,
         *a.sizes, a.rows.qrows, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p,
         **a.tiles("CHUNK", "BLOCK", "TBLOCK", "NPIV"), BLOCK_K=a.block_k, **a.layout,
         METHOD=a.method, GATHER=a.gather, **a.tiles("CAP", "SB", "SW"),
         FUSED=a.fused_race and a.method == METHODS["token"], HAS_MINP=c.has_min_p,
-        **WALK_COMPILE,
+        HAS_DRAFT_MAP=a.rows.has_map, **WALK_COMPILE,
     )
 # fmt: on
 
@@ -1262,9 +1298,10 @@ def _launch_split_race(a: _Args, parts: _Partials, positions: int):
         parts.cand.mode, parts.cand.count,
         parts.cand.ids, parts.cand.x,
         *a.edit_ptrs,
+        a.rows.inv,
         *a.sizes, a.rows.qrows, *a.edit_sizes,
         HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, **a.tiles("CHUNK", "BLOCK"), **a.layout,
-        METHOD=a.method, **a.tiles("CAP"), **THRESHOLD_COMPILE,
+        METHOD=a.method, **a.tiles("CAP"), HAS_DRAFT_MAP=a.rows.has_map, **THRESHOLD_COMPILE,
     )
 
 
@@ -1283,9 +1320,11 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
         num_accepted,
         a.rows.lstart, a.rows.qstart,
         *a.edit_ptrs,
+        a.rows.inv,
         *a.sizes, a.rows.qrows, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, BLOCK_K=a.block_k,
-        **a.layout, METHOD=a.method, FUSED=a.fused_race, **a.tiles("TBLOCK"), **SPLIT_COMPILE,
+        **a.layout, METHOD=a.method, FUSED=a.fused_race, **a.tiles("TBLOCK"),
+        HAS_DRAFT_MAP=a.rows.has_map, **SPLIT_COMPILE,
     )
 # fmt: on
 
@@ -1327,6 +1366,7 @@ def verify(
     min_p=None,
     edit_ids=None,
     edit_vals=None,
+    draft_vocab_inv=None,
 ):
     """Launch the verification kernels; see :func:`specdec_kernels.verify_sampling`.
 
@@ -1347,7 +1387,10 @@ def verify(
     float32, both or neither (never with ``log_input``): the logit of token ``edit_ids[b, e]`` at
     position ``j`` of row ``b`` (flat layout: row ``logits_row_start[b] + j``) is
     ``edit_vals[b, j, e]``, before the bitmask, the temperature and the filters (API.md
-    section 10); nothing ``[B, K+1, V]`` is written.
+    section 10); nothing ``[B, K+1, V]`` is written. ``draft_vocab_inv``: None or ``[V]`` int32
+    (a reduced draft vocabulary, ``draft_vocab_map``): ``draft_probs`` is then ``[B, K, V_draft]``
+    (flat: ``[R', V_draft]``) and ``q(t) = draft_probs[..., inv[t]]``, 0 where ``inv[t] < 0``,
+    read through the index (``_common.mapped_q``): nothing ``[B, K, V]`` is written.
     Returns ``(tokens [B, K+1] int64, num_accepted [B] int64)``.
     """
     batch, k = draft_tokens.shape
@@ -1369,6 +1412,7 @@ def verify(
             probs_row_start,
             token_bitmask,
             num_draft_tokens,
+            draft_vocab_inv,
         ),
         drafts=(draft_tokens, draft_tokens.stride(0)),
         num_draft_tokens=num_draft_tokens,
