@@ -3,10 +3,11 @@
 The layers, lowest first (:data:`LAYERS`); a module imports only from its own layer or the
 ones below it::
 
-    _warnings, _version, _validate, _processors, reference, _C  leaves
+    _warnings, _version, _validate, reference, _C            leaves
     _extension                                              loads _C
     ops                                                     Triton kernels and launchers
-    _dispatch                                               picks the backend; the routing table
+    _dispatch, _processors                                  picks the backend; the routing table;
+                                                            the processors' edit list
     verification, tree_verification, kv_cache, logprobs     the custom ops
     models, ngram, tuning, adaptive, compat                 models, drafters' parts, adapters
     grammar                                                 constraints (tokenizers of models)
@@ -39,10 +40,10 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
 ENTRY_POINTS = {"cli", "__main__", "benchmarks"}
 EXTENSIONS = {f"{PKG}._C"}  # compiled: a leaf of the graph
 LAYERS = [
-    {"_warnings", "_version", "_validate", "_processors", "reference", "_C"},
+    {"_warnings", "_version", "_validate", "reference", "_C"},
     {"_extension"},
     {"ops"},
-    {"_dispatch"},
+    {"_dispatch", "_processors"},
     {"verification", "tree_verification", "kv_cache", "logprobs"},
     # one room each above the parts they use, so that compat -> decoding or models -> grammar
     # is an upward edge
