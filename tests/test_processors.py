@@ -136,7 +136,10 @@ def test_backend_with_processors_equals_it_on_dense_logits(backend, name, dtype)
     seeds = torch.arange(5) * 11
     common = dict(num_draft_tokens=nd, seed=seeds, temperature=torch.tensor([0.7, 1.0, 0.0, 1.3,
                   0.9]), top_k=20, top_p=0.9, min_p=0.02, backend=backend)  # fmt: skip
-    for method in ("token", "block", "match"):
+    # Triton (interpreted: slow) runs the token and match rules; tests/test_edits_triton.py covers
+    # block verification and the logprobs kernel there
+    methods = ("token", "match") if backend == "triton" else ("token", "block", "match")
+    for method in methods:
         got = sk.verify_sampling(logits, drafts, method=method, **common, **kw)
         want = sk.verify_sampling(dense, drafts, method=method, **common)
         assert torch.equal(got.tokens, want.tokens), (method, got.tokens, want.tokens)
@@ -146,6 +149,8 @@ def test_backend_with_processors_equals_it_on_dense_logits(backend, name, dtype)
     g = sk.verify_greedy(logits, drafts, num_draft_tokens=nd, backend=backend, **kw)
     w = sk.verify_greedy(dense, drafts, num_draft_tokens=nd, backend=backend)
     assert torch.equal(g.tokens, w.tokens)
+    if backend == "triton":
+        return
     lp = sk.verify_sampling(logits, drafts, **common, **kw, logprobs="processed", num_logprobs=3)
     lw = sk.verify_sampling(dense, drafts, **common, logprobs="processed", num_logprobs=3)
     assert torch.equal(lp.top_ids, lw.top_ids)
@@ -192,7 +197,7 @@ def test_min_p_one_keeps_only_the_most_likely(backend):
     logits, drafts, nd, _, _ = _case(seed=6)
     logits[:, :, 7] = logits.amax(-1)  # a tie at the max: both kept
     best = logits.amax(-1, keepdim=True)
-    for s in range(4 if backend == "triton" else 20):
+    for s in range(2 if backend == "triton" else 20):
         out = sk.verify_sampling(logits, drafts, num_draft_tokens=nd, seed=s, min_p=1.0,
                                  temperature=1.5, backend=backend)  # fmt: skip
         pos = torch.arange(5)[:, None].expand(-1, 5)
@@ -424,7 +429,7 @@ def test_counts_that_ignore_earlier_drafts_fail_the_same_test():
 
 
 # ---------------------------------------------------------------- a reduced draft vocabulary
-@pytest.mark.parametrize("backend", ALL_BACKENDS)
+@pytest.mark.parametrize("backend", ["reference", NATIVE])  # Triton: test_draft_vocab_triton.py
 @pytest.mark.parametrize("method", ["token", "block"])
 def test_reduced_draft_vocabulary_equals_the_scattered_call(backend, method):
     g = torch.Generator().manual_seed(9)
