@@ -362,6 +362,25 @@ def kernel(op: str, backend: str) -> Callable:
     return impl
 
 
+#: (op, backend) -> (kernel, the chain modes it runs): kernels that do in one pass what a chain of
+#: ops does otherwise; where none is listed (or the extension predates it) the caller runs that
+#: chain. ``verify_chain_logprobs``: the chain op's arguments plus ``(processed, num_logprobs)``
+#: -> ``(tokens, accepted, logprobs, top_logprobs, top_ids)``.
+_FUSED: dict[tuple[str, str], tuple[Callable, tuple[str, ...], str | None]] = {}
+
+
+def fused_kernel(op: str, backend: str, mode: str) -> Callable | None:
+    """The one-pass kernel of ``op`` on ``backend`` for chain mode ``mode``, or ``None`` (no
+    warning: the caller's chain of ops is exact, only slower)."""
+    entry = _FUSED.get((op, backend))
+    if entry is None or mode not in entry[1]:
+        return None
+    impl, _, native_op = entry
+    if native_op is not None and not _extension.has_op(native_op):
+        return None
+    return impl
+
+
 def native_kernel(op: str) -> Callable | None:
     """The native kernel of ``op`` where the loaded extension has it, else ``None``: for the
     decoding loop's host-side ops (``expected_accepts``, ``finish_ms``), which steer ``K`` and

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from specdec_kernels import _processors as processors
 from specdec_kernels import _validate as check
-from specdec_kernels._dispatch import kernel, resolve_backend
+from specdec_kernels._dispatch import fused_kernel, kernel, resolve_backend
 from specdec_kernels.logprobs import emitted_logprobs
 from specdec_kernels.reference import rng
 
@@ -136,6 +136,84 @@ def _(target_logits, draft_tokens, *args):
     return tokens, tokens.new_empty((b,)), tokens.new_empty((b,))
 
 
+def _chain_logprobs(
+    target_logits: Tensor,
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    num_draft_tokens: Tensor,
+    temperature: Tensor | None,
+    top_k: Tensor | None,
+    top_p: Tensor | None,
+    seeds: Tensor | None,
+    logits_row_start: Tensor | None,
+    probs_row_start: Tensor | None,
+    token_bitmask: Tensor | None,
+    mode: str,
+    log_input: bool,
+    posterior_threshold: float,
+    posterior_alpha: float,
+    min_p: Tensor | None,
+    edit_ids: Tensor | None,
+    edit_vals: Tensor | None,
+    draft_vocab_inv: Tensor | None,
+    processed: bool,
+    num_logprobs: int,
+    backend: str,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One verification step and the log-probabilities of what it emits (``processed``: of the
+    distribution it samples from, else ``log_softmax`` of the logits; ``num_logprobs = n``: the
+    ``n`` most likely tokens too): ``(tokens, accepted, emitted, logprobs [B, K+1],
+    top_logprobs [B, K+1, n], top_ids [B, K+1, n])``. Where the backend verifies and scores in
+    one pass (:func:`specdec_kernels._dispatch.fused_kernel`), its kernel; else the chain op's
+    kernel, then ``emitted_logprobs``'s over the emitted rows (a second read of them)."""
+    args = (
+        target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
+        seeds, logits_row_start, probs_row_start, token_bitmask, mode, log_input,
+        posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals, draft_vocab_inv,
+    )  # fmt: skip
+    fused = fused_kernel("verify_chain_logprobs", backend, mode)
+    if fused is not None:
+        tokens, accepted, lp, top, ids = fused(*args, processed, num_logprobs)
+        return tokens, accepted, accepted + 1, lp, top, ids
+    tokens, accepted, emitted = _chain(*args, backend)
+    k1 = tokens.shape[1]
+    positions = torch.arange(k1, device=tokens.device)[None, :]
+    if logits_row_start is not None:  # flat layout: request b's rows start there
+        rows = logits_row_start[:, None] + positions
+    else:
+        rows = positions.expand(tokens.shape[0], -1)
+    rows = torch.where(positions < emitted[:, None], rows, -1)
+    greedy = mode == "greedy"  # the processed distribution of a greedy call: T = 1, no filters
+    lp, top, ids = emitted_logprobs(
+        target_logits, rows, tokens, mode="processed" if processed else "raw",
+        num_logprobs=num_logprobs, backend=backend, token_bitmask=token_bitmask,
+        temperature=None if greedy else temperature, top_k=None if greedy else top_k,
+        top_p=None if greedy else top_p, min_p=None if greedy else min_p, edit_ids=edit_ids,
+        edit_vals=edit_vals,
+    )  # fmt: skip
+    if num_logprobs == 0:
+        top = lp.new_empty((tokens.shape[0], k1, 0))
+        ids = tokens.new_empty((tokens.shape[0], k1, 0))
+    return tokens, accepted, emitted, lp, top, ids
+
+
+_verify_chain_logprobs_op = torch.library.custom_op(
+    "specdec::verify_chain_logprobs", _chain_logprobs, mutates_args=()
+)
+
+
+@_verify_chain_logprobs_op.register_fake
+def _(target_logits, draft_tokens, *args):
+    b, k = draft_tokens.shape
+    n = args[-2]
+    tokens = target_logits.new_empty((b, k + 1), dtype=torch.int64)
+    lp = target_logits.new_empty((b, k + 1), dtype=torch.float32)
+    return (
+        tokens, tokens.new_empty((b,)), tokens.new_empty((b,)), lp, lp.new_empty((b, k + 1, n)),
+        tokens.new_empty((b, k + 1, n)),
+    )  # fmt: skip
+
+
 @dataclass(frozen=True, eq=False)
 class ChainCall:
     """One chain verification, checked: ``torch.ops.specdec.verify_chain``'s arguments and the
@@ -190,15 +268,23 @@ class ChainCall:
         if self.mode == "match":
             ver = self._match(op)
             return ver if self.logprobs is None else self._add_logprobs(ver)
-        tokens, accepted, emitted = op(
+        args = (
             self.target_logits, self.draft_tokens, self.draft_probs, self.num_draft_tokens,
             self.temperature, self.top_k, self.top_p, self.seeds, self.logits_row_start,
             self.probs_row_start, self.token_bitmask, self.mode, self.log_input,
             float(self.posterior_threshold), float(self.posterior_alpha), self.min_p,
-            self.edit_ids, self.edit_vals, self.draft_vocab_inv, self.backend,
+            self.edit_ids, self.edit_vals, self.draft_vocab_inv,
         )  # fmt: skip
-        ver = Verification(tokens, accepted, emitted)
-        return ver if self.logprobs is None else self._add_logprobs(ver)
+        if self.logprobs is None:
+            return Verification(*op(*args, self.backend))
+        op = torch.ops.specdec.verify_chain_logprobs if dispatched else _chain_logprobs
+        n = int(self.num_logprobs)
+        tokens, accepted, emitted, lp, top, ids = op(
+            *args, self.logprobs == "processed", n, self.backend
+        )
+        if n == 0:
+            top = ids = None
+        return Verification(tokens, accepted, emitted, lp, top, ids)
 
     def _match(self, op) -> Verification:
         """``method="match"``: the target's own sample at every position ``j`` (the sampling

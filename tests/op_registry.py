@@ -91,6 +91,17 @@ def _chain_sampling(backend, filters):
     return args
 
 
+def _chain_logprobs(backend, sampling):
+    """``verify_chain_logprobs``: the chain op's arguments (filters and edits on the sampled
+    rows), then ``processed`` and ``num_logprobs``."""
+
+    def args(device):
+        chain = (_chain_sampling(backend, True) if sampling else _chain_greedy(backend))(device)
+        return (*chain[:-1], sampling, 3, backend)
+
+    return args
+
+
 def _accept_reject(backend):
     def args(device):
         a = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -357,6 +368,10 @@ def _cases() -> list[Case]:
         cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
     for label, args, needs in _backends(_emitted_logprobs):
         cases.append(Case("emitted_logprobs", label, args, needs))
+    for label, args, needs in _backends(_chain_logprobs, True):
+        cases.append(Case("verify_chain_logprobs", f"sampling-{label}", args, needs))
+    for label, args, needs in _backends(_chain_logprobs, False):
+        cases.append(Case("verify_chain_logprobs", f"greedy-{label}", args, needs))
     cases.append(_native("native_emitted_logprobs", "", _native_emitted_logprobs))
     cases.append(_native("native_logit_edits", "", _native_logit_edits))
     cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
