@@ -123,6 +123,13 @@ def _derived(fn, constexprs):
     filtered = filtered or constexprs.get("HAS_FILTER", False)
     one_hot = sampling and not constexprs.get("HAS_Q", False) and not filtered
     out = {}
+    if fn is verify_tree._verify_tree_kernel:  # the walk gathers unless the split stats did
+        topkp = constexprs.get("HAS_TOPK", False) or constexprs.get("HAS_TOPP", False)
+        out["HAS_FILTER"] = topkp
+        out["GATHER"] = sampling and topkp and not constexprs.get("PRE", False)
+        out["GATHER"] = out["GATHER"] and not constexprs.get("HAS_MASK", False)  # as launched
+        out["PRE"] = constexprs.get("PRE", False)
+        return out
     if "GATHER" in names and "HAS_TOPK" in names:  # the row kernel
         out["GATHER"] = sampling and filtered
         out["FUSED"] = one_hot and constexprs.get("METHOD", 0) == 0
@@ -201,7 +208,9 @@ def _variants():
         sampled = fn is not logprobs._emitted_logprobs_kernel  # HAS_MASK outside the product
         masks = {k: False for k in MASK_FLAGS if k in fn.arg_names and sampled}
         edits = {k: False for k in EDIT_FLAGS if k in fn.arg_names}
-        flags = [f for f in FLAGS if f in fn.arg_names and f not in masks]
+        tree = fn is verify_tree._verify_tree_kernel
+        derived = ("HAS_FILTER",) if tree else ()  # the tree's: from HAS_TOPK / HAS_TOPP
+        flags = [f for f in FLAGS if f in fn.arg_names and f not in masks and f not in derived]
         modes = [m for m in MODES if m in fn.arg_names]
         fixed = {k: v for k, v in sizes.items() if k in fn.arg_names}
         if "BLOCK_K" in fn.arg_names and fn is accept_reject._accept_reject_kernel:
@@ -252,7 +261,10 @@ def _variants():
         on = {k: True for k in layout}  # the layout flags of the richest variants below
         on.update({k: True for k in masks})
         if masks:  # grammar masks: the richest sampling variant, and greedy-only
-            yield fn, {**fixed, **richest, **edits, **on}
+            masked = {**fixed, **richest, **edits, **on}
+            if tree:  # its walk gathers only without a mask
+                masked.update(_derived(fn, masked))
+            yield fn, masked
             if "GREEDY_ONLY" in flags:
                 greedy = {f: f == "GREEDY_ONLY" for f in flags}
                 greedy.update({m: MODES[m][0] for m in modes})
@@ -260,6 +272,13 @@ def _variants():
                     greedy.update({"GATHER": False, "FUSED": False})
                 greedy.update(_derived(fn, greedy))
                 yield fn, {**fixed, **greedy, **layout, **edits, **{k: True for k in masks}}
+        if tree:  # the split strategy's walk (statistics read, not computed): richest, greedy
+            greedy = {f: f == "GREEDY_ONLY" for f in flags}
+            greedy.update({m: MODES[m][0] for m in modes})
+            for base in (richest, greedy):
+                pre = {**base, "PRE": True}
+                pre.update(_derived(fn, pre))
+                yield fn, {**fixed, **pre, **{k: True for k in masks}}
         if edits:  # edits and min-p: the richest sampling variant (no log inputs), and greedy-only
             rich = {**richest, **{k: True for k in edits}}
             rich.update(_derived(fn, rich))

@@ -1077,6 +1077,7 @@ class _Args:
     greedy_only: bool
     log_input: bool
     method: int  # METHODS[...]: the acceptance rule of the sampling rows
+    race_in_stats: bool = True  # False: statistics only (the tree's split strategy)
 
     @property
     def sizes(self) -> tuple:
@@ -1110,7 +1111,7 @@ class _Args:
         (which at ``T = 1e-6``, ``x ~ 1e7``, rounds the noise away), and takes its winner only
         where the margin over every other token leaves no doubt; a near-tie races the row again
         (``_common.chunk_stats_race``): the same tokens as the race over the row."""
-        return not (self.greedy_only or self.rows.has_q or self.has_filter)
+        return self.race_in_stats and not (self.greedy_only or self.rows.has_q or self.has_filter)
 
     @property
     def gather(self) -> bool:
@@ -1329,17 +1330,25 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
 # fmt: on
 
 
-def _launch_split(a: _Args, tokens, num_accepted):
-    """The split strategy: statistics, then (sampling) thresholds and race, then the decisions."""
-    positions = tokens.numel()  # B * (K+1)
-    parts = _partials(positions, a.cfg["NCHUNK"], tokens.device, a.cfg["CAP"] if a.gather else 0)
+def split_statistics(a: _Args, positions: int, device) -> _Partials:
+    """The split strategy's statistics of every position (``B * (K+1)``), each row spread over
+    ``NCHUNK`` programs: the chunk partials (max, sum of exp, first argmax) and, with a filter,
+    each position's threshold and kept mass from its candidate buffer (or the search). Also
+    what the tree's walk reads instead of the rows (:mod:`specdec_kernels.ops.verify_tree`)."""
+    parts = _partials(positions, a.cfg["NCHUNK"], device, a.cfg["CAP"] if a.gather else 0)
     if a.gather:
         _launch_split_pivot(a, parts, positions)
     _launch_split_stats(a, parts, positions)
+    if a.has_filter and not a.greedy_only:
+        _launch_split_thresholds(a, parts, positions)
+    return parts
+
+
+def _launch_split(a: _Args, tokens, num_accepted):
+    """The split strategy: statistics, then (sampling) thresholds and race, then the decisions."""
+    parts = split_statistics(a, tokens.numel(), tokens.device)  # B * (K+1) positions
     if not (a.greedy_only or a.fused_race):
-        if a.has_filter:
-            _launch_split_thresholds(a, parts, positions)
-        _launch_split_race(a, parts, positions)
+        _launch_split_race(a, parts, tokens.numel())
     _launch_split_decide(a, parts, tokens, num_accepted)
 
 

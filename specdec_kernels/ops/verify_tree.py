@@ -21,15 +21,18 @@ import torch
 import triton
 import triton.language as tl
 
+from specdec_kernels.ops import verify_sampling as chain
 from specdec_kernels.ops._common import (
     PURPOSE_ACCEPT,
     PURPOSE_SAMPLE,
     WALK_COMPILE,
+    edit_args,
     exponential,
     launch,
     launch_config,
     load_x,
     merge_best,
+    position_filter_stats,
     position_stats,
     row_controls,
     row_count,
@@ -39,6 +42,7 @@ from specdec_kernels.ops._common import (
     target_prob,
     uniform,
 )
+from specdec_kernels.ops.verify_sampling import _filter_state, _merged_stats
 
 MODE_DETERMINISTIC = tl.constexpr(0)
 MODE_WITHOUT_REPLACEMENT = tl.constexpr(2)
@@ -147,6 +151,43 @@ def _race(row_ptr,  # [V] logits row of the stop node
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
+def _node_stats(row,  # [V] logits row of the node
+                bits_row,  # [W] int32 token bitmask row of the node (if HAS_MASK)
+                pos,  # the node's index in [B*N]
+                V, temp, greedy, top_k, top_p,
+                part_m_ptr, part_s_ptr, part_a_ptr,  # [B*N, NCHUNK] chunk partials (PRE)
+                kappa_ptr, z_ptr,  # [B*N] key threshold, kept mass (PRE with HAS_FILTER)
+                cnt_ptr,  # [B*N] int32 zeros: candidates gathered per node (GATHER)
+                cidx_row, cx_row,  # [CAP] int32, float32: the row's candidate buffer (GATHER)
+                NEED_SUM: tl.constexpr, HAS_TOPK: tl.constexpr, HAS_TOPP: tl.constexpr,
+                NPIV: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                TBLOCK: tl.constexpr, NCHUNK, HAS_MASK: tl.constexpr, PRE: tl.constexpr,
+                GATHER: tl.constexpr, HAS_FILTER: tl.constexpr, CAP: tl.constexpr,
+                SB: tl.constexpr, SW: tl.constexpr):
+    """(max of x, first argmax, key threshold, kept mass) of a node: ``PRE``, the split
+    statistics' (every node's, computed before the walk by ``NCHUNK`` programs each); else read
+    here, in one pass with the filter's candidate buffer (``GATHER``) or chunk by chunk then the
+    threshold search, as the chain's walking kernel does."""
+    if PRE:
+        m, s, a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK)
+        kappa, z = _filter_state(kappa_ptr, z_ptr, pos, s, HAS_FILTER)
+    elif GATHER:
+        m, a, kappa, z, from_buf = position_filter_stats(
+            row, V, temp, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK, TBLOCK,
+            NCHUNK, False, bits_row, HAS_MASK, (cnt_ptr + pos, cidx_row, cx_row), CAP, SB, SW,
+        )
+    else:
+        m, a, kappa, z = position_stats(
+            row, V, temp, greedy, top_k, top_p, NEED_SUM, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
+            TBLOCK, NCHUNK, False, bits_row, HAS_MASK,
+        )
+    return m, a, kappa, z
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
 def _verify_tree_kernel(
     logits_ptr, stride_lb, stride_ln,  # [B, N, V] target logits, vocab stride 1
     tok_ptr, stride_tb,  # [B, N] tree tokens
@@ -159,10 +200,16 @@ def _verify_tree_kernel(
     ws_ptr,  # [B, V] float32 residual workspace (unused in MODE 0)
     tokens_ptr, nodes_ptr,  # [B, N] int64 out: emitted tokens, accepted path; -1 padded
     nacc_ptr,  # [B] int64 out: num_accepted
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*N, NCHUNK] split chunk statistics (PRE)
+    kappa_ptr, z_ptr,  # [B*N] split thresholds and kept masses (PRE with HAS_FILTER)
+    cnt_ptr,  # [B*N] int32 zeros: candidates gathered per node (GATHER)
+    cidx_ptr, cx_ptr,  # [B, CAP] int32, float32: the row's candidate buffer (GATHER)
     V, N, NCHUNK,
     GREEDY_ONLY: tl.constexpr, MODE: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
-    NPIV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
+    NPIV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, PRE: tl.constexpr,
+    GATHER: tl.constexpr, HAS_FILTER: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr,
+    SW: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     nb = row_count(nn_ptr, b, 1, N)
@@ -182,9 +229,12 @@ def _verify_tree_kernel(
     removed_mass = tl.zeros([], tl.float32)
     row = logits_ptr + b * stride_lb
     bits_row = bits_ptr + b * stride_mb
-    m, a, kappa, zp = position_stats(
-        row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK,
-        TBLOCK, NCHUNK, False, bits_row, HAS_MASK,
+    cidx_row = cidx_ptr + b * CAP
+    cx_row = cx_ptr + b * CAP
+    m, a, kappa, zp = _node_stats(
+        row, bits_row, b * N, V, temp, greedy, top_k, top_p, part_m_ptr, part_s_ptr, part_a_ptr,
+        kappa_ptr, z_ptr, cnt_ptr, cidx_row, cx_row, need_sum, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+        BLOCK, TBLOCK, NCHUNK, HAS_MASK, PRE, GATHER, HAS_FILTER, CAP, SB, SW,
     )
     for i in range(1, N):
         parent = tl.load(par_ptr + b * stride_pb + i, mask=i < nb, other=-1).to(tl.int32)
@@ -228,9 +278,11 @@ def _verify_tree_kernel(
                 rej = tl.full([BLOCK_N], -1, tl.int32)
                 row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
                 bits_row = bits_ptr + b * stride_mb + cur.to(tl.int64) * stride_mn
-                m, a, kappa, zp = position_stats(
-                    row, V, temp, greedy, top_k, top_p, need_sum, HAS_TOPK, HAS_TOPP, NPIV,
-                    CHUNK, BLOCK, TBLOCK, NCHUNK, False, bits_row, HAS_MASK,
+                m, a, kappa, zp = _node_stats(
+                    row, bits_row, b * N + cur, V, temp, greedy, top_k, top_p, part_m_ptr,
+                    part_s_ptr, part_a_ptr, kappa_ptr, z_ptr, cnt_ptr, cidx_row, cx_row,
+                    need_sum, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK, TBLOCK, NCHUNK, HAS_MASK,
+                    PRE, GATHER, HAS_FILTER, CAP, SB, SW,
                 )
             else:
                 if not GREEDY_ONLY:
@@ -281,6 +333,7 @@ def verify_tree(
     *,
     greedy_only: bool,
     token_bitmask=None,
+    strategy: str | None = None,
 ):
     """Launch the tree kernel; see :func:`specdec_kernels.verify_tree_sampling`.
 
@@ -289,7 +342,11 @@ def verify_tree(
     0), ``num_nodes [B]``, ``temperature [B]`` float32, ``top_k [B]`` int64 or None, ``top_p
     [B]`` float32 or None, ``seeds [B]`` int64. ``greedy_only`` ignores the sampling arguments.
     ``token_bitmask``: None or int32 ``[B, N, W]`` (last stride 1); a disallowed token is a
-    ``-inf`` logit.
+    ``-inf`` logit. ``strategy``: ``"split"`` computes every node's statistics first, each row
+    spread over ``NCHUNK`` programs (the chain's split statistics kernels, the nodes as its
+    positions), and the walk reads them; ``"row"`` reads each node on the path as the walk
+    reaches it; None: the chain's choice for the batch size
+    (:func:`specdec_kernels.ops.verify_sampling.pick_strategy`).
     Returns ``(tokens [B, N], num_accepted [B], accepted_nodes [B, N])`` int64.
     """
     batch, n, vocab = target_logits.shape
@@ -313,6 +370,31 @@ def verify_tree(
     bits = token_bitmask if has_mask else target_logits  # never read without a bitmask
     stride_mb, stride_mn = (bits.stride(0), bits.stride(1)) if has_mask else (0, 0)
     c = row_controls(num_nodes, temperature, top_k, top_p, seeds, greedy_only=greedy_only)
+    strategy = strategy or chain.pick_strategy(batch, device)
+    if strategy not in ("row", "split"):
+        raise ValueError(f"strategy must be 'row', 'split' or None, got {strategy!r}")
+    has_filter = c.has_top_k or c.has_top_p
+    # the row strategy's walk gathers its nodes' candidates; with a token bitmask too it would
+    # spill registers (12 bytes at sm_90), so it searches the thresholds there as before
+    gather = has_filter and strategy == "row" and not has_mask
+    if strategy == "split":  # every node's statistics first, NCHUNK programs a node
+        args = chain._Args(
+            rows=chain._rows(target_logits, None, None, None, token_bitmask, num_nodes),
+            drafts=(tree_tokens[:, 1:], tree_tokens.stride(0)),  # never read: no race here
+            num_draft_tokens=num_nodes - 1,  # positions 0 .. num_nodes - 1: the live nodes
+            controls=c,
+            edits=edit_args(None, None, vocab, num_nodes),
+            cfg=cfg,
+            greedy_only=greedy_only,
+            log_input=False,
+            method=chain.METHODS["token"],
+            race_in_stats=False,
+        )
+        parts = chain.split_statistics(args, batch * n, device)
+        stats, filt = parts.stats, parts.filter
+    else:
+        stats, filt = (num_accepted,) * 3, (num_accepted,) * 2  # never read in the row strategy
+    cand = chain._candidates(batch, n, cfg["CAP"] if gather else 0, device)
     launch(
         _verify_tree_kernel,
         (batch,),
@@ -338,6 +420,11 @@ def verify_tree(
         tokens,
         nodes,
         num_accepted,
+        *stats,
+        *filt,
+        cand.count,
+        cand.ids,
+        cand.x,
         vocab,
         n,
         cfg["NCHUNK"],
@@ -351,6 +438,12 @@ def verify_tree(
         NPIV=cfg["NPIV"],
         BLOCK_N=triton.next_power_of_2(n),
         HAS_MASK=has_mask,
+        PRE=strategy == "split",
+        GATHER=gather,
+        HAS_FILTER=has_filter,
+        CAP=cfg["CAP"],
+        SB=cfg["SB"],
+        SW=cfg["SW"],
         **WALK_COMPILE,
     )
     return tokens, num_accepted, nodes
