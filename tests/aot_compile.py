@@ -88,6 +88,8 @@ POINTER_TYPES = {
     "evals_ptr": "*fp32",
     "etab_ptr": "*i32",
     "inv_ptr": "*i32",
+    "state_ptr": "*i32",
+    "rejws_ptr": "*i32",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
@@ -129,6 +131,7 @@ def _derived(fn, constexprs):
         out["GATHER"] = sampling and topkp and not constexprs.get("PRE", False)
         out["GATHER"] = out["GATHER"] and not constexprs.get("HAS_MASK", False)  # as launched
         out["PRE"] = constexprs.get("PRE", False)
+        out["SPLIT_RACE"] = out["PRE"] and sampling
         return out
     if "GATHER" in names and "HAS_TOPK" in names:  # the row kernel
         out["GATHER"] = sampling and filtered
@@ -160,6 +163,8 @@ def _compile(fn, constexprs, target):
     )
     own = {
         verify_tree._verify_tree_kernel: verify_tree,
+        verify_tree._tree_race_kernel: verify_tree,
+        verify_tree._tree_finish_kernel: verify_tree,
         logprobs._emitted_logprobs_kernel: logprobs,
     }
     module = own.get(fn, verify_sampling)  # whose compile_options the kernel is launched with
@@ -203,6 +208,8 @@ def _variants():
         accept_reject._accept_reject_kernel,
         accept_tests._accept_tests_kernel,
         verify_tree._verify_tree_kernel,
+        verify_tree._tree_race_kernel,
+        verify_tree._tree_finish_kernel,
         logprobs._emitted_logprobs_kernel,
     ):
         sampled = fn is not logprobs._emitted_logprobs_kernel  # HAS_MASK outside the product

@@ -82,3 +82,12 @@ def test_flat_rows_fall_back_to_the_search():
     logits, tokens, parents, nn, temp, _ = _case(5, v=5000, scale=0.1, temps=(1.0, 1.0, 1.0))
     _both_and_reference(logits, tokens, parents, None, nn, 0, temp, [5, 0, 3000],
                         [1.0, 0.9, 1.0], torch.tensor([1, 2, 3]), None, False)  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", (0, 1))
+def test_two_chunk_rows_race_in_chunks(mode):
+    # V = 5000: the split strategy's race runs two programs a row, merged in chunk order
+    logits, tokens, parents, nn, temp, _ = _case(6, v=5000)
+    q = random_draft_probs(3, 6, 5000, 6) if mode else None
+    _both_and_reference(logits, tokens, parents, q, nn, mode, temp, None, None,
+                        torch.tensor([4, 5, 6]), None, False)  # fmt: skip

@@ -4,15 +4,21 @@ One program per row walks the row's tree (:mod:`specdec_kernels.reference.verify
 specification; same numbers, same formulas). Nodes are in topological order, so the walk is one
 pass over the node indices: node ``i`` is tried when its parent is the current node. At every
 node the walk reaches it computes the filtered target statistics of that node's logits row (max,
-sum of exponentials and first argmax chunk by chunk, then the top-k / top-p threshold search:
-``_common.position_stats``, as the chain's row kernel; the row setup and the launch config are
+sum of exponentials and first argmax chunk by chunk; with top-k / top-p the candidate buffer
+and its thresholds, ``_common.position_filter_stats``, as the chain's row kernel, or the
+search with a token bitmask, ``_common.position_stats``; the row setup and the launch config are
 the chain's too, in :mod:`specdec_kernels.ops._common`); nodes off the accepted path are never
 read beyond their token's entry. A rejected child costs nothing more in ``"deterministic"``
 mode (its token is removed from the residual: kept in a small list) and one pass over the
 vocabulary otherwise (the residual ``max(0, r - Z q_c)`` is kept in a ``[B, V]`` float32
 workspace). The recovered or bonus token is one exponential race over the stop node's row.
 
-One launch per call. Every index that comes from the inputs (``num_nodes``, ``parents``,
+That is the ``"row"`` strategy (one launch). At small batch sizes (``"split"``, the chain's
+choice: :func:`specdec_kernels.ops.verify_sampling.pick_strategy`) every live node's statistics
+come first from the chain's split statistics kernels (``NCHUNK`` programs a node), the walk
+reads them instead of the rows, and the stop node's race runs ``NCHUNK`` programs a row
+(:func:`_tree_race_kernel`), merged in chunk order (:func:`_tree_finish_kernel`): the same
+numbers, the same tokens. Every index that comes from the inputs (``num_nodes``, ``parents``,
 ``tree_tokens``) is clamped or masked before it addresses memory, so ``validate=False`` garbage
 never reads or writes out of bounds.
 """
@@ -38,6 +44,7 @@ from specdec_kernels.ops._common import (
     row_count,
     row_filters,
     row_sampling,
+    row_temperature,
     stream_key,
     target_prob,
     uniform,
@@ -49,8 +56,13 @@ MODE_WITHOUT_REPLACEMENT = tl.constexpr(2)
 
 
 def compile_options(kernel) -> dict:
-    """The compile options the tree kernel is launched with (for the AOT checks): as the chain's
-    walking kernel, ``_common.WALK_COMPILE``."""
+    """The compile options a tree kernel is launched with (for the AOT checks): the walk as the
+    chain's walking kernel (``_common.WALK_COMPILE``), the split race as the chain's race, the
+    finish as its decide kernel."""
+    if kernel is _tree_race_kernel:
+        return chain.THRESHOLD_COMPILE
+    if kernel is _tree_finish_kernel:
+        return chain.SPLIT_COMPILE
     return WALK_COMPILE
 
 
@@ -104,6 +116,42 @@ def _shrink_residual(row_ptr,  # [V] logits row of the current node
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
+def _race_chunk(row_ptr,  # [V] logits row of the stop node
+                ws_row,  # [V] float32 residual workspace (used when MODE is not deterministic)
+                bits_row,  # [W] int32 token bitmask row of the stop node (if HAS_MASK)
+                c, V, temp, m, zp, kappa, stream, sib, rej,
+                MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
+    """Chunk ``c`` of the stop node's race: ``(residual best, its token, plain best, its
+    token)``, each the chunk's largest score with the lowest index on ties."""
+    offs = tl.arange(0, BLOCK)
+    rb_vec = tl.zeros([BLOCK], tl.float32)
+    ri_vec = tl.zeros([BLOCK], tl.int32)
+    pb_vec = tl.full([BLOCK], -1.0, tl.float32)
+    pi_vec = tl.zeros([BLOCK], tl.int32)
+    for t in tl.static_range(0, CHUNK, BLOCK):
+        idx = c * CHUNK + t + offs
+        mask = idx < V
+        x = load_x(row_ptr + idx, mask, temp, False, bits_row, idx, HAS_MASK)
+        p = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
+        if MODE == MODE_DETERMINISTIC:
+            r = tl.where(_removed(idx, rej, sib, BLOCK_N), 0.0, p)
+        else:
+            r = tl.load(ws_row + idx, mask=mask, other=0.0)
+        r = tl.where(sib > 0, r, 0.0)
+        e = exponential(uniform(stream, idx))
+        rb_vec, ri_vec = merge_best(rb_vec, ri_vec, tl.where(r > 0.0, r / e, 0.0), idx)
+        pb_vec, pi_vec = merge_best(
+            pb_vec, pi_vec, tl.where(mask & (p > 0.0), p / e, -1.0), idx
+        )
+    rb = tl.max(rb_vec, axis=0)
+    ri = tl.min(tl.where(rb_vec == rb, ri_vec, 2147483647), axis=0)
+    pb = tl.max(pb_vec, axis=0)
+    pi = tl.min(tl.where(pb_vec == pb, pi_vec, 2147483647), axis=0)
+    return rb, ri, pb, pi
+
+
+@triton.jit
 def _race(row_ptr,  # [V] logits row of the stop node
           ws_row,  # [V] float32 residual workspace (used when MODE is not deterministic)
           bits_row,  # [W] int32 token bitmask row of the stop node (if HAS_MASK)
@@ -112,36 +160,16 @@ def _race(row_ptr,  # [V] logits row of the stop node
           BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
     """The exponential race of the stop node: the recovered token over the residual (when a
     child was rejected) and the bonus token over ``p``; the chain's scores
-    (``_common.chunk_race``)."""
-    offs = tl.arange(0, BLOCK)
+    (``_common.chunk_race``). Chunk by chunk (:func:`_race_chunk`), merged in chunk order."""
     r_best = tl.zeros([], tl.float32)
     r_idx = tl.zeros([], tl.int32)
     p_best = tl.full([], -1.0, tl.float32)
     p_idx = tl.zeros([], tl.int32)
     for c in range(0, NCHUNK):
-        rb_vec = tl.zeros([BLOCK], tl.float32)
-        ri_vec = tl.zeros([BLOCK], tl.int32)
-        pb_vec = tl.full([BLOCK], -1.0, tl.float32)
-        pi_vec = tl.zeros([BLOCK], tl.int32)
-        for t in tl.static_range(0, CHUNK, BLOCK):
-            idx = c * CHUNK + t + offs
-            mask = idx < V
-            x = load_x(row_ptr + idx, mask, temp, False, bits_row, idx, HAS_MASK)
-            p = tl.where(mask, target_prob(x, m, zp, kappa), 0.0)
-            if MODE == MODE_DETERMINISTIC:
-                r = tl.where(_removed(idx, rej, sib, BLOCK_N), 0.0, p)
-            else:
-                r = tl.load(ws_row + idx, mask=mask, other=0.0)
-            r = tl.where(sib > 0, r, 0.0)
-            e = exponential(uniform(stream, idx))
-            rb_vec, ri_vec = merge_best(rb_vec, ri_vec, tl.where(r > 0.0, r / e, 0.0), idx)
-            pb_vec, pi_vec = merge_best(
-                pb_vec, pi_vec, tl.where(mask & (p > 0.0), p / e, -1.0), idx
-            )
-        rb = tl.max(rb_vec, axis=0)
-        ri = tl.min(tl.where(rb_vec == rb, ri_vec, 2147483647), axis=0)
-        pb = tl.max(pb_vec, axis=0)
-        pi = tl.min(tl.where(pb_vec == pb, pi_vec, 2147483647), axis=0)
+        rb, ri, pb, pi = _race_chunk(
+            row_ptr, ws_row, bits_row, c, V, temp, m, zp, kappa, stream, sib, rej, MODE, CHUNK,
+            BLOCK, BLOCK_N, HAS_MASK,
+        )
         r_best, r_idx = merge_best(r_best, r_idx, rb, ri)
         p_best, p_idx = merge_best(p_best, p_idx, pb, pi)
     return tl.where((sib > 0) & (r_best > 0.0), r_idx, p_idx)
@@ -204,12 +232,13 @@ def _verify_tree_kernel(
     kappa_ptr, z_ptr,  # [B*N] split thresholds and kept masses (PRE with HAS_FILTER)
     cnt_ptr,  # [B*N] int32 zeros: candidates gathered per node (GATHER)
     cidx_ptr, cx_ptr,  # [B, CAP] int32, float32: the row's candidate buffer (GATHER)
+    state_ptr, rejws_ptr,  # [B, 3], [B, BLOCK_N] int32 out: stop node, depth, siblings (SPLIT_RACE)
     V, N, NCHUNK,
     GREEDY_ONLY: tl.constexpr, MODE: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
     NPIV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, PRE: tl.constexpr,
     GATHER: tl.constexpr, HAS_FILTER: tl.constexpr, CAP: tl.constexpr, SB: tl.constexpr,
-    SW: tl.constexpr,
+    SW: tl.constexpr, SPLIT_RACE: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     nb = row_count(nn_ptr, b, 1, N)
@@ -302,7 +331,12 @@ def _verify_tree_kernel(
                 sib += 1
 
     recovered_or_bonus = a
-    if not GREEDY_ONLY:
+    if SPLIT_RACE:  # the race is _tree_race_kernel's, NCHUNK programs; _tree_finish's token
+        tl.store(state_ptr + b * 3, cur)
+        tl.store(state_ptr + b * 3 + 1, depth)
+        tl.store(state_ptr + b * 3 + 2, sib)
+        tl.store(rejws_ptr + b * BLOCK_N + offs_n, rej)
+    elif not GREEDY_ONLY:
         if greedy == 0:
             row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
             bits_row = bits_ptr + b * stride_mb + cur.to(tl.int64) * stride_mn
@@ -316,6 +350,80 @@ def _verify_tree_kernel(
     tl.store(tokens_ptr + b * N + offs_n, out_tok, mask=offs_n < N)
     tl.store(nodes_ptr + b * N + offs_n, out_node, mask=offs_n < N)
     tl.store(nacc_ptr + b, depth.to(tl.int64))
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _tree_race_kernel(
+    logits_ptr, stride_lb, stride_ln,  # [B, N, V] target logits, vocab stride 1
+    bits_ptr, stride_mb, stride_mn,  # [B, N, W] int32 token bitmask (unused without HAS_MASK)
+    temp_ptr, seed_ptr,  # [B] temperature, int64 seeds
+    ws_ptr,  # [B, V] float32 residual workspace (unused in MODE 0)
+    state_ptr, rejws_ptr,  # [B, 3], [B, BLOCK_N] int32: stop node, depth, siblings; their tokens
+    part_m_ptr, part_s_ptr, part_a_ptr,  # [B*N, NCHUNK] split chunk statistics
+    kappa_ptr, z_ptr,  # [B*N] split thresholds and kept masses (HAS_FILTER)
+    race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,  # [B, NCHUNK] out: the chunk's race
+    V, N, NCHUNK,
+    MODE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_FILTER: tl.constexpr,
+):
+    """One chunk of the stop node's race (:func:`_race_chunk`) after the split strategy's walk:
+    grid ``(B, NCHUNK)``; greedy rows race nothing."""
+    b = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    temp, greedy, key = row_sampling(temp_ptr, seed_ptr, b, False)
+    if greedy == 0:
+        cur = tl.load(state_ptr + b * 3)
+        depth = tl.load(state_ptr + b * 3 + 1)
+        sib = tl.load(state_ptr + b * 3 + 2)
+        rej = tl.load(rejws_ptr + b * BLOCK_N + tl.arange(0, BLOCK_N))
+        pos = b * N + cur
+        m, s, a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK)
+        kappa, zp = _filter_state(kappa_ptr, z_ptr, pos, s, HAS_FILTER)
+        row = logits_ptr + b * stride_lb + cur.to(tl.int64) * stride_ln
+        bits_row = bits_ptr + b * stride_mb + cur.to(tl.int64) * stride_mn
+        stream = stream_key(key, depth, PURPOSE_SAMPLE)
+        rb, ri, pb, pi = _race_chunk(
+            row, ws_ptr + b * V, bits_row, c, V, temp, m, zp, kappa, stream, sib, rej, MODE,
+            CHUNK, BLOCK, BLOCK_N, HAS_MASK,
+        )
+        at = b * NCHUNK + c
+        tl.store(race_rb_ptr + at, rb)
+        tl.store(race_ri_ptr + at, ri)
+        tl.store(race_pb_ptr + at, pb)
+        tl.store(race_pi_ptr + at, pi)
+
+
+@triton.jit
+def _tree_finish_kernel(
+    temp_ptr,  # [B] temperature
+    state_ptr,  # [B, 3] int32: stop node, depth, siblings tried
+    race_rb_ptr, race_ri_ptr, race_pb_ptr, race_pi_ptr,  # [B, NCHUNK] the chunks' races
+    tokens_ptr,  # [B, N] int64 out: the recovered or bonus token at the stop depth
+    V, N, NCHUNK,
+):
+    """The stop node's race merged in chunk order, as :func:`_race` merges it: the token at the
+    row's stop depth (sampled rows; a greedy row keeps the walk's argmax). Grid ``(B,)``."""
+    b = tl.program_id(0).to(tl.int64)
+    temp, greedy = row_temperature(temp_ptr, b, False)
+    if greedy == 0:
+        depth = tl.load(state_ptr + b * 3 + 1)
+        sib = tl.load(state_ptr + b * 3 + 2)
+        r_best = tl.zeros([], tl.float32)
+        r_idx = tl.zeros([], tl.int32)
+        p_best = tl.full([], -1.0, tl.float32)
+        p_idx = tl.zeros([], tl.int32)
+        for c in range(0, NCHUNK):
+            at = b * NCHUNK + c
+            r_best, r_idx = merge_best(r_best, r_idx, tl.load(race_rb_ptr + at),
+                                       tl.load(race_ri_ptr + at))
+            p_best, p_idx = merge_best(p_best, p_idx, tl.load(race_pb_ptr + at),
+                                       tl.load(race_pi_ptr + at))
+        token = tl.where((sib > 0) & (r_best > 0.0), r_idx, p_idx)
+        token = tl.minimum(tl.maximum(token, 0), V - 1).to(tl.int64)
+        tl.store(tokens_ptr + b * N + depth, token)
 # fmt: on
 
 
@@ -395,6 +503,13 @@ def verify_tree(
     else:
         stats, filt = (num_accepted,) * 3, (num_accepted,) * 2  # never read in the row strategy
     cand = chain._candidates(batch, n, cfg["CAP"] if gather else 0, device)
+    split_race = strategy == "split" and not greedy_only
+    block_n = triton.next_power_of_2(n)
+    if split_race:
+        state = torch.empty((batch, 3), dtype=torch.int32, device=device)
+        rej = torch.empty((batch, block_n), dtype=torch.int32, device=device)
+    else:
+        state = rej = cand.count  # never written without SPLIT_RACE
     launch(
         _verify_tree_kernel,
         (batch,),
@@ -425,6 +540,8 @@ def verify_tree(
         cand.count,
         cand.ids,
         cand.x,
+        state,
+        rej,
         vocab,
         n,
         cfg["NCHUNK"],
@@ -436,7 +553,7 @@ def verify_tree(
         BLOCK=cfg["BLOCK"],
         TBLOCK=cfg["TBLOCK"],
         NPIV=cfg["NPIV"],
-        BLOCK_N=triton.next_power_of_2(n),
+        BLOCK_N=block_n,
         HAS_MASK=has_mask,
         PRE=strategy == "split",
         GATHER=gather,
@@ -444,6 +561,28 @@ def verify_tree(
         CAP=cfg["CAP"],
         SB=cfg["SB"],
         SW=cfg["SW"],
+        SPLIT_RACE=split_race,
         **WALK_COMPILE,
     )
+    if split_race:  # the stop node's race, NCHUNK programs a row, then its token
+        races = tuple(parts.race[:4])  # [B*N, NCHUNK] workspaces: the first B rows serve
+        launch(
+            _tree_race_kernel, (batch, cfg["NCHUNK"]),
+            target_logits, target_logits.stride(0), target_logits.stride(1),
+            bits, stride_mb, stride_mn,
+            c.temperature, c.seeds,
+            ws,
+            state, rej,
+            *stats,
+            *filt,
+            *races,
+            vocab, n, cfg["NCHUNK"],
+            MODE=mode, CHUNK=cfg["CHUNK"], BLOCK=cfg["BLOCK"], BLOCK_N=block_n,
+            HAS_MASK=has_mask, HAS_FILTER=has_filter, **chain.THRESHOLD_COMPILE,
+        )  # fmt: skip
+        launch(
+            _tree_finish_kernel, (batch,),
+            c.temperature, state, *races, tokens, vocab, n, cfg["NCHUNK"],
+            **chain.SPLIT_COMPILE,
+        )  # fmt: skip
     return tokens, num_accepted, nodes
