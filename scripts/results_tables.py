@@ -914,6 +914,41 @@ def traffic_section() -> str | None:
             body,
         ),
     ]
+    trees = data.get("tree_traffic") or []
+    if trees:
+        parts += [
+            "Tree verification against the chain of the same number of positions (the same "
+            "count, same scaling): *rows per program* is the most logits one program of any "
+            "launch loads, in rows: the longest serial stream of the call (the row strategy's "
+            "walk reads its path's rows one after another; the split strategy spreads every "
+            "row over its chunks).",
+            table(
+                [
+                    "case",
+                    "strategy",
+                    "tree: logits loaded (MB)",
+                    "chain (MB)",
+                    "tree: rows per program",
+                    "chain: rows per program",
+                    "tree launches (programs)",
+                ],
+                [
+                    [
+                        r["case"],
+                        r["strategy"],
+                        f"{r['tree_loaded_mb']:.3f}",
+                        f"{r['chain_loaded_mb']:.3f}",
+                        f"{r['tree_rows_per_program']:g}",
+                        f"{r['chain_rows_per_program']:g}",
+                        ", ".join(
+                            f"{n.strip('_')} {p}"
+                            for n, p in zip(r["tree_launches"], r["tree_programs"])
+                        ),
+                    ]
+                    for r in trees
+                ],
+            ),
+        ]
     fallback = load("filter_fallback.json")
     if fallback:
         fb = fallback["fallback"]

@@ -91,3 +91,22 @@ def test_two_chunk_rows_race_in_chunks(mode):
     q = random_draft_probs(3, 6, 5000, 6) if mode else None
     _both_and_reference(logits, tokens, parents, q, nn, mode, temp, None, None,
                         torch.tensor([4, 5, 6]), None, False)  # fmt: skip
+
+
+@pytest.mark.parametrize("op", ["verify_tree_greedy", "verify_tree_sampling"])
+def test_split_traffic_matches_the_chain(op):
+    """B = 1, a binary tree of 8 nodes, V = 9000 (3 chunks): in the split strategy no program
+    reads more than a chunk of a row (the row strategy's walk read its path, 2-3 rows, in one
+    program), and the tree loads what the chain of 8 positions loads (sampling: plus one read
+    of the stop node's row for its race, which the chain's one-hot race does in its statistics
+    pass)."""
+    from specdec_kernels.benchmarks import ops, traffic
+
+    case = ops.Case(op, 1, 7, 9000, "bf16", 0.5)
+    row = traffic.tree_traffic(case)
+    assert row["strategy"] == "split"
+    assert row["tree_rows_per_program"] <= 4096 / 9000 + 1e-6, row  # one CHUNK at most
+    extra = 0 if op == "verify_tree_greedy" else 9000 * 2 / 2**20  # the stop row, bf16
+    assert row["tree_loaded_mb"] <= row["chain_loaded_mb"] + extra + 1e-3, row
+    walk = row["tree_launches"].index("_verify_tree_kernel")
+    assert row["tree_programs"][walk] == 1 and "_split_stats_kernel" in row["tree_launches"]

@@ -339,11 +339,19 @@ def _traffic(args) -> int:
 
     g = _grid(args, args.grid or "gpu")
     ops_ = tuple(o for o in args.ops if o in ("verify_greedy", "verify_sampling"))
-    rows = traffic.traffic_rows(ops.cases(g, ops_ or ("verify_greedy", "verify_sampling")))
-    print(traffic.format_traffic(rows))
+    trees = tuple(o for o in args.ops if o in ops.TREE_OPS)
+    rows = []
+    if ops_ or not trees:
+        rows = traffic.traffic_rows(ops.cases(g, ops_ or ("verify_greedy", "verify_sampling")))
+        print(traffic.format_traffic(rows))
+    tree_rows = []
+    if trees or not ops_:  # the trees against the chain of the same node count
+        tree_rows = traffic.tree_traffic_rows(ops.cases(g, trees or ops.TREE_OPS))
+        print(traffic.format_tree_traffic(tree_rows))
     if args.traffic_json:
-        traffic.save_traffic(rows, args.traffic_json, "specdec bench ops " + " ".join(sys.argv[3:]))
-        print(f"wrote {len(rows)} rows to {args.traffic_json}")
+        command = "specdec bench ops " + " ".join(sys.argv[3:])
+        traffic.save_traffic(rows, args.traffic_json, command, tree_rows)
+        print(f"wrote {len(rows) + len(tree_rows)} rows to {args.traffic_json}")
     return 0
 
 

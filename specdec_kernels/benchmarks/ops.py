@@ -488,7 +488,9 @@ def setup_verify_tree(case: Case, device: torch.device) -> Bench:
     skipped = _native_skip(device)
     if chain_own in chain.skipped:
         skipped["chain"] = chain.skipped[chain_own]
-    return Bench(fns, needed, float(acc.float().mean()), skipped)
+    bench = Bench(fns, needed, float(acc.float().mean()), skipped)
+    bench.inputs = (logits, chain.inputs[0], chain.fns["triton"])  # for the traffic counter
+    return bench
 
 
 def setup_verify_serving(case: Case, device: torch.device) -> Bench:

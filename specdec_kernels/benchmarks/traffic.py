@@ -196,6 +196,91 @@ def traffic_rows(cases, flat: bool = True) -> list[dict]:
     return rows
 
 
+def _per_program_rows(t: Traffic, row_bytes: int) -> float:
+    """The most logits one program of any launch loads, in rows: how long the longest serial
+    stream of the call is (a walk that reads its nodes one after another scores its path
+    length; a pass spread over ``NCHUNK`` programs a row, ``1 / NCHUNK``)."""
+    per = [d.get("logits", 0) / p for (_, p), d in zip(t.launches, t.launch_loads) if p]
+    return max(per, default=0.0) / row_bytes
+
+
+def tree_traffic(case, batch: int | None = None) -> dict:
+    """One row of the tree traffic table: the Triton tree op of ``case`` (a binary tree of
+    ``K + 1`` nodes, :func:`specdec_kernels.benchmarks.ops.setup_verify_tree`) and the Triton
+    chain op of ``K + 1`` positions on its own inputs, each under :func:`count_traffic` with the
+    strategy a GPU picks at batch size ``batch`` (default ``case.B``)."""
+    batch = case.B if batch is None else batch
+    from specdec_kernels.benchmarks import ops as bench_ops
+    from specdec_kernels.ops import verify_sampling as triton_chain
+
+    bench = bench_ops.SETUP[case.op](case, torch.device("cpu"))
+    logits, chain_logits, chain_call = bench.inputs
+    strategy = "row" if batch >= GPU_ROW_MIN_BATCH else "split"
+    original = triton_chain.pick_strategy
+    triton_chain.pick_strategy = lambda *_: strategy
+    try:
+        with count_traffic(logits=logits) as tree:
+            bench.fns["triton"]()
+        with count_traffic(logits=chain_logits) as chain:
+            chain_call()
+    finally:
+        triton_chain.pick_strategy = original
+    row_bytes = case.V * logits.element_size()
+    return {
+        "case": case.name,
+        "strategy": strategy,
+        "unscaled_B": batch,
+        "op": case.op,
+        "B": case.B,
+        "K": case.K,
+        "V": case.V,
+        "dtype": case.dtype,
+        "tree_logits_passes": round(tree.passes("logits"), 3),
+        "tree_loaded_vs_needed": round(tree.loaded["logits"] / bench.bytes_needed, 3),
+        "tree_rows_per_program": round(_per_program_rows(tree, row_bytes), 3),
+        "chain_loaded_mb": round(chain.loaded["logits"] / 2**20, 3),
+        "tree_loaded_mb": round(tree.loaded["logits"] / 2**20, 3),
+        "chain_rows_per_program": round(_per_program_rows(chain, row_bytes), 3),
+        "tree_launches": [name for name, _ in tree.launches],
+        "tree_programs": [p for _, p in tree.launches],
+        "chain_launches": [name for name, _ in chain.launches],
+        "chain_programs": [p for _, p in chain.launches],
+    }
+
+
+def tree_traffic_rows(cases) -> list[dict]:
+    """:func:`tree_traffic` of every tree case of ``cases`` (scaled), once per strategy."""
+    rows, seen = [], set()
+    for case in cases:
+        if not case.op.startswith("verify_tree"):
+            continue
+        c = scaled(case)
+        key = (c, case.B >= GPU_ROW_MIN_BATCH)
+        if key not in seen:
+            seen.add(key)
+            rows.append(tree_traffic(c, batch=case.B))
+    return rows
+
+
+def format_tree_traffic(rows: list[dict]) -> str:
+    """The tree traffic table as Markdown."""
+    lines = [
+        "| case (scaled) | strategy | tree: logits loaded (MB) | chain, same positions (MB) "
+        "| tree: rows per program | chain: rows per program | tree launches (programs) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        progs = ", ".join(
+            f"{n.strip('_')} {p}" for n, p in zip(r["tree_launches"], r["tree_programs"])
+        )
+        lines.append(
+            f"| {r['case']} | {r['strategy']} | {r['tree_loaded_mb']:.3f} "
+            f"| {r['chain_loaded_mb']:.3f} | {r['tree_rows_per_program']:g} "
+            f"| {r['chain_rows_per_program']:g} | {progs} |"
+        )
+    return "\n".join(lines)
+
+
 def format_traffic(rows: list[dict]) -> str:
     """The traffic table as Markdown."""
     head = (
@@ -214,8 +299,11 @@ def format_traffic(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def save_traffic(rows: list[dict], path: str, command: str = "") -> None:
-    """``rows`` with where they came from (commit, date, command) as ``path``."""
+def save_traffic(
+    rows: list[dict], path: str, command: str = "", tree_rows: list[dict] | None = None
+) -> None:
+    """``rows`` (and the tree table's ``tree_rows``) with where they came from (commit, date,
+    command) as ``path``."""
     import datetime
     import subprocess
 
@@ -231,4 +319,4 @@ def save_traffic(rows: list[dict], path: str, command: str = "") -> None:
         "command": command or "specdec bench ops --traffic",
     }
     with open(path, "w") as fh:
-        json.dump({**header, "traffic": rows}, fh, indent=1)
+        json.dump({**header, "traffic": rows, "tree_traffic": tree_rows or []}, fh, indent=1)
