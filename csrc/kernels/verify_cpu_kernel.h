@@ -922,11 +922,21 @@ struct RowInputs {
   }
 };
 
+// What a verification pass shows a kernel fused with it (logprobs_cpu's verify_logprobs): every
+// position it walks, right after that position's statistics pass (its row still in cache), and
+// the row's decision. The plain kernels pass NoHook, whose calls compile to nothing.
+struct NoHook {
+  template <typename R, typename T>
+  void walked(const R&, int64_t, const T*) {}
+  template <typename R>
+  void decided(const R&, const int64_t*, int64_t) {}
+};
+
 // Token verification (and greedy rows, and typical acceptance): positions walked in order, the
 // walk stops at the first rejection. Returns the number of accepted drafts; `extra` gets the
 // recovered (or bonus) token.
-template <typename T, typename Q>
-int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
+template <typename T, typename Q, typename Hook>
+int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra, Hook& hook) {
   const VerifyArgs& a = r.a;
   const bool typical = a.mode == kChainTypical;
   std::vector<float> cand;
@@ -935,6 +945,7 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
     const T* row = r.logits_row(j);
     const XMap xm = r.xmap(j);
     const Stats st = r.stats(row, xm, !r.greedy, cand);
+    hook.walked(r, j, row);
     const int64_t draft = j < r.kb ? r.drafts[j] : -1;
     bool accepted = j < r.kb && draft == st.a;
     if (r.greedy) {
@@ -983,8 +994,8 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
 //  2. tau = max{i : eta_i < h_i} (the token method's accept uniforms), 0 when none fires;
 //  3. the recovered token by the race over max(0, p_tau P_tau - Q_tau) at tau < gamma (one-hot:
 //     max(0, P_tau - Q_tau), the token method's residual), else the bonus token from P_gamma.
-template <typename T, typename Q>
-int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
+template <typename T, typename Q, typename Hook>
+int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra, Hook& hook) {
   const int64_t kb = r.kb;
   std::vector<float> cand;
   std::vector<Stats> stats;     // the positions walked
@@ -996,6 +1007,7 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
     const T* row = r.logits_row(i);
     const XMap xm = r.xmap(i);
     const Stats st = r.stats(row, xm, true, cand);
+    hook.walked(r, i, row);
     const Filter f = r.filter(cand, st);
     stats.push_back(st);
     filters.push_back(f);
@@ -1038,6 +1050,7 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
                         r.split, scale);
   } else {  // the bonus token from P_gamma
     const Stats st = r.stats(row, xm, true, cand);
+    hook.walked(r, tau, row);
     const Filter f = r.filter(cand, st);
     extra = extra_token<T, Q>(row, QRow<Q>{}, -1, false, r.V, xm, st.m, f, stream, r.split);
   }
@@ -1045,29 +1058,39 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
 }
 
 // --- one row ----------------------------------------------------------------------------------
-template <typename T, typename Q>
-void verify_row(const VerifyArgs& a, int64_t b, bool split) {
+template <typename T, typename Q, typename Hook>
+void verify_row(const VerifyArgs& a, int64_t b, bool split, Hook& hook) {
   const RowEdits edits(a.edit_ids != nullptr ? a.edit_ids + b * a.num_edits : nullptr,
                        a.num_edits, a.vocab);
   const RowInputs<T, Q> r(a, b, split, edits.index);
   int64_t extra = 0;
-  const int64_t j = !r.greedy && a.mode == kChainBlock ? verify_row_block(r, extra)
-                                                       : verify_row_token(r, extra);
+  const int64_t j = !r.greedy && a.mode == kChainBlock ? verify_row_block(r, extra, hook)
+                                                       : verify_row_token(r, extra, hook);
   int64_t* out = a.tokens + b * (r.K + 1);
   for (int64_t i = 0; i <= r.K; ++i) out[i] = i < j ? r.drafts[i] : (i == j ? extra : -1);
   a.num_accepted[b] = j;
+  hook.decided(r, out, j);
+}
+
+// Every row of a call, one Hook per thread range (make_hook() makes one); `split`: rows in
+// turn, each position's chunks across threads, else rows across threads.
+template <typename T, typename Q, typename MakeHook>
+void run_with(const VerifyArgs& a, const MakeHook& make_hook) {
+  const bool split = a.batch < at::get_num_threads();
+  if (split) {
+    auto hook = make_hook();
+    for (int64_t b = 0; b < a.batch; ++b) verify_row<T, Q>(a, b, true, hook);
+  } else {
+    at::parallel_for(0, a.batch, 1, [&](int64_t b0, int64_t b1) {
+      auto hook = make_hook();
+      for (int64_t b = b0; b < b1; ++b) verify_row<T, Q>(a, b, false, hook);
+    });
+  }
 }
 
 template <typename T, typename Q>
 void run(const VerifyArgs& a) {
-  const bool split = a.batch < at::get_num_threads();
-  if (split) {
-    for (int64_t b = 0; b < a.batch; ++b) verify_row<T, Q>(a, b, true);
-  } else {
-    at::parallel_for(0, a.batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) verify_row<T, Q>(a, b, false);
-    });
-  }
+  run_with<T, Q>(a, [] { return NoHook{}; });
 }
 
 }  // namespace
