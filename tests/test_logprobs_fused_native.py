@@ -6,8 +6,11 @@ it emits) against the two-op path it replaces (``native_verify_ex``, then
 ``specdec::emitted_logprobs``) within ``1e-5`` for float32 logits: greedy, token and block
 verification, raw and processed, ``num_logprobs`` 0 / 1 / 5 / 20, every filter, extreme
 temperatures, bitmasks, logit edits, the flat layout, ragged rows, mixed greedy / sampled rows,
-ties at the top, ``-inf`` logits, bfloat16 / float16 logits, one-hot drafts, both thread
-strategies."""
+ties at the top (across vocabulary chunks too), ``-inf`` logits (a chunk without mass too),
+bfloat16 / float16 logits, one-hot drafts, both thread strategies. The cases cover both ways
+the kernel takes a position's statistics: tapped from verification's own pass (greedy rows and
+sampled rows at T = 1 without filters; raw mode also without mask and edits) and by a second
+read of the row (other temperatures, filters, raw scores of masked or edited rows)."""
 
 import math
 
@@ -35,18 +38,21 @@ def _inputs(mode, variant, b=5, k=3, v=300, seed=0):
     accepts (its argmax, at a random depth), ragged ``num_draft_tokens``, greedy rows among the
     sampled ones, draft probabilities (one-hot where ``variant`` says)."""
     g = torch.Generator().manual_seed(seed)
-    if variant in ("chunks", "chunks_topp", "chunks_topk"):
+    if variant.startswith("chunks"):
         v = 9000  # three vocabulary chunks of the kernels (4096 tokens each)
     logits = torch.randn(b, k + 1, v, generator=g) * 3
-    if variant == "ties":  # coarse values, and the top value at several ids (across chunks too)
+    if variant in ("ties", "chunks_ties"):  # coarse values; the top value at ids across chunks
         logits = (logits * 2).round() / 2
         top = logits.amax(-1, keepdim=True)
         logits[..., 3] = top[..., 0]
         logits[..., v // 2] = top[..., 0]
         logits[..., v - 1] = top[..., 0]
-    if variant == "neg_inf":
+    if variant in ("neg_inf", "chunks_neg_inf"):
         logits = logits.masked_fill(torch.rand(b, k + 1, v, generator=g) < 0.4, -math.inf)
         logits[1, 2] = -math.inf  # a position with no finite logit
+        logits[
+            :, :, 4096:8192
+        ] = -math.inf  # a chunk without mass (one vocabulary chunk at V > 8192)
     drafts = logits[:, :k].argmax(-1)
     depth = torch.randint(0, k + 1, (b, 1), generator=g)
     drafts = torch.where(
@@ -185,6 +191,7 @@ def _check(args, processed, n, monkeypatch, reference=True):
 VARIANTS = (
     "plain", "one_hot", "topk1", "topp_tiny", "topk_topp", "minp", "temp_tiny", "temp_huge",
     "bitmask", "edits", "flat", "ties", "neg_inf", "chunks", "chunks_topp", "chunks_topk",
+    "chunks_ties", "chunks_neg_inf",
 )  # fmt: skip
 
 
@@ -195,7 +202,7 @@ def test_fused_equals_two_ops_and_reference(mode, processed, variant, monkeypatc
     # temperature 1e-6 turns float32 logit gaps into x gaps past float32's range: the reference's
     # filters see infinities there, so only the two-op comparison is exact
     reference = variant not in ("temp_tiny",)
-    n = (0, 1, 5, 20)[VARIANTS.index(variant) % 4]
+    n = 20 if "ties" in variant else (0, 1, 5, 20)[VARIANTS.index(variant) % 4]
     out = _check(_inputs(mode, variant), processed, n, monkeypatch, reference)
     emitted = out[2]
     assert int(emitted.max()) > 1  # some drafts accepted: several positions scored
@@ -217,11 +224,13 @@ def test_half_logits(mode, dtype_variant, monkeypatch):
         _check(_inputs(mode, dtype_variant), processed, 5, monkeypatch)
 
 
+@pytest.mark.parametrize("variant", ["chunks_ties", "chunks_topk"])
 @pytest.mark.parametrize("mode", MODES)
-def test_thread_strategies_agree(mode, monkeypatch):
+def test_thread_strategies_agree(mode, variant, monkeypatch):
     """Rows across threads (B >= threads) and one row's chunks across threads (B < threads):
-    the same scores, and the two-op path's in both."""
-    args = _inputs(mode, "chunks_topk", b=3)
+    the same scores, and the two-op path's in both (verification's pass tapped at T = 1, and a
+    second read of the row under top-k)."""
+    args = _inputs(mode, variant, b=3)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -311,6 +311,8 @@ void prepare(const Row<T>& row, const Setup& su, int64_t n, Scan& sc, Scored& ou
   out.su = su;
   out.m = sc.m;
   out.top = sc.top;
+  out.kappa = kNegInf;
+  out.log_z = 0.0;
   if (!(sc.m > kNegInf)) return;  // no finite allowed logit
   double z = sc.s;
   if (su.filtered) {
