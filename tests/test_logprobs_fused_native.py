@@ -7,10 +7,12 @@ it emits) against the two-op path it replaces (``native_verify_ex``, then
 verification, raw and processed, ``num_logprobs`` 0 / 1 / 5 / 20, every filter, extreme
 temperatures, bitmasks, logit edits, the flat layout, ragged rows, mixed greedy / sampled rows,
 ties at the top (across vocabulary chunks too), ``-inf`` logits (a chunk without mass too),
-bfloat16 / float16 logits, one-hot drafts, both thread strategies. The cases cover both ways
-the kernel takes a position's statistics: tapped from verification's own pass (greedy rows and
-sampled rows at T = 1 without filters; raw mode also without mask and edits) and by a second
-read of the row (other temperatures, filters, raw scores of masked or edited rows)."""
+bfloat16 / float16 logits, one-hot drafts, a reduced draft vocabulary, probability inputs
+(``log_input``: scored as the logits they are given as, like the two-op path), both thread
+strategies. The cases cover both ways the kernel takes a position's statistics: tapped from
+verification's own pass (greedy rows and sampled rows at T = 1 without filters; raw mode also
+without mask and edits) and by a second read of the row (other temperatures, filters, raw
+scores of masked or edited rows)."""
 
 import math
 
@@ -120,12 +122,19 @@ def _inputs(mode, variant, b=5, k=3, v=300, seed=0):
         if q is not None:
             prs = torch.arange(b) * k
             q = q.reshape(b * k, v)
+    inv = None
+    if variant == "draft_vocab" and q is not None:  # a reduced draft vocabulary: ids < V / 2
+        inv = torch.where(torch.arange(v) < v // 2, torch.arange(v), -1).to(torch.int32)
+        q = torch.softmax(q[..., : v // 2].log(), -1)
+    log_input = variant == "log_input"  # probabilities in; the scores read them as logits
+    if log_input:
+        logits = torch.softmax(logits, -1)
     seeds = torch.arange(b) + 11 * seed
     if mode == "greedy":
         temperature = top_k = top_p = min_p = seeds = None
     return (
-        logits, drafts, q, nd, temperature, top_k, top_p, seeds, lrs, prs, bitmask, mode, False,
-        0.0, 0.0, min_p, edit_ids, edit_vals, None,
+        logits, drafts, q, nd, temperature, top_k, top_p, seeds, lrs, prs, bitmask, mode,
+        log_input, 0.0, 0.0, min_p, edit_ids, edit_vals, inv,
     )  # fmt: skip
 
 
@@ -191,7 +200,7 @@ def _check(args, processed, n, monkeypatch, reference=True):
 VARIANTS = (
     "plain", "one_hot", "topk1", "topp_tiny", "topk_topp", "minp", "temp_tiny", "temp_huge",
     "bitmask", "edits", "flat", "ties", "neg_inf", "chunks", "chunks_topp", "chunks_topk",
-    "chunks_ties", "chunks_neg_inf",
+    "chunks_ties", "chunks_neg_inf", "draft_vocab", "log_input",
 )  # fmt: skip
 
 
