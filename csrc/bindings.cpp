@@ -9,7 +9,9 @@
 // Verification: specdec::native_verify_ex / native_accept_reject / native_verify_tree are the CPU
 // kernels behind backend="native" of the public verification ops
 // (specdec_kernels/verification.py, tree_verification.py); specdec::native_emitted_logprobs is
-// the one behind backend="native" of specdec::emitted_logprobs (specdec_kernels/logprobs.py).
+// the one behind backend="native" of specdec::emitted_logprobs (specdec_kernels/logprobs.py), and
+// specdec::native_verify_logprobs the one-pass kernel of specdec::verify_chain_logprobs
+// (native_verify_ex fused with it; specdec_kernels/verification.py).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -24,7 +26,7 @@
 // schema (and update specdec_kernels/_extension.py's ABI_VERSION and OPS with it). The loader
 // checks it once, at import, and uses no extension of another stamp; the rest of the package asks
 // the loader (_extension.has_op) which ops there are, never torch.ops.specdec itself.
-constexpr long kAbiVersion = 4;
+constexpr long kAbiVersion = 5;
 
 // Importing specdec_kernels._C runs the registrations below; the module holds only the stamp
 // (_C.ABI_VERSION).
@@ -73,6 +75,13 @@ TORCH_LIBRARY_FRAGMENT(specdec, m) {
         "Tensor? token_bitmask, Tensor? temperature, Tensor? top_k, Tensor? top_p, "
         "bool processed, int num_logprobs, Tensor? min_p=None, Tensor? edit_ids=None, "
         "Tensor? edit_vals=None) -> (Tensor, Tensor, Tensor)");
+  m.def("native_verify_logprobs(Tensor target_logits, Tensor draft_tokens, "
+        "Tensor? draft_probs, Tensor num_draft_tokens, Tensor? temperature, Tensor? top_k, "
+        "Tensor? top_p, Tensor? seeds, bool greedy_only, Tensor? logits_row_start, "
+        "Tensor? probs_row_start, Tensor? token_bitmask, bool log_input, int mode, "
+        "float posterior_threshold, float posterior_alpha, Tensor? min_p, Tensor? edit_ids, "
+        "Tensor? edit_vals, Tensor? draft_vocab_inv, bool processed, int num_logprobs) "
+        "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("native_logit_edits(Tensor target_logits, Tensor draft_tokens, Tensor num_draft_tokens, "
         "Tensor? context_tokens, Tensor? bias_ids, Tensor? bias_values, "
         "Tensor? repetition_penalty, Tensor? presence_penalty, Tensor? frequency_penalty, "
@@ -109,6 +118,7 @@ TORCH_LIBRARY_IMPL(specdec, CPU, m) {
   m.impl("native_expected_accepts", &specdec::native_expected_accepts_cpu);
   m.impl("native_verify_tree", &specdec::native_verify_tree_cpu);
   m.impl("native_emitted_logprobs", &specdec::native_emitted_logprobs_cpu);
+  m.impl("native_verify_logprobs", &specdec::native_verify_logprobs_cpu);
   m.impl("native_logit_edits", &specdec::native_logit_edits_cpu);
   m.impl("rowinv_linear", &specdec::rowinv_linear_cpu);
   m.impl("rowinv_attention", &specdec::rowinv_attention_cpu);

@@ -27,6 +27,22 @@
 
 namespace specdec {
 
+// Chain verification (native_verify_ex's arguments and checks) fused with the scoring of what it
+// emits (native_emitted_logprobs over rows j <= num_accepted[b], bit for bit; processed mode:
+// temperature none for greedy_only): tokens [B, K+1], num_accepted [B], logprobs [B, K+1],
+// top_logprobs [B, K+1, n], top_ids [B, K+1, n].
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_verify_logprobs_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
+    const std::optional<at::Tensor>& probs_row_start,
+    const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
+    double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
+    const std::optional<at::Tensor>& draft_vocab_inv, bool processed, int64_t num_logprobs);
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_emitted_logprobs_cpu(
     const at::Tensor& target_logits, const at::Tensor& rows, const at::Tensor& tokens,
     const std::optional<at::Tensor>& token_bitmask, const std::optional<at::Tensor>& temperature,

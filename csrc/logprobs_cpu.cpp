@@ -11,6 +11,7 @@
 #include <string>
 
 #include "kernels/logprobs_cpu.h"
+#include "verify.h"
 
 namespace specdec {
 namespace {
@@ -116,7 +117,57 @@ logprobs_cpu::Launcher launcher() {
   return chosen;
 }
 
+// The fused verification-and-logprob kernel of the same capability, chosen once.
+logprobs_cpu::FusedLauncher fused_launcher() {
+  static const logprobs_cpu::FusedLauncher chosen = [] {
+#if SPECDEC_VERIFY_CPU_X86
+    const std::string name = at::get_cpu_capability();
+    if (name == "AVX512") return logprobs_cpu::fused_launcher_AVX512();
+    if (name == "AVX2") return logprobs_cpu::fused_launcher_AVX2();
+#endif
+    return logprobs_cpu::fused_launcher_DEFAULT();
+  }();
+  return chosen;
+}
+
 }  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> native_verify_logprobs_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
+    const std::optional<at::Tensor>& probs_row_start,
+    const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
+    double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
+    const std::optional<at::Tensor>& draft_vocab_inv, bool processed, int64_t num_logprobs) {
+  const char* op = "native_verify_logprobs";
+  TORCH_CHECK_VALUE(num_logprobs >= 0 && num_logprobs <= logprobs_cpu::kMaxLogprobs, op,
+                    ": num_logprobs must be in [0, ", logprobs_cpu::kMaxLogprobs, "], got ",
+                    num_logprobs);
+  TORCH_CHECK_VALUE(draft_tokens.dim() == 2, op, ": draft_tokens must have shape [B, K], got ",
+                    draft_tokens.sizes());
+  const int64_t B = draft_tokens.size(0), K1 = draft_tokens.size(1) + 1, n = num_logprobs;
+  const auto options = target_logits.options();
+  at::Tensor logprobs = at::empty({B, K1}, options.dtype(at::kFloat));
+  at::Tensor top = at::empty({B, K1, n}, options.dtype(at::kFloat));
+  at::Tensor ids = at::empty({B, K1, n}, options.dtype(at::kLong));
+  logprobs_cpu::FusedScores out;
+  out.processed = processed;
+  out.num_logprobs = n;
+  out.logprobs = logprobs.mutable_data_ptr<float>();
+  out.top_logprobs = top.mutable_data_ptr<float>();
+  out.top_ids = ids.mutable_data_ptr<int64_t>();
+  // the logits' checks (and B, K) are native_verify_ex's: the outputs' shapes hold once they pass
+  auto [tokens, accepted] = checked_verify_ex_cpu(
+      target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
+      seeds, greedy_only, logits_row_start, probs_row_start, token_bitmask, log_input, mode,
+      posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals, draft_vocab_inv,
+      [&](const verify_cpu::VerifyArgs& a) { fused_launcher()(a, out); });
+  return {tokens, accepted, logprobs, top, ids};
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_emitted_logprobs_cpu(
     const at::Tensor& target_logits, const at::Tensor& rows, const at::Tensor& tokens,

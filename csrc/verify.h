@@ -47,10 +47,15 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 #include <tuple>
 
 namespace specdec {
+
+namespace verify_cpu {
+struct VerifyArgs;  // kernels/verify_cpu.h
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(
     const at::Tensor& target_logits, const at::Tensor& tree_tokens, const at::Tensor& parents,
@@ -75,6 +80,22 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
     const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
     const std::optional<at::Tensor>& draft_vocab_inv);
+
+// native_verify_ex_cpu's checks and kernel arguments, run by `launch` (native_verify_ex_cpu's:
+// the verification kernel; native_verify_logprobs_cpu's (logprobs.h): the kernel fused with the
+// logprob one): the tokens and num_accepted it writes.
+std::tuple<at::Tensor, at::Tensor> checked_verify_ex_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
+    const std::optional<at::Tensor>& probs_row_start,
+    const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
+    double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
+    const std::optional<at::Tensor>& draft_vocab_inv,
+    const std::function<void(const verify_cpu::VerifyArgs&)>& launch);
 
 at::Tensor native_accept_reject_cpu(const at::Tensor& draft_tokens,
                                     const at::Tensor& verifier_tokens);

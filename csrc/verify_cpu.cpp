@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <string>
 #include <utility>
@@ -179,7 +180,7 @@ const verify_cpu::Launchers& kernels() {
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
+std::tuple<at::Tensor, at::Tensor> checked_verify_ex_cpu(
     const at::Tensor& target_logits, const at::Tensor& draft_tokens,
     const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
     const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
@@ -189,7 +190,8 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
     const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
     double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
     const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
-    const std::optional<at::Tensor>& draft_vocab_inv) {
+    const std::optional<at::Tensor>& draft_vocab_inv,
+    const std::function<void(const verify_cpu::VerifyArgs&)>& launch) {
   const char* op = "native_verify";
   TORCH_CHECK_VALUE(mode >= 0 && mode <= 2, op,
                     ": mode must be 0 (token), 1 (block) or 2 (typical), got ", mode);
@@ -336,8 +338,26 @@ std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
   at::Tensor num_accepted = at::empty({B}, target_logits.options().dtype(at::kLong));
   a.tokens = tokens.mutable_data_ptr<int64_t>();
   a.num_accepted = num_accepted.mutable_data_ptr<int64_t>();
-  if (B > 0) kernels().verify(a);
+  if (B > 0) launch(a);
   return {tokens, num_accepted};
+}
+
+std::tuple<at::Tensor, at::Tensor> native_verify_ex_cpu(
+    const at::Tensor& target_logits, const at::Tensor& draft_tokens,
+    const std::optional<at::Tensor>& draft_probs, const at::Tensor& num_draft_tokens,
+    const std::optional<at::Tensor>& temperature, const std::optional<at::Tensor>& top_k,
+    const std::optional<at::Tensor>& top_p, const std::optional<at::Tensor>& seeds,
+    bool greedy_only, const std::optional<at::Tensor>& logits_row_start,
+    const std::optional<at::Tensor>& probs_row_start,
+    const std::optional<at::Tensor>& token_bitmask, bool log_input, int64_t mode,
+    double posterior_threshold, double posterior_alpha, const std::optional<at::Tensor>& min_p,
+    const std::optional<at::Tensor>& edit_ids, const std::optional<at::Tensor>& edit_vals,
+    const std::optional<at::Tensor>& draft_vocab_inv) {
+  return checked_verify_ex_cpu(
+      target_logits, draft_tokens, draft_probs, num_draft_tokens, temperature, top_k, top_p,
+      seeds, greedy_only, logits_row_start, probs_row_start, token_bitmask, log_input, mode,
+      posterior_threshold, posterior_alpha, min_p, edit_ids, edit_vals, draft_vocab_inv,
+      [](const verify_cpu::VerifyArgs& a) { kernels().verify(a); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_verify_tree_cpu(

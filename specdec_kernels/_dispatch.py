@@ -195,6 +195,18 @@ def _native_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
     )  # fmt: skip
 
 
+def _native_chain_logprobs(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask,
+                           mode, log_input, threshold, alpha, min_p, edit_ids, edit_vals, inv,
+                           processed, num_logprobs):  # fmt: skip
+    # _native_chain's kernel fused with native_emitted_logprobs': each position's row is scored
+    # right after verification's statistics pass over it (csrc/kernels/verify_logprobs_cpu_kernel.h)
+    return torch.ops.specdec.native_verify_logprobs(
+        logits, drafts, probs, nd, temp, topk, topp, seeds, mode == "greedy", lrs, prs, bitmask,
+        log_input, _NATIVE_CHAIN_MODE[mode], threshold, alpha, min_p, edit_ids, edit_vals, inv,
+        processed, num_logprobs,
+    )  # fmt: skip
+
+
 def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
                   log_input, threshold, alpha, min_p, edit_ids, edit_vals, inv):  # fmt: skip
     from specdec_kernels.ops import verify_sampling  # imports triton: lazily
@@ -366,7 +378,13 @@ def kernel(op: str, backend: str) -> Callable:
 #: ops does otherwise; where none is listed (or the extension predates it) the caller runs that
 #: chain. ``verify_chain_logprobs``: the chain op's arguments plus ``(processed, num_logprobs)``
 #: -> ``(tokens, accepted, logprobs, top_logprobs, top_ids)``.
-_FUSED: dict[tuple[str, str], tuple[Callable, tuple[str, ...], str | None]] = {}
+_FUSED: dict[tuple[str, str], tuple[Callable, tuple[str, ...], str | None]] = {
+    ("verify_chain_logprobs", "native"): (
+        _native_chain_logprobs,
+        ("greedy", "sampling", "block"),
+        "native_verify_logprobs",
+    ),
+}
 
 
 def fused_kernel(op: str, backend: str, mode: str) -> Callable | None:

@@ -36,7 +36,7 @@ NATIVE_PREFIX = "native_"  # the extension's kernel of a public op `name` is `na
 
 #: The ABI stamp this package needs (``csrc/bindings.cpp``'s ``kAbiVersion``): bumped with every op
 #: of the extension added, removed or changed in schema, together with :data:`OPS`.
-ABI_VERSION = 4
+ABI_VERSION = 5
 #: The ops that ``csrc/bindings.cpp`` registers at :data:`ABI_VERSION` (``torch.ops.specdec.*``;
 #: ``tests/test_extension_abi.py`` checks the list against the file and the loaded extension).
 OPS = frozenset(
@@ -45,6 +45,7 @@ OPS = frozenset(
                                         "paged_kv_compact_")),
         "native_verify_ex", "native_accept_reject", "native_accept_tests_passed",
         "native_expected_accepts", "native_verify_tree", "native_emitted_logprobs",
+        "native_verify_logprobs",
         "native_finish_ms", "native_logit_edits", "rowinv_linear", "rowinv_attention",
         "causal_lm_pass", "causal_lm_greedy_chain", "causal_lm_draft_pass", "causal_lm_draft_chain",
         "causal_lm_draft_sample_chain",

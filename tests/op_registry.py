@@ -102,6 +102,16 @@ def _chain_logprobs(backend, sampling):
     return args
 
 
+def _native_verify_logprobs(device):
+    """``native_verify_logprobs``: the sampled chain of :func:`_chain_logprobs` (filters, edits)
+    in ``native_verify_ex``'s argument order, then ``processed`` and ``num_logprobs``."""
+    chain = _chain_sampling("native", True)(device)
+    (logits, drafts, q, nd, temperature, top_k, top_p, seeds, lrs, prs, bitmask, _, log_input,
+     threshold, alpha, min_p, ids, vals, inv, _) = chain  # fmt: skip
+    return (logits, drafts, q, nd, temperature, top_k, top_p, seeds, False, lrs, prs, bitmask,
+            log_input, 0, threshold, alpha, min_p, ids, vals, inv, True, 3)  # fmt: skip
+
+
 def _accept_reject(backend):
     def args(device):
         a = torch.tensor([[1, 2, 3], [4, 5, 6]])
@@ -373,6 +383,7 @@ def _cases() -> list[Case]:
     for label, args, needs in _backends(_chain_logprobs, False):
         cases.append(Case("verify_chain_logprobs", f"greedy-{label}", args, needs))
     cases.append(_native("native_emitted_logprobs", "", _native_emitted_logprobs))
+    cases.append(_native("native_verify_logprobs", "", _native_verify_logprobs))
     cases.append(_native("native_logit_edits", "", _native_logit_edits))
     cases.append(_native("native_verify_ex", "plain-greedy", _native_verify_ex_plain))
     cases.append(_native("native_accept_reject", "", _native_accept_reject))

@@ -55,5 +55,24 @@ Launcher launcher_AVX2();
 Launcher launcher_AVX512();
 #endif
 
+// The scores a verification pass fused with the logprob kernel (specdec::native_verify_logprobs,
+// verify_logprobs_cpu_kernel.h) writes next to its tokens: those of native_emitted_logprobs over
+// the emitted positions (rows j <= num_accepted[b] of the verified layout), bit for bit.
+struct FusedScores {
+  bool processed = false;
+  int64_t num_logprobs = 0;     // n
+  float* logprobs = nullptr;      // [B, K+1] out (-inf past the emitted positions)
+  float* top_logprobs = nullptr;  // [B, K+1, n] out (-inf past the listed entries)
+  int64_t* top_ids = nullptr;     // [B, K+1, n] out (-1 past the listed entries)
+};
+
+using FusedLauncher = void (*)(const verify_cpu::VerifyArgs& a, const FusedScores& out);
+
+FusedLauncher fused_launcher_DEFAULT();
+#if SPECDEC_VERIFY_CPU_X86
+FusedLauncher fused_launcher_AVX2();
+FusedLauncher fused_launcher_AVX512();
+#endif
+
 }  // namespace logprobs_cpu
 }  // namespace specdec

@@ -258,18 +258,111 @@ double kept_mass(const Row<T>& row, const std::vector<int64_t>& ids, const Setup
   return z;
 }
 
+// How position (b, p) of a call is scored: T and the filters of row b (processed mode, a sampled
+// row), else T = 1 and no filter.
+inline Setup setup_of(bool processed, const float* temperature, const int64_t* top_k,
+                      const float* top_p, const float* min_p, int64_t b, int64_t V) {
+  Setup su;
+  const float temp = processed && temperature != nullptr ? temperature[b] : 0.0f;
+  if (temp != 0.0f) {  // a sampled row, processed mode: temperature and filters
+    su.temp = temp;
+    su.top_k = top_k != nullptr ? top_k[b] : 0;
+    su.top_p = top_p != nullptr ? top_p[b] : 1.0f;
+    su.topk_on = su.top_k > 0 && su.top_k < V;
+    su.topp_on = su.top_p < 1.0f;
+    if (min_p != nullptr && min_p[b] > 0.0f) su.min_p = min_p[b];
+    if (su.min_p > 0.0f && !su.topp_on) {
+      su.floor_shift = std::log(std::min(su.min_p, 1.0f)) - 0.01f;
+    }
+    su.filtered = su.topk_on || su.topp_on || su.min_p > 0.0f;
+  }
+  return su;
+}
+
+// What scoring a position's tokens needs, from one read of its row: the max M, log Z, the
+// filter's threshold kappa and the top-n (prepare()); emit() then scores a token with one logit
+// load.
+struct Scored {
+  Setup su;
+  float m = kNegInf;        // M (-inf: no finite allowed logit)
+  float kappa = kNegInf;    // filtered rows: keep x >= kappa
+  double log_z = 0.0;
+  TopN top;
+
+  double value(float l) const { return (l - static_cast<double>(m)) / su.temp - log_z; }
+  bool kept(float l) const { return !su.filtered || su.x(l) >= kappa; }
+};
+
+// Reads the row once (and, top-p alone, a second time for the kept mass): sc is the caller's
+// scratch (its candidates' buffer is reused), n the number of top entries.
+template <typename T>
+void prepare(const Row<T>& row, const Setup& su, int64_t n, Scan& sc, Scored& out) {
+  const int64_t V = row.V;
+  sc.m = kNegInf;
+  sc.s = 0.0;
+  sc.top.n = n;
+  sc.top.count = 0;
+  if (su.filtered) sc.cand.reset(su.topk_on ? su.top_k : V, V);
+  sc.track = su.topk_on;
+  sc.pushed.clear();
+  for (int64_t base = 0; base < V; base += CHUNK) {
+    scan_chunk(row, base, std::min(CHUNK, V - base), su, sc);
+  }
+  out.su = su;
+  out.m = sc.m;
+  out.top = sc.top;
+  out.kappa = kNegInf;
+  out.log_z = 0.0;
+  if (!(sc.m > kNegInf)) return;  // no finite allowed logit
+  double z = sc.s;
+  if (su.filtered) {
+    Stats st;
+    st.m = su.x(sc.m);
+    const Filter f = verify_cpu::thresholds(sc.cand.buf, st, su.topk_on, su.top_k, su.topp_on,
+                                            su.top_p, su.min_p);
+    out.kappa = f.kappa;
+    z = sc.track ? kept_mass(row, sc.pushed, su, sc.m, f.kappa)
+                 : kept_mass(row, su, sc.m, f.kappa);
+  }
+  out.log_z = std::log(z);
+}
+
+// The log-probability of `token` (>= 0) under a prepared position, and its n top entries
+// (top / ids [n], -inf / -1 past the listed ones).
+template <typename T>
+float emit(const Scored& s, const Row<T>& row, int64_t token, int64_t n, float* top,
+           int64_t* ids) {
+  for (int64_t i = 0; i < n; ++i) {
+    top[i] = kNegInf;
+    ids[i] = -1;
+  }
+  if (!(s.m > kNegInf)) {  // no finite allowed logit: log_softmax is NaN, nothing is listed
+    return token < row.V ? std::numeric_limits<float>::quiet_NaN() : kNegInf;
+  }
+  float lp = kNegInf;
+  if (token < row.V && row.allowed(token)) {
+    const float l = row.raw(token);
+    if (s.kept(l)) lp = static_cast<float>(s.value(l));
+  }
+  for (int64_t i = 0; i < s.top.count && s.kept(s.top.val[i]); ++i) {
+    top[i] = static_cast<float>(s.value(s.top.val[i]));
+    ids[i] = s.top.id[i];
+  }
+  return lp;
+}
+
 // Scores one emitted position (b, p): logprobs[b, p] and its n top entries.
 template <typename T>
 void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
   const int64_t V = a.vocab, n = a.num_logprobs, task = b * a.positions + p;
   float* out_top = a.top_logprobs + task * n;
   int64_t* out_ids = a.top_ids + task * n;
-  for (int64_t i = 0; i < n; ++i) {
-    out_top[i] = kNegInf;
-    out_ids[i] = -1;
-  }
   const int64_t r = a.rows[task], token = a.tokens[task];
   if (r < 0 || token < 0) {  // padding
+    for (int64_t i = 0; i < n; ++i) {
+      out_top[i] = kNegInf;
+      out_ids[i] = -1;
+    }
     a.logprobs[task] = kNegInf;
     return;
   }
@@ -284,61 +377,9 @@ void score_position(const LogprobArgs& a, int64_t b, int64_t p, Scan& sc) {
       a.num_edits, V);
   const Row<T> row{logits, mask, V, edits.index,
                    edits.index != nullptr ? a.edit_vals + task * a.num_edits : nullptr};
-
-  Setup su;
-  const float temp = a.processed && a.temperature != nullptr ? a.temperature[b] : 0.0f;
-  if (temp != 0.0f) {  // a sampled row, processed mode: temperature and filters
-    su.temp = temp;
-    su.top_k = a.top_k != nullptr ? a.top_k[b] : 0;
-    su.top_p = a.top_p != nullptr ? a.top_p[b] : 1.0f;
-    su.topk_on = su.top_k > 0 && su.top_k < V;
-    su.topp_on = su.top_p < 1.0f;
-    if (a.min_p != nullptr && a.min_p[b] > 0.0f) su.min_p = a.min_p[b];
-    if (su.min_p > 0.0f && !su.topp_on) {
-      su.floor_shift = std::log(std::min(su.min_p, 1.0f)) - 0.01f;
-    }
-    su.filtered = su.topk_on || su.topp_on || su.min_p > 0.0f;
-  }
-
-  sc.m = kNegInf;
-  sc.s = 0.0;
-  sc.top.n = n;
-  sc.top.count = 0;
-  if (su.filtered) sc.cand.reset(su.topk_on ? su.top_k : V, V);
-  sc.track = su.topk_on;
-  sc.pushed.clear();
-  for (int64_t base = 0; base < V; base += CHUNK) {
-    scan_chunk(row, base, std::min(CHUNK, V - base), su, sc);
-  }
-  const float m = sc.m;
-  if (!(m > kNegInf)) {  // no finite allowed logit: log_softmax is NaN, nothing is listed
-    a.logprobs[task] = token < V ? std::numeric_limits<float>::quiet_NaN() : kNegInf;
-    return;
-  }
-  float kappa = kNegInf;
-  double z = sc.s;
-  if (su.filtered) {
-    Stats st;
-    st.m = su.x(m);
-    const Filter f = verify_cpu::thresholds(sc.cand.buf, st, su.topk_on, su.top_k, su.topp_on,
-                                            su.top_p, su.min_p);
-    kappa = f.kappa;
-    z = sc.track ? kept_mass(row, sc.pushed, su, m, kappa) : kept_mass(row, su, m, kappa);
-  }
-  const double log_z = std::log(z), t = su.temp, dm = m;
-  auto value = [&](float l) { return static_cast<float>((l - dm) / t - log_z); };
-  auto kept = [&](float l) { return !su.filtered || su.x(l) >= kappa; };
-
-  float lp = kNegInf;
-  if (token < V && row.allowed(token)) {
-    const float l = row.raw(token);
-    if (kept(l)) lp = value(l);
-  }
-  a.logprobs[task] = lp;
-  for (int64_t i = 0; i < sc.top.count && kept(sc.top.val[i]); ++i) {
-    out_top[i] = value(sc.top.val[i]);
-    out_ids[i] = sc.top.id[i];
-  }
+  Scored s;
+  prepare(row, setup_of(a.processed, a.temperature, a.top_k, a.top_p, a.min_p, b, V), n, sc, s);
+  a.logprobs[task] = emit(s, row, token, n, out_top, out_ids);
 }
 
 template <typename T>

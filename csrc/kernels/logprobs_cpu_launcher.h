@@ -10,6 +10,7 @@
 #include "logprobs_cpu.h"
 #include "verify_cpu_kernel.h"
 #include "logprobs_cpu_kernel.h"
+#include "verify_logprobs_cpu_kernel.h"
 
 namespace specdec {
 namespace logprobs_cpu {
@@ -27,6 +28,35 @@ Launcher SPECDEC_LOGPROBS_LAUNCHER_OF(CPU_CAPABILITY)() {
   };
 }
 
+#define SPECDEC_FUSED_LAUNCHER_OF_(capability) fused_launcher_##capability
+#define SPECDEC_FUSED_LAUNCHER_OF(capability) SPECDEC_FUSED_LAUNCHER_OF_(capability)
+
+namespace {
+
+// f(T{}) for the C++ type T of `kind`.
+template <typename F>
+void with_type(FloatKind kind, F&& f) {
+  switch (kind) {
+    case FloatKind::kFloat32: return f(float{});
+    case FloatKind::kBFloat16: return f(c10::BFloat16{});
+    case FloatKind::kFloat16: return f(c10::Half{});
+  }
+}
+
+}  // namespace
+
+FusedLauncher SPECDEC_FUSED_LAUNCHER_OF(CPU_CAPABILITY)() {
+  return [](const verify_cpu::VerifyArgs& a, const FusedScores& out) {
+    // Q: float where there are no draft probabilities (never read then)
+    const FloatKind q = a.draft_probs == nullptr ? FloatKind::kFloat32 : a.probs_kind;
+    with_type(a.logits_kind, [&](auto t) {
+      with_type(q, [&](auto p) { run_fused<decltype(t), decltype(p)>(a, out); });
+    });
+  };
+}
+
+#undef SPECDEC_FUSED_LAUNCHER_OF
+#undef SPECDEC_FUSED_LAUNCHER_OF_
 #undef SPECDEC_LOGPROBS_LAUNCHER_OF
 #undef SPECDEC_LOGPROBS_LAUNCHER_OF_
 

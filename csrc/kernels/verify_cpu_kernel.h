@@ -344,18 +344,29 @@ struct Stats {
 
 inline float safe_max(float m) { return m == kNegInf ? 0.0f : m; }
 
-// Max, first argmax and (need_sum) sum of exp(x - max) of x = src[0, n) / temp.
-template <typename T>
+// No tap: what the plain kernels pass to chunk_stats / position_stats.
+struct NoTap {};
+
+// Max, first argmax and (need_sum) sum of exp(x - max) of x = src[0, n) / temp. Taps (a kernel
+// fused with verification: verify_logprobs_cpu_kernel.h): `range` (the tap of the first chunk
+// of this thread's range) sees every vector of x (offer(x, first token)), `tap` the vectors of
+// exp(x - max) summed lane-wise in float, Tap::FLUSH at a time from the chunk's start (add()),
+// and the chunk's max (done()). With NoTap the code is the plain kernel's.
+template <typename T, typename Tap = NoTap>
 inline Stats chunk_stats(const T* src,  // [n]
-                         int64_t n, const XMap& xm, int64_t base, bool need_sum) {
+                         int64_t n, const XMap& xm, int64_t base, bool need_sum,
+                         Tap* tap = nullptr, Tap* range = nullptr) {
+  constexpr bool TAP = !std::is_same_v<Tap, NoTap>;
   const int64_t npad = padded(n);
   Vec best = load_logits(src, 0, n, xm);
+  if constexpr (TAP) range->offer(best, base);
   Vec best_i = Vec::arange(0.0f, 1.0f);  // chunk-local indices, exact in float
   Vec idx = best_i;
   const Vec step(static_cast<float>(W));
   for (int64_t i = W; i < npad; i += W) {
     idx = idx + step;
     const Vec v = load_logits(src, i, n, xm);
+    if constexpr (TAP) range->offer(v, base + i);
     const Vec take = v > best;
     best = Vec::blendv(best, v, take);
     best_i = Vec::blendv(best_i, idx, take);
@@ -380,13 +391,27 @@ inline Stats chunk_stats(const T* src,  // [n]
   if (need_sum) {
     const Vec shift(safe_max(st.m));
     Vec acc(0.0f);
-    for (int64_t i = 0; i < npad; i += W) {
-      acc = acc + (load_logits(src, i, n, xm) - shift).exp_u20();
+    if constexpr (!TAP) {
+      for (int64_t i = 0; i < npad; i += W) {
+        acc = acc + (load_logits(src, i, n, xm) - shift).exp_u20();
+      }
+    } else {  // blocks of Tap::FLUSH vectors, each summed a second time for the tap
+      for (int64_t block = 0; block < npad; block += Tap::FLUSH * W) {
+        const int64_t end = std::min(npad, block + Tap::FLUSH * W);
+        Vec part(0.0f);
+        for (int64_t i = block; i < end; i += W) {
+          const Vec e = (load_logits(src, i, n, xm) - shift).exp_u20();
+          acc = acc + e;
+          part = part + e;
+        }
+        tap->add(part);
+      }
     }
     alignas(64) float lane_s[W];
     acc.store(lane_s);
     for (int64_t l = 0; l < W; ++l) st.s += lane_s[l];
   }
+  if constexpr (TAP) tap->done(st.m);
   return st;
 }
 
@@ -680,11 +705,14 @@ inline void for_chunks(int64_t nchunks, bool split, const F& fn, int64_t work) {
 }
 
 // Stats (and top-k/top-p candidates when keep > 0) of one logits row [V].
-// floor_shift: Candidates' min_p floor (log(min_p) - 0.01), or -inf.
-template <typename T>
+// floor_shift: Candidates' min_p floor (log(min_p) - 0.01), or -inf. taps: one per chunk (a
+// fused kernel's, see chunk_stats; the first of each thread's range of chunks also takes the
+// range's x), or none.
+template <typename T, typename Tap = NoTap>
 inline Stats position_stats(const T* row,  // [V]
                             int64_t V, const XMap& xm, bool need_sum, int64_t keep, bool split,
-                            std::vector<float>& cand, float floor_shift = kNegInf) {
+                            std::vector<float>& cand, float floor_shift = kNegInf,
+                            Tap* taps = nullptr) {
   const int64_t nchunks = (V + CHUNK - 1) / CHUNK;
   std::vector<Stats> parts(nchunks);
   std::vector<Candidates> found(keep > 0 ? nchunks : 0);  // one per range, at its first chunk
@@ -694,7 +722,9 @@ inline Stats position_stats(const T* row,  // [V]
     for (int64_t c = c0; c < c1; ++c) {
       const int64_t n = std::min(CHUNK, V - c * CHUNK);
       const XMap cm = xm.at(c * CHUNK);
-      parts[c] = chunk_stats(row + c * CHUNK, n, cm, c * CHUNK, need_sum);
+      parts[c] = chunk_stats(row + c * CHUNK, n, cm, c * CHUNK, need_sum,
+                             taps != nullptr ? taps + c : nullptr,
+                             taps != nullptr ? taps + c0 : nullptr);
       if (mine) mine->add(row + c * CHUNK, n, cm, parts[c].m);
     }
   }, V);
@@ -870,8 +900,10 @@ struct RowInputs {
     floor_shift = min_p > 0.0f && !topp_on ? std::log(std::min(min_p, 1.0f)) - 0.01f : kNegInf;
   }
 
-  Stats stats(const T* row, const XMap& xm, bool need_sum, std::vector<float>& cand) const {
-    return position_stats(row, V, xm, need_sum, keep, split, cand, floor_shift);
+  template <typename Tap = NoTap>
+  Stats stats(const T* row, const XMap& xm, bool need_sum, std::vector<float>& cand,
+              Tap* taps = nullptr) const {
+    return position_stats(row, V, xm, need_sum, keep, split, cand, floor_shift, taps);
   }
   Filter filter(std::vector<float>& cand, const Stats& st) const {
     return thresholds(cand, st, topk_on, top_k, topp_on, top_p, min_p);
@@ -922,11 +954,26 @@ struct RowInputs {
   }
 };
 
+// What a verification pass shows a kernel fused with it (verify_logprobs_cpu_kernel.h): the
+// statistics pass of every position it walks (stats(), which may tap it, see chunk_stats) and
+// the row's decision. The plain kernels pass NoHook: the plain pass, and calls that compile to
+// nothing.
+struct NoHook {
+  // position j's statistics (r.stats(row, xm, need_sum, cand)), which a hook may tap
+  template <typename R, typename T>
+  Stats stats(const R& r, int64_t, const T* row, const XMap& xm, bool need_sum,
+              std::vector<float>& cand) {
+    return r.stats(row, xm, need_sum, cand);
+  }
+  template <typename R>
+  void decided(const R&, const int64_t*, int64_t) {}
+};
+
 // Token verification (and greedy rows, and typical acceptance): positions walked in order, the
 // walk stops at the first rejection. Returns the number of accepted drafts; `extra` gets the
 // recovered (or bonus) token.
-template <typename T, typename Q>
-int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
+template <typename T, typename Q, typename Hook>
+int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra, Hook& hook) {
   const VerifyArgs& a = r.a;
   const bool typical = a.mode == kChainTypical;
   std::vector<float> cand;
@@ -934,7 +981,7 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
   for (;;) {
     const T* row = r.logits_row(j);
     const XMap xm = r.xmap(j);
-    const Stats st = r.stats(row, xm, !r.greedy, cand);
+    const Stats st = hook.stats(r, j, row, xm, !r.greedy, cand);
     const int64_t draft = j < r.kb ? r.drafts[j] : -1;
     bool accepted = j < r.kb && draft == st.a;
     if (r.greedy) {
@@ -983,8 +1030,8 @@ int64_t verify_row_token(const RowInputs<T, Q>& r, int64_t& extra) {
 //  2. tau = max{i : eta_i < h_i} (the token method's accept uniforms), 0 when none fires;
 //  3. the recovered token by the race over max(0, p_tau P_tau - Q_tau) at tau < gamma (one-hot:
 //     max(0, P_tau - Q_tau), the token method's residual), else the bonus token from P_gamma.
-template <typename T, typename Q>
-int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
+template <typename T, typename Q, typename Hook>
+int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra, Hook& hook) {
   const int64_t kb = r.kb;
   std::vector<float> cand;
   std::vector<Stats> stats;     // the positions walked
@@ -995,7 +1042,7 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
   for (int64_t i = 0; i < kb && weight > 0.0f; ++i) {
     const T* row = r.logits_row(i);
     const XMap xm = r.xmap(i);
-    const Stats st = r.stats(row, xm, true, cand);
+    const Stats st = hook.stats(r, i, row, xm, true, cand);
     const Filter f = r.filter(cand, st);
     stats.push_back(st);
     filters.push_back(f);
@@ -1037,7 +1084,7 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
     extra = extra_token(row, q_row, one_hot, true, r.V, xm, stats[tau].m, filters[tau], stream,
                         r.split, scale);
   } else {  // the bonus token from P_gamma
-    const Stats st = r.stats(row, xm, true, cand);
+    const Stats st = hook.stats(r, tau, row, xm, true, cand);
     const Filter f = r.filter(cand, st);
     extra = extra_token<T, Q>(row, QRow<Q>{}, -1, false, r.V, xm, st.m, f, stream, r.split);
   }
@@ -1045,29 +1092,39 @@ int64_t verify_row_block(const RowInputs<T, Q>& r, int64_t& extra) {
 }
 
 // --- one row ----------------------------------------------------------------------------------
-template <typename T, typename Q>
-void verify_row(const VerifyArgs& a, int64_t b, bool split) {
+template <typename T, typename Q, typename Hook>
+void verify_row(const VerifyArgs& a, int64_t b, bool split, Hook& hook) {
   const RowEdits edits(a.edit_ids != nullptr ? a.edit_ids + b * a.num_edits : nullptr,
                        a.num_edits, a.vocab);
   const RowInputs<T, Q> r(a, b, split, edits.index);
   int64_t extra = 0;
-  const int64_t j = !r.greedy && a.mode == kChainBlock ? verify_row_block(r, extra)
-                                                       : verify_row_token(r, extra);
+  const int64_t j = !r.greedy && a.mode == kChainBlock ? verify_row_block(r, extra, hook)
+                                                       : verify_row_token(r, extra, hook);
   int64_t* out = a.tokens + b * (r.K + 1);
   for (int64_t i = 0; i <= r.K; ++i) out[i] = i < j ? r.drafts[i] : (i == j ? extra : -1);
   a.num_accepted[b] = j;
+  hook.decided(r, out, j);
+}
+
+// Every row of a call, one Hook per thread range (make_hook() makes one); `split`: rows in
+// turn, each position's chunks across threads, else rows across threads.
+template <typename T, typename Q, typename MakeHook>
+void run_with(const VerifyArgs& a, const MakeHook& make_hook) {
+  const bool split = a.batch < at::get_num_threads();
+  if (split) {
+    auto hook = make_hook();
+    for (int64_t b = 0; b < a.batch; ++b) verify_row<T, Q>(a, b, true, hook);
+  } else {
+    at::parallel_for(0, a.batch, 1, [&](int64_t b0, int64_t b1) {
+      auto hook = make_hook();
+      for (int64_t b = b0; b < b1; ++b) verify_row<T, Q>(a, b, false, hook);
+    });
+  }
 }
 
 template <typename T, typename Q>
 void run(const VerifyArgs& a) {
-  const bool split = a.batch < at::get_num_threads();
-  if (split) {
-    for (int64_t b = 0; b < a.batch; ++b) verify_row<T, Q>(a, b, true);
-  } else {
-    at::parallel_for(0, a.batch, 1, [&](int64_t b0, int64_t b1) {
-      for (int64_t b = b0; b < b1; ++b) verify_row<T, Q>(a, b, false);
-    });
-  }
+  run_with<T, Q>(a, [] { return NoHook{}; });
 }
 
 }  // namespace
