@@ -338,7 +338,7 @@ def _traffic(args) -> int:
     from specdec_kernels.benchmarks import ops, traffic
 
     g = _grid(args, args.grid or "gpu")
-    ops_ = tuple(o for o in args.ops if o in ("verify_greedy", "verify_sampling"))
+    ops_ = tuple(o for o in args.ops if o in traffic.TRAFFIC_OPS)
     rows = traffic.traffic_rows(ops.cases(g, ops_ or ("verify_greedy", "verify_sampling")))
     print(traffic.format_traffic(rows))
     if args.traffic_json:
