@@ -37,20 +37,20 @@ STRATEGIES = ("row", "split")
 
 
 def _problem(seed, *, dtype=torch.float32, probs=False, filters=(), bitmask=False, edits=False,
-             flat=False, temps=(0.7, 0.0, 1e-6, 1e4)):  # fmt: skip
+             flat=False, temps=(0.7, 0.0, 1e-6, 1e4), v=V):  # fmt: skip
     """The 19 chain arguments (``_dispatch._triton_chain``'s) less ``mode``, as a dict: logits
     with ``-inf`` entries and a tie at the top of row 0, drafts mostly the argmax, ragged counts
     ``[K, 1, 0, K - 1]``, per-row temperatures (greedy rows among them) and filters."""
     g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(B, K + 1, V, generator=g) * 3.0
-    logits = logits.masked_fill(torch.rand(B, K + 1, V, generator=g) < 0.15, -math.inf)
+    logits = torch.randn(B, K + 1, v, generator=g) * 3.0
+    logits = logits.masked_fill(torch.rand(B, K + 1, v, generator=g) < 0.15, -math.inf)
     top = logits.max(-1).values
     logits[0, :, 5] = top[0] + 1.0  # a tie at the top: ids 5 and 9
     logits[0, :, 9] = top[0] + 1.0
     logits = logits.to(dtype)
     drafts = logits[:, :K].float().argmax(-1)
     wrong = torch.rand(B, K, generator=g) < 0.3
-    drafts = torch.where(wrong, torch.randint(0, V, (B, K), generator=g), drafts)
+    drafts = torch.where(wrong, torch.randint(0, v, (B, K), generator=g), drafts)
     nd = torch.tensor([K, 1, 0, K - 1])
     kw = dict(
         target_logits=logits, draft_tokens=drafts, draft_probs=None, num_draft_tokens=nd,
@@ -59,7 +59,7 @@ def _problem(seed, *, dtype=torch.float32, probs=False, filters=(), bitmask=Fals
         token_bitmask=None, min_p=None, edit_ids=None, edit_vals=None,
     )  # fmt: skip
     if probs:
-        q = torch.rand(B, K, V, generator=g) + 0.01
+        q = torch.rand(B, K, v, generator=g) + 0.01
         kw["draft_probs"] = q / q.sum(-1, keepdim=True)
     if "top_k" in filters:
         kw["top_k"] = torch.tensor([1, 0, 5, 3])
@@ -68,12 +68,12 @@ def _problem(seed, *, dtype=torch.float32, probs=False, filters=(), bitmask=Fals
     if "min_p" in filters:
         kw["min_p"] = torch.tensor([0.05, 0.0, 0.2, 0.1])
     if bitmask:
-        allowed = torch.rand(B, K + 1, (V + 31) // 32 * 32, generator=g) < 0.7
+        allowed = torch.rand(B, K + 1, (v + 31) // 32 * 32, generator=g) < 0.7
         allowed[..., 5] = allowed[..., 9] = True
         bits = (allowed.view(B, K + 1, -1, 32).long() << torch.arange(32)).sum(-1)
         kw["token_bitmask"] = bits.to(torch.int64).to(torch.int32)  # wraps bit 31 to negative
     if edits:
-        kw["edit_ids"], kw["edit_vals"] = _edits(B, K + 1, V, 4, seed)
+        kw["edit_ids"], kw["edit_vals"] = _edits(B, K + 1, v, 4, seed)
     if flat:
         kw = _flat(kw)
     return kw
@@ -147,7 +147,7 @@ CASES = [
     ("sampling", True, 20, dict(filters=("top_k", "top_p", "min_p"), bitmask=True, edits=True)),
     ("sampling", True, 0, dict(flat=True, bitmask=True, edits=True, dtype=torch.bfloat16)),
     ("block", True, 3, dict(probs=True, bitmask=True, flat=True)),
-    ("block", False, 3, dict(probs=True, filters=("top_k", "top_p"), edits=True)),
+    ("block", False, 3, dict(probs=True, filters=("top_k",), edits=True)),
 ]
 
 
@@ -190,6 +190,20 @@ def test_fused_is_the_two_op_path(strategy, mode, processed, n, problem):
     if n:
         _close(top, ref_top, what + " top vs reference")
         assert_same(ids, ref_ids, what + " top ids vs reference")
+
+
+def test_lists_and_raw_statistics_across_chunks(strategy):
+    """``V = 4500``: two chunks of 4096 (the split strategy merges two programs' lists and raw
+    partials, the row kernel merges its chunks in order), a tie at the top across them."""
+    v = 4500
+    kw = _problem(3, v=v)
+    kw["target_logits"][0, :, v - 3] = kw["target_logits"][0, :, 5]
+    args = _args(kw, "sampling")
+    got = _dispatch._triton_chain_logprobs(*args, False, 20)
+    want = _dispatch._two_op_chain_logprobs(args, False, 20)
+    for a, e, name in zip(got, want, ("tokens", "accepted", "logprobs", "top", "top ids")):
+        assert_same(a, e, f"{strategy} {name}")
+    assert got[4][0, 0, :3].tolist() == [5, 9, v - 3]
 
 
 def test_the_public_op_runs_the_fused_kernel(monkeypatch):
