@@ -220,6 +220,52 @@ def _triton_chain(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, 
     )  # fmt: skip
 
 
+def _triton_chain_logprobs(logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs,
+                           bitmask, mode, log_input, threshold, alpha, min_p, edit_ids, edit_vals,
+                           inv, processed, num_logprobs):  # fmt: skip
+    """``verify_chain_logprobs`` in one pass: the verification kernels score what they emit
+    (:func:`specdec_kernels.ops.verify_sampling.verify` with ``logprobs``). Probabilities as
+    inputs (``log_input``) run the two ops, as without a one-pass kernel."""
+    from specdec_kernels.ops import verify_sampling  # imports triton: lazily
+
+    args = (logits, drafts, probs, nd, temp, topk, topp, seeds, lrs, prs, bitmask, mode,
+            log_input, threshold, alpha, min_p, edit_ids, edit_vals, inv)  # fmt: skip
+    if log_input:
+        return _two_op_chain_logprobs(args, processed, num_logprobs)
+    tokens, accepted, (lp, top, ids) = verify_sampling.verify(
+        logits, drafts, probs, nd, temp, topk, topp, seeds, greedy_only=mode == "greedy",
+        logits_row_start=lrs, probs_row_start=prs, method="block" if mode == "block" else "token",
+        token_bitmask=bitmask, min_p=min_p, edit_ids=edit_ids, edit_vals=edit_vals,
+        draft_vocab_inv=inv, logprobs=(processed, num_logprobs),
+    )  # fmt: skip
+    return tokens, accepted, lp, top, ids
+
+
+def _two_op_chain_logprobs(args, processed, num_logprobs):
+    """The chain kernel, then ``emitted_logprobs``'s over the emitted rows (the Triton kernels
+    of the two ops ``specdec_kernels.verification`` chains where no one-pass kernel runs)."""
+    from specdec_kernels.ops import logprobs  # imports triton: lazily
+
+    logits, *_, lrs, _, bitmask, mode, _, _, _, min_p, edit_ids, edit_vals, _ = args
+    temp, topk, topp = args[4:7]
+    tokens, accepted = _triton_chain(*args)
+    k1 = tokens.shape[1]
+    positions = torch.arange(k1, device=tokens.device)[None, :]
+    rows = positions.expand(tokens.shape[0], -1) if lrs is None else lrs[:, None] + positions
+    rows = torch.where(positions <= accepted[:, None], rows, -1).contiguous()
+    if logits.dim() == 2:  # flat rows: one view per request
+        logits = logits.unsqueeze(0).expand(tokens.shape[0], -1, -1)
+        if bitmask is not None:
+            bitmask = bitmask.unsqueeze(0).expand(tokens.shape[0], -1, -1)
+    greedy = mode == "greedy"  # the processed distribution of a greedy call: T = 1, no filters
+    lp, top, ids = logprobs.emitted_logprobs(
+        logits, rows, tokens, bitmask, None if greedy else temp, None if greedy else topk,
+        None if greedy else topp, processed, num_logprobs, None if greedy else min_p,
+        edit_ids, edit_vals,
+    )  # fmt: skip
+    return tokens, accepted, lp, top, ids
+
+
 def _reference_chain(*args):
     tokens, accepted, _ = ref_chain.verify_chain(*args)
     return tokens, accepted
@@ -384,6 +430,11 @@ _FUSED: dict[tuple[str, str], tuple[Callable, tuple[str, ...], str | None]] = {
         ("greedy", "sampling", "block"),
         "native_verify_logprobs",
     ),
+    ("verify_chain_logprobs", "triton"): (
+        _triton_chain_logprobs,
+        ("greedy", "sampling", "block"),
+        None,
+    ),
 }
 
 
@@ -397,6 +448,19 @@ def fused_kernel(op: str, backend: str, mode: str) -> Callable | None:
     if native_op is not None and not _extension.has_op(native_op):
         return None
     return impl
+
+
+@contextlib.contextmanager
+def chained(op: str, backend: str):
+    """Inside the ``with`` block ``op`` has no one-pass kernel on ``backend``
+    (:func:`fused_kernel` answers ``None``): its callers run their chain of ops, as before the
+    kernel existed (the traffic table's before rows). Process-wide; not thread-safe."""
+    entry = _FUSED.pop((op, backend), None)
+    try:
+        yield
+    finally:
+        if entry is not None:
+            _FUSED[(op, backend)] = entry
 
 
 def native_kernel(op: str) -> Callable | None:

@@ -543,10 +543,10 @@ def verify_greedy(
         token, before temperature, filters and mask. ``"processed"``: the log of the
         distribution the token was decided from (temperature, top-k, top-p, mask; greedy rows:
         the masked ``log_softmax`` at temperature 1). Within ``1e-5`` of a float64 computation
-        for float32 logits. Computed by one more op (``torch.ops.specdec.emitted_logprobs``)
-        that reads only the emitted positions' rows, or on the native backend in the verifying
-        pass itself (``torch.ops.specdec.native_verify_logprobs``, the same values); no
-        `[B, K+1, V]` tensor is written.
+        for float32 logits. The native and Triton kernels score the emitted tokens in the pass
+        that verifies (``torch.ops.specdec.verify_chain_logprobs``); the reference backend runs
+        one more op (``torch.ops.specdec.emitted_logprobs``) that reads only the emitted
+        positions' rows. No `[B, K+1, V]` tensor is written.
     num_logprobs : int
         ``n`` in ``[0, 20]`` (``> 0`` needs ``logprobs``): also ``top_logprobs`` float32 and
         ``top_ids`` int64, `[B, K+1, n]`: the ``n`` most likely tokens of the same distribution

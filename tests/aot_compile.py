@@ -90,6 +90,9 @@ POINTER_TYPES = {
     "inv_ptr": "*i32",
     "state_ptr": "*i32",
     "rejws_ptr": "*i32",
+    "raw_m_ptr": "*fp32",
+    "raw_s_ptr": "*fp32",
+    "key_ptr": "*i64",
 }
 FLAGS = ("GREEDY_ONLY", "HAS_Q", "HAS_TOPK", "HAS_TOPP", "HAS_FILTER", "HAS_MASK")
 # Layout flags (issue 13): compiled off in every flag combination above, and on in one variant
@@ -114,6 +117,28 @@ MODES = {"MODE": (0, 1, 2), "NTOP": (0, 20), "METHOD": (0, 1)}
 # 1 gather filter candidates, 2 the fused one-hot race; elsewhere derived from the flags (the
 # launchers' rules: :func:`_derived`).
 PASS_MODES = {"GATHER": (False, True, False), "FUSED": (False, False, True)}
+# Logprobs scored by the verifying pass (issue 52, ``LP``: ``RAW`` = log_softmax of the logits as
+# given, else the processed distribution; ``NTOP`` the top-n at its largest): off in every variant
+# above (the chain kernels' ``NTOP`` is not in their product), on in :data:`LP_VARIANTS` of the
+# kernels that take it. ``--only-logprobs`` compiles those alone.
+LP_OFF = {"LP": False, "RAW": False, "NTOP": 0, "NBLOCK": 1}
+_ON = {"LP": True, "NTOP": 20, "NBLOCK": 32}
+#: The one-pass logprobs variants: the serving cases (one-hot race, filters with the candidate
+#: buffer, greedy with mask and edits, block verification), raw and processed.
+LP_VARIANTS = [
+    # sampling, one-hot drafts, no filter: the race and the lists ride on the statistics pass
+    dict(_ON, RAW=True, GREEDY_ONLY=False, HAS_Q=False, HAS_TOPK=False, HAS_TOPP=False,
+         HAS_FILTER=False, METHOD=0),
+    # sampling with draft probabilities, every filter, mask, edits, min-p, flat rows: processed
+    dict(_ON, RAW=False, GREEDY_ONLY=False, HAS_Q=True, HAS_TOPK=True, HAS_TOPP=True,
+         HAS_FILTER=True, METHOD=0, HAS_MASK=True, HAS_EDITS=True, HAS_MINP=True, FLAT=True),
+    # greedy-only with mask and edits: processed
+    dict(_ON, RAW=False, GREEDY_ONLY=True, HAS_Q=False, HAS_TOPK=False, HAS_TOPP=False,
+         HAS_FILTER=False, METHOD=0, HAS_MASK=True, HAS_EDITS=True),
+    # block verification with draft probabilities and filters: raw
+    dict(_ON, RAW=True, GREEDY_ONLY=False, HAS_Q=True, HAS_TOPK=True, HAS_TOPP=True,
+         HAS_FILTER=True, METHOD=1),
+]  # fmt: skip
 
 
 def _derived(fn, constexprs):
@@ -218,8 +243,10 @@ def _variants():
         tree = fn is verify_tree._verify_tree_kernel
         derived = ("HAS_FILTER",) if tree else ()  # the tree's: from HAS_TOPK / HAS_TOPP
         flags = [f for f in FLAGS if f in fn.arg_names and f not in masks and f not in derived]
-        modes = [m for m in MODES if m in fn.arg_names]
+        lp_off = {k: v for k, v in LP_OFF.items() if k in fn.arg_names and "LP" in fn.arg_names}
+        modes = [m for m in MODES if m in fn.arg_names and m not in lp_off]
         fixed = {k: v for k, v in sizes.items() if k in fn.arg_names}
+        fixed.update(lp_off)
         if "BLOCK_K" in fn.arg_names and fn is accept_reject._accept_reject_kernel:
             fixed["BLOCK_K"] = 64
         choices = [(False, True)] * len(flags) + [MODES[m] for m in modes]
@@ -255,7 +282,7 @@ def _variants():
                 or (constexprs["HAS_TOPK"] and constexprs["MODE"] != 1)
             ):
                 continue  # the filters' code is the chain kernels' (compiled above): one mode
-            if "NBLOCK" in fn.arg_names:  # the top-n list: the power of two >= n
+            if "NTOP" in constexprs:  # the top-n list: the power of two >= n
                 constexprs["NBLOCK"] = triton.next_power_of_2(max(constexprs["NTOP"], 1))
             yield fn, {**fixed, **layout, **masks, **edits, **constexprs}
         richest = {f: f != "GREEDY_ONLY" for f in flags}
@@ -289,7 +316,7 @@ def _variants():
         if edits:  # edits and min-p: the richest sampling variant (no log inputs), and greedy-only
             rich = {**richest, **{k: True for k in edits}}
             rich.update(_derived(fn, rich))
-            if "NBLOCK" in fn.arg_names:  # the logprobs' top-n list at its largest
+            if "NTOP" in rich:  # the logprobs' top-n list at its largest
                 rich["NBLOCK"] = triton.next_power_of_2(rich["NTOP"])
             yield fn, {**fixed, **rich, **on, **({"LOG_X": False} if "LOG_X" in on else {})}
             if "GREEDY_ONLY" in flags:
@@ -299,7 +326,7 @@ def _variants():
                     greedy.update({"GATHER": False, "FUSED": False})
                 greedy.update(_derived(fn, greedy))
                 greedy_edits = {k: k == "HAS_EDITS" for k in edits}
-                if "NBLOCK" in fn.arg_names:
+                if "NTOP" in greedy:
                     greedy_edits["NBLOCK"] = 1
                 yield fn, {**fixed, **greedy, **on, **greedy_edits}
             if "FUSED" in fn.arg_names:  # the one-hot race fused into the statistics pass
@@ -309,6 +336,21 @@ def _variants():
                     fused.update({"GATHER": False, "FUSED": True})
                 fused.update(_derived(fn, fused))
                 yield fn, {**fixed, **fused, **layout, **masks, "HAS_EDITS": True}
+        if lp_off:  # the one-pass logprobs
+            for variant in LP_VARIANTS:
+                on = {k: v for k, v in variant.items() if k in fn.arg_names}
+                base = {**fixed, **layout, **masks, **edits}
+                base.update({f: False for f in flags})
+                base.update({m: MODES[m][0] for m in modes})
+                base.update(on)
+                if fn is verify_sampling._split_stats_kernel:
+                    base.update({"GATHER": False, "FUSED": False})
+                    filtered = any(variant.get(k) for k in ("HAS_TOPK", "HAS_TOPP", "HAS_MINP"))
+                    sampling = not variant["GREEDY_ONLY"]
+                    base["GATHER"] = sampling and filtered
+                    base["FUSED"] = sampling and not filtered and not variant["HAS_Q"]
+                base.update(_derived(fn, base))
+                yield fn, base
 
 
 def ptxas_resources(ptx: str, arch: str) -> dict:
@@ -342,12 +384,14 @@ def ptxas_resources(ptx: str, arch: str) -> dict:
     }
 
 
-def main(archs, report=None, fail_on_spills=False, command=None):
+def main(archs, report=None, fail_on_spills=False, command=None, only_logprobs=False):
     failures = 0
     rows = []
     for arch in archs:
         target = GPUTarget("cuda", int(arch), 32)
         for fn, constexprs in kernels():
+            if only_logprobs and not constexprs.get("LP"):
+                continue
             flags = {
                 k: v
                 for k, v in constexprs.items()
@@ -357,6 +401,7 @@ def main(archs, report=None, fail_on_spills=False, command=None):
                 or k in MASK_FLAGS
                 or k in EDIT_FLAGS
                 or k in MAP_FLAGS
+                or k in ("LP", "RAW", "NTOP", "GATHER", "FUSED")
             }
             try:
                 compiled = _compile(fn, constexprs, target)
@@ -411,6 +456,10 @@ if __name__ == "__main__":
     parser.add_argument("archs", nargs="*", default=["90", "80"])
     parser.add_argument("--report", help="write the resource report (JSON) here")
     parser.add_argument("--fail-on-spills", action="store_true")
+    parser.add_argument(
+        "--only-logprobs", action="store_true", help="only the one-pass logprobs variants (LP)"
+    )
     args = parser.parse_args()
     command = "python tests/aot_compile.py " + " ".join(sys.argv[1:])
-    sys.exit(1 if main(args.archs, args.report, args.fail_on_spills, command) else 0)
+    failures = main(args.archs, args.report, args.fail_on_spills, command, args.only_logprobs)
+    sys.exit(1 if failures else 0)

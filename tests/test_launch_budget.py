@@ -187,13 +187,13 @@ def test_validate_false_never_synchronises(backend):
 
 
 @pytest.mark.parametrize("num_logprobs", [0, 5])
-def test_logprobs_add_exactly_one_launch(num_logprobs):
-    """``logprobs=`` (with or without the top-n) costs one more launch, the logprob kernel's."""
+def test_logprobs_add_no_launch(num_logprobs):
+    """``logprobs=`` (with or without the top-n) costs no launch on the Triton chain ops: the
+    verification kernels score what they emit (issue 52)."""
     logits, drafts, _ = make_inputs(2, 3, 37)
     kw = dict(top_k=5, top_p=0.9, seed=1, backend="triton", validate=False)
     with count_launches() as plain:
         sk.verify_sampling(logits, drafts, **kw)
     with count_launches() as launches:
         sk.verify_sampling(logits, drafts, logprobs="processed", num_logprobs=num_logprobs, **kw)
-    assert launches - plain == {"_emitted_logprobs_kernel": 1}
-    assert plain - launches == {}
+    assert launches == plain

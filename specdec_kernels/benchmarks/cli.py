@@ -338,11 +338,11 @@ def _traffic(args) -> int:
     from specdec_kernels.benchmarks import ops, traffic
 
     g = _grid(args, args.grid or "gpu")
-    ops_ = tuple(o for o in args.ops if o in ("verify_greedy", "verify_sampling"))
+    ops_ = tuple(o for o in args.ops if o in traffic.TRAFFIC_OPS)
     trees = tuple(o for o in args.ops if o in ops.TREE_OPS)
     rows = []
     if ops_ or not trees:
-        rows = traffic.traffic_rows(ops.cases(g, ops_ or ("verify_greedy", "verify_sampling")))
+        rows = traffic.traffic_rows(ops.cases(g, ops_ or traffic.TRAFFIC_OPS))
         print(traffic.format_traffic(rows))
     tree_rows = []
     if trees or not ops_:  # the trees against the chain of the same node count

@@ -25,8 +25,12 @@ BUDGET = {
     # passes over every row.
     "verify_sampling top-k+top-p": 5,
     "accept_reject": 1,
-    "verify_tree_greedy": 1,
-    "verify_tree_sampling top-k+top-p": 1,
+    # the row strategy: 1 (the walk); the split strategy (small batches): the chain's split
+    # statistics launches over every node first (greedy: 1; top-k+top-p: cutoff, statistics,
+    # thresholds), then the walk, and for sampling the stop node's race over its chunks and the
+    # merge of the chunks' winners
+    "verify_tree_greedy": 2,
+    "verify_tree_sampling top-k+top-p": 6,
 }
 
 

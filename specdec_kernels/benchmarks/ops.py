@@ -518,7 +518,9 @@ def setup_verify_serving(case: Case, device: torch.device) -> Bench:
         for name in ("native", "triton", "reference")
     }
     fns["plain"] = functools.partial(sk.verify_sampling, logits, drafts, q, backend=own, **kw)
-    return Bench(fns, base.bytes_needed, base.num_accepted_mean, dict(base.skipped))
+    bench = Bench(fns, base.bytes_needed, base.num_accepted_mean, dict(base.skipped))
+    bench.inputs = (logits, drafts, q, {**kw, **extra})  # the traffic counter's call
+    return bench
 
 
 SETUP = {

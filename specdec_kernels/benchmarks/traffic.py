@@ -117,11 +117,16 @@ def scaled(case):
     return dataclasses.replace(case, B=min(case.B, TRAFFIC_MAX_B), V=min(case.V, TRAFFIC_MAX_V))
 
 
-def case_traffic(case, flat_rows: bool = False, batch: int | None = None) -> dict:
+def case_traffic(
+    case, flat_rows: bool = False, batch: int | None = None, one_pass: bool = True
+) -> dict:
     """One row of the traffic table: the Triton provider of ``case`` run once under
     :func:`count_traffic`, with the launch strategy a GPU picks at batch size ``batch`` (the
     unscaled case's; default ``case.B``). ``flat_rows`` replaces the logits by ``randn * 0.1``
-    (a flat row: the filters keep thousands of tokens, the candidate buffer's worst case)."""
+    (a flat row: the filters keep thousands of tokens, the candidate buffer's worst case).
+    ``verify_serving`` cases run ``verify_sampling`` with their serving keywords; with
+    ``one_pass=False`` logprobs take the two-op path (the chain kernels, then
+    ``emitted_logprobs``'s kernel over the emitted rows) instead of the verifiers' one pass."""
     batch = case.B if batch is None else batch
     from specdec_kernels.benchmarks import ops as bench_ops
 
@@ -136,6 +141,7 @@ def case_traffic(case, flat_rows: bool = False, batch: int | None = None) -> dic
     call = {
         "verify_greedy": lambda: sk.verify_greedy(logits, drafts, backend="triton", validate=False),
         "verify_sampling": lambda: sk.verify_sampling(logits, drafts, q, backend="triton", **kw),
+        "verify_serving": lambda: sk.verify_sampling(logits, drafts, q, backend="triton", **kw),
     }[case.op]
     from specdec_kernels.ops import verify_sampling as triton_chain
 
@@ -144,8 +150,15 @@ def case_traffic(case, flat_rows: bool = False, batch: int | None = None) -> dic
     strategy = "row" if batch >= GPU_ROW_MIN_BATCH else "split"
     original = triton_chain.pick_strategy
     triton_chain.pick_strategy = lambda *_: strategy
+    from specdec_kernels import _dispatch
+
+    chain = (
+        contextlib.nullcontext()
+        if one_pass
+        else _dispatch.chained("verify_chain_logprobs", "triton")
+    )
     try:
-        with count_traffic(logits=logits, q=q) as t:
+        with chain, count_traffic(logits=logits, q=q) as t:
             call()
     finally:
         triton_chain.pick_strategy = original
@@ -155,7 +168,7 @@ def case_traffic(case, flat_rows: bool = False, batch: int | None = None) -> dic
     heavy = max(range(len(t.launches)), key=lambda i: t.launch_loads[i].get("logits", 0))
     spread = t.launches[heavy][1] / (case.B * (case.K + 1))
     return {
-        "case": case.name + ("-flat" if flat_rows else ""),
+        "case": case.name + ("-flat" if flat_rows else "") + ("" if one_pass else "-two-op"),
         "strategy": strategy,
         "unscaled_B": batch,
         "op": case.op,
@@ -177,13 +190,18 @@ def case_traffic(case, flat_rows: bool = False, batch: int | None = None) -> dic
     }
 
 
+#: The ops the traffic table counts: the chain ops, and the serving keywords on verify_sampling's
+#: filtered inputs with draft probabilities (block, logprobs, top-20 logprobs, bitmask).
+TRAFFIC_OPS = ("verify_greedy", "verify_sampling", "verify_serving")
+
+
 def traffic_rows(cases, flat: bool = True) -> list[dict]:
-    """:func:`case_traffic` of every verify_greedy / verify_sampling case (scaled), plus the flat
-    rows of the filtered sampling cases when ``flat``."""
+    """:func:`case_traffic` of every case of :data:`TRAFFIC_OPS` (scaled), plus the flat rows of
+    the filtered verify_sampling cases when ``flat``."""
     rows = []
     seen = set()
     for case in cases:
-        if case.op not in ("verify_greedy", "verify_sampling"):
+        if case.op not in TRAFFIC_OPS:
             continue
         c = scaled(case)
         row_strategy = case.B >= GPU_ROW_MIN_BATCH
@@ -191,7 +209,7 @@ def traffic_rows(cases, flat: bool = True) -> list[dict]:
             continue
         seen.add((c, row_strategy))
         rows.append(case_traffic(c, batch=case.B))
-        if flat and c.top_k_top_p:
+        if flat and c.top_k_top_p and case.op == "verify_sampling":
             rows.append(case_traffic(c, flat_rows=True, batch=case.B))
     return rows
 

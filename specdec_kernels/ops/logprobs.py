@@ -30,6 +30,13 @@ threshold search are ``_common``'s, reading the bitmask as the verification kern
 (``HAS_MASK``), and so are min-p and the sparse logit edits (``HAS_MINP``, ``HAS_EDITS``: an edited
 logit replaces the row's before the bitmask, the temperature, the filters and the top-n list).
 Padding positions (``rows < 0`` or ``tokens < 0``) read nothing.
+
+The verification kernels score what they emit in their own pass over the rows
+(:mod:`specdec_kernels.ops.verify_sampling` with ``LP``) with the device functions here:
+:func:`chunk_lp` (a verifier's chunk statistics, and from the same loads the raw statistics and
+the running list), :func:`write_logprob` and :func:`write_top_list` (this kernel's outputs from
+those statistics), :func:`merge_top_partial` (the split strategy's per-chunk lists merged) and
+:func:`write_padding`; :func:`_chunk_top` and the list's merge are shared with this kernel.
 """
 
 import torch
@@ -41,11 +48,14 @@ from specdec_kernels.ops._common import (
     KEY_FLOOR,
     chunk_stats,
     edit_args,
+    edit_logits,
     edit_row,
     float_key,
+    gather,
     launch,
     launch_config,
     load_x,
+    log_exponential,
     merge_stats,
     row_controls,
     row_filters,
@@ -105,14 +115,7 @@ def _chunk_top(row_ptr,  # [V] one logits row
         listed = logit > float("-inf")  # nonzero probability (NaN: never)
         if HAS_MASK:
             listed = listed & _allowed(word_ptr, idx, valid)
-        cand = tl.where(listed, _rank_key(logit, idx), NO_KEY)
-        top = tl.max(cand, axis=0)
-        worst = tl.min(best, axis=0)
-        while top > worst:
-            best = tl.where(best == worst, top, best)
-            cand = tl.where(cand == top, NO_KEY, cand)
-            top = tl.max(cand, axis=0)
-            worst = tl.min(best, axis=0)
+        best = _merge_top(best, tl.where(listed, _rank_key(logit, idx), NO_KEY))
     return best
 # fmt: on
 
@@ -138,6 +141,240 @@ def _write_top(row_ptr,  # [V] one logits row
     tl.store(top_ptr + rank, tl.where(kept, (x - m) - log_z, float("-inf")), mask=real)
     tl.store(ids_ptr + rank, tl.where(kept, token, -1), mask=real)
 # fmt: on
+
+
+@triton.jit
+def _merge_top(best, cand):
+    """The running list ``best [NBLOCK]`` merged with the rank keys ``cand`` (``NO_KEY``: none):
+    while the best candidate beats the list's worst entry, it replaces that entry."""
+    top = tl.max(cand, axis=0)
+    worst = tl.min(best, axis=0)
+    while top > worst:
+        best = tl.where(best == worst, top, best)
+        cand = tl.where(cand == top, NO_KEY, cand)
+        top = tl.max(cand, axis=0)
+        worst = tl.min(best, axis=0)
+    return best
+
+
+@triton.jit
+def empty_top(NTOP: tl.constexpr, NBLOCK: tl.constexpr):
+    """An empty list: the distinct keys ``NO_KEY + 1 + s`` in its slots, ``FULL_KEY`` past ``n``."""
+    slot = tl.arange(0, NBLOCK)
+    return tl.where(slot < NTOP, NO_KEY + 1 + slot.to(tl.int64), FULL_KEY)
+
+
+@triton.jit
+def merge_top_partial(best, keys_ptr,  # [NTOP] int64: another list's keys (a chunk's)
+                      NTOP: tl.constexpr, NBLOCK: tl.constexpr):  # fmt: skip
+    """``best`` merged with a list another program wrote (its empty slots are skipped)."""
+    slot = tl.arange(0, NBLOCK)
+    keys = tl.load(keys_ptr + slot, mask=slot < NTOP, other=NO_KEY)
+    return _merge_top(best, tl.where(keys > NO_KEY + NBLOCK, keys, NO_KEY))
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def _lp_tile(row_ptr,  # [V] one logits row
+             idx, V, temp,
+             bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+             HAS_MASK: tl.constexpr,
+             edits,  # (ids [E], vals [E], csr [NG+1], NG): edit_row (if HAS_EDITS)
+             HAS_EDITS: tl.constexpr, GATHER: tl.constexpr, pivot,
+             cand,  # (count [1] int32, token ids [CAP] int32, x [CAP] float32) if GATHER
+             CAP: tl.constexpr, RACE: tl.constexpr, stream, draft,
+             m_vec, s_vec, i_vec, b_x, b_le, b_i, gap, RAW: tl.constexpr, rm_vec, rs_vec,
+             NTOP: tl.constexpr, best):
+    """One tile of :func:`chunk_lp`: one load of the logits, then the lanes' statistics of
+    ``x`` (``_common.chunk_stats``'s arithmetic, with its gather, or ``_common._race_tile``'s
+    race), the raw statistics of the logits (``RAW``) and the running top-``n`` list."""
+    mask = idx < V
+    raw = tl.load(row_ptr + idx, mask=mask, other=float("-inf")).to(tl.float32)
+    logit = raw
+    if HAS_EDITS:
+        logit = edit_logits(raw, idx, mask, edits)
+    x = logit / temp
+    listed = logit > float("-inf")  # nonzero probability (NaN: never)
+    if HAS_MASK:
+        word = tl.load(bits_row + (idx >> 5), mask=mask, other=0)
+        allowed = ((word >> (idx & 31)) & 1) != 0
+        x = tl.where(allowed, x, float("-inf"))
+        listed = listed & allowed
+    if GATHER:
+        gather(x, idx, mask, pivot, cand[0], cand[1], cand[2], CAP)
+    i_vec = tl.where(x > m_vec, idx, i_vec)
+    new_m = tl.maximum(m_vec, x)
+    safe = tl.where(new_m == float("-inf"), 0.0, new_m)  # no (-inf) - (-inf)
+    s_vec = s_vec * tl.exp(m_vec - safe) + tl.exp(x - safe)
+    if RACE:
+        le = log_exponential(stream, idx)
+        live = (x > float("-inf")) & (idx != draft)
+        margin = (tl.where(live, x, 0.0) - b_x) - (le - b_le)
+        take = live & (margin > 0.0)
+        gap = tl.where(take, margin, tl.where(live, tl.minimum(gap, -margin), gap))
+        b_x = tl.where(take, x, b_x)
+        b_le = tl.where(take, le, b_le)
+        b_i = tl.where(take, idx, b_i)
+    if RAW:  # log_softmax of the logits as given: x = logit / 1, no edits, no mask
+        new_rm = tl.maximum(rm_vec, raw)
+        rsafe = tl.where(new_rm == float("-inf"), 0.0, new_rm)
+        rs_vec = rs_vec * tl.exp(rm_vec - rsafe) + tl.exp(raw - rsafe)
+        rm_vec = new_rm
+        logit = raw
+        listed = raw > float("-inf")
+    if NTOP > 0:
+        best = _merge_top(best, tl.where(listed, _rank_key(logit, idx), NO_KEY))
+    return new_m, s_vec, i_vec, b_x, b_le, b_i, gap, rm_vec, rs_vec, best
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def chunk_lp(row_ptr,  # [V] one logits row
+             chunk_start, V, temp, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+             bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+             HAS_MASK: tl.constexpr,
+             edits,  # (ids [E], vals [E], csr [NG+1], NG): edit_row (if HAS_EDITS)
+             HAS_EDITS: tl.constexpr, GATHER: tl.constexpr, pivot,
+             cand,  # (count [1] int32, token ids [CAP] int32, x [CAP] float32) if GATHER
+             CAP: tl.constexpr, RACE: tl.constexpr, stream, draft, UNROLL: tl.constexpr,
+             RAW: tl.constexpr, NTOP: tl.constexpr, best):
+    """What a verifier's statistics pass over one chunk computes (``_common.chunk_stats`` with
+    its sum and optional gather, or with ``RACE`` ``_common.chunk_stats_race``: bit for bit
+    their numbers) and, from the same loads, what the emitted positions' log-probabilities
+    need: with ``RAW`` the max and sum of ``exp`` of the logits as given (``chunk_stats`` at
+    ``T = 1`` without edits or mask: :func:`_emitted_logprobs_kernel`'s raw numbers) and the
+    list ``best`` merged with the chunk's tokens (ranked by logit, edited and masked unless
+    ``RAW``). Returns ``(max, sum, argmax, race best_x, best_index, gap, raw max, raw sum,
+    best)``; the race's are ``-inf, 0, inf`` and the raw ones ``-inf, 0`` where off."""
+    offs = tl.arange(0, BLOCK)
+    m_vec = tl.full([BLOCK], float("-inf"), tl.float32)
+    s_vec = tl.zeros([BLOCK], tl.float32)
+    i_vec = tl.zeros([BLOCK], tl.int32)
+    b_x = tl.full([BLOCK], float("-inf"), tl.float32)  # the race's lanes (RACE)
+    b_le = tl.zeros([BLOCK], tl.float32)
+    b_i = tl.zeros([BLOCK], tl.int32)
+    gap = tl.full([BLOCK], float("inf"), tl.float32)
+    rm_vec = tl.full([BLOCK], float("-inf"), tl.float32)  # the raw lanes (RAW)
+    rs_vec = tl.zeros([BLOCK], tl.float32)
+    if UNROLL:
+        for t in tl.static_range(0, CHUNK, BLOCK):
+            m_vec, s_vec, i_vec, b_x, b_le, b_i, gap, rm_vec, rs_vec, best = _lp_tile(
+                row_ptr, chunk_start + t + offs, V, temp, bits_row, HAS_MASK, edits, HAS_EDITS,
+                GATHER, pivot, cand, CAP, RACE, stream, draft, m_vec, s_vec, i_vec, b_x, b_le,
+                b_i, gap, RAW, rm_vec, rs_vec, NTOP, best,
+            )
+    else:  # the walking kernel: a tile's loads at a time keep its registers
+        for t in range(0, CHUNK, BLOCK):
+            m_vec, s_vec, i_vec, b_x, b_le, b_i, gap, rm_vec, rs_vec, best = _lp_tile(
+                row_ptr, chunk_start + t + offs, V, temp, bits_row, HAS_MASK, edits, HAS_EDITS,
+                GATHER, pivot, cand, CAP, RACE, stream, draft, m_vec, s_vec, i_vec, b_x, b_le,
+                b_i, gap, RAW, rm_vec, rs_vec, NTOP, best,
+            )
+    m = tl.max(m_vec, axis=0)
+    a = tl.min(tl.where(m_vec == m, i_vec, 2147483647), axis=0)
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    s = tl.sum(s_vec * tl.exp(m_vec - safe_m), axis=0)
+    bx = tl.full([], float("-inf"), tl.float32)
+    bi = tl.zeros([], tl.int32)
+    g = tl.full([], float("inf"), tl.float32)
+    if RACE:  # chunk_stats_race's reduction
+        score = (b_x - safe_m) - b_le
+        top = tl.max(score, axis=0)
+        bi = tl.min(tl.where(score == top, b_i, 2147483647), axis=0)
+        chosen = (score == top) & (b_i == bi)
+        bx = tl.max(tl.where(chosen, b_x, float("-inf")), axis=0)
+        g = tl.min(tl.where(chosen, gap, top - tl.where(chosen, 0.0, score)), axis=0)
+    rm = tl.full([], float("-inf"), tl.float32)
+    rs = tl.zeros([], tl.float32)
+    if RAW:
+        rm = tl.max(rm_vec, axis=0)
+        safe_rm = tl.where(rm == float("-inf"), 0.0, rm)
+        rs = tl.sum(rs_vec * tl.exp(rm_vec - safe_rm), axis=0)
+    return m, s, a, bx, bi, g, rm, rs, best
+# fmt: on
+
+
+@triton.jit
+def _normaliser(temp, m, z, kappa, rm, rs, RAW: tl.constexpr):
+    """``(temperature, max, log Z, key threshold)`` that score a position: the processed
+    distribution's, or with ``RAW`` the logits' own (``T = 1``, everything kept). A position
+    with nothing allowed (max ``-inf``, ``Z = 0``) keeps the arithmetic finite."""
+    if RAW:
+        temp = tl.full([], 1.0, tl.float32)
+        m = rm
+        z = rs
+        kappa = tl.full([], KEY_FLOOR, tl.int64)
+    return temp, m, tl.log(tl.where(z > 0.0, z, 1.0)), kappa
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def write_logprob(row_ptr,  # [V] the logits row of one emitted position
+                  bits_row,  # [W] its int32 token bitmask row (if HAS_MASK)
+                  lp_ptr,  # [1] float32 out: log p of its token
+                  tok, V, temp, m, z, kappa, rm, rs, RAW: tl.constexpr, HAS_MASK: tl.constexpr,
+                  edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+                  HAS_EDITS: tl.constexpr):
+    """:func:`_emitted_logprobs_kernel`'s ``log p`` of token ``tok`` (``-inf`` outside
+    ``[0, V)``) from the statistics its verifier kept: one logit load. ``m, z, kappa``: the
+    processed distribution's max of ``x``, kept mass and key threshold; ``RAW``: the logits'
+    own ``rm, rs``, at ``T = 1`` without filters, edits or mask. NaN where nothing is allowed,
+    as ``log_softmax`` gives."""
+    temp, m, log_z, kappa = _normaliser(temp, m, z, kappa, rm, rs, RAW)
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    in_vocab = (tok >= 0) & (tok < V)
+    t = tl.minimum(tl.maximum(tok, 0), V - 1)
+    if RAW:
+        x = load_x(row_ptr + t, in_vocab, temp, False)
+    else:
+        x = load_x(row_ptr + t, in_vocab, temp, False, bits_row, t, HAS_MASK, edits, HAS_EDITS)
+    kept = (x > float("-inf")) & (float_key(x) >= kappa)
+    lp = tl.where(kept, (x - safe_m) - log_z, float("-inf"))
+    nothing = in_vocab & (m == float("-inf"))
+    tl.store(lp_ptr, tl.where(nothing, float("nan"), lp))
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
+def write_top_list(row_ptr,  # [V] the logits row of one emitted position
+                   top_ptr, ids_ptr,  # [NTOP] float32 / int64 out: its top-n
+                   temp, m, z, kappa, rm, rs, best, RAW: tl.constexpr, NTOP: tl.constexpr,
+                   NBLOCK: tl.constexpr,
+                   edits,  # (ids [E], vals [E], table [NG+1], NG) of its edits (if HAS_EDITS)
+                   HAS_EDITS: tl.constexpr):
+    """The list ``best`` (:func:`chunk_lp`) written as :func:`_write_top` writes it, from the
+    statistics of :func:`write_logprob`: ``n`` logit loads."""
+    temp, m, log_z, kappa = _normaliser(temp, m, z, kappa, rm, rs, RAW)
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    if RAW:
+        _write_top(row_ptr, top_ptr, ids_ptr, best, temp, safe_m, log_z, kappa, NTOP, NBLOCK,
+                   edits, False)
+    else:
+        _write_top(row_ptr, top_ptr, ids_ptr, best, temp, safe_m, log_z, kappa, NTOP, NBLOCK,
+                   edits, HAS_EDITS)
+# fmt: on
+
+
+@triton.jit
+def write_padding(lp_ptr, top_ptr, ids_ptr,  # [K+1] f32, [K+1, NTOP] f32 / int64: one row's
+                  first, K, BLOCK_K: tl.constexpr, NTOP: tl.constexpr,
+                  NBLOCK: tl.constexpr):  # fmt: skip
+    """Positions ``first .. K`` of one row's outputs: ``-inf``, and ``-inf`` / ``-1`` lists."""
+    p = tl.arange(0, BLOCK_K)
+    pad = (p >= first) & (p < K + 1)
+    tl.store(lp_ptr + p, tl.full([BLOCK_K], float("-inf"), tl.float32), mask=pad)
+    if NTOP > 0:
+        slot = tl.arange(0, NBLOCK)
+        at = p[:, None] * NTOP + slot[None, :]
+        out = pad[:, None] & (slot[None, :] < NTOP)
+        tl.store(top_ptr + at, tl.full([BLOCK_K, NBLOCK], float("-inf"), tl.float32), mask=out)
+        tl.store(ids_ptr + at, tl.full([BLOCK_K, NBLOCK], -1, tl.int64), mask=out)
 
 
 # argument groups keep their shape comments: no reformatting

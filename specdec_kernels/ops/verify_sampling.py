@@ -54,6 +54,22 @@ residual mass, the residual race over the row or the candidate buffer) goes thro
 launcher's ``[V]`` int32 inverse index (``_common.mapped_q``: one int32 gather a token, then a
 gather of ``q``); no ``[B, K, V]`` scatter is made, and the launches do not change.
 
+Log-probabilities of the emitted tokens in the same pass (``LP``, issue 52; ``logprobs`` of
+:func:`verify`, the Triton kernel of ``specdec::verify_chain_logprobs``): the statistics pass
+over each position's row runs ``logprobs.chunk_lp`` instead of its chunk helper, which loads each
+tile once and computes the verifier's own numbers bit for bit (max, sum, argmax; the gather or
+the fused race) and beside them, for the logprobs, the raw max and sum of ``exp`` of the logits
+as given (``RAW``: ``"raw"`` mode; ``"processed"`` scores from the verifier's max, kept mass
+and threshold, which greedy rows have at ``T = 1`` with their mask and edits) and a running
+top-``n`` list of rank keys (``logprobs._rank_key``). The row strategy scores position ``j``
+while it walks (the draft's ``log p`` and the list, from the statistics in registers), then the
+stop's recovered or bonus token from the stop's statistics and pads the positions past it. In
+the split strategy each statistics program writes its chunk's raw partials and top-``n`` keys
+(``[B*(K+1), NCHUNK, n]``), and the decide kernel, once it knows the stop, merges them for
+positions ``0 .. n_acc`` (raw statistics in chunk order; lists by rank key) and scores the
+tokens (:func:`_score_emitted`). No row is read again: one logit load per emitted token and
+listed entry. Without ``LP`` the kernels compile as before (its code is behind constexprs).
+
 Vocabulary: a row's draft tokens are *accepted* in order until the first rejection; the token
 emitted after them is the *recovered* token (sampled from the residual ``max(0, p - q)``) at a
 rejected draft, or the *bonus* token (sampled from ``p``) when every draft was accepted; the
@@ -119,6 +135,14 @@ from specdec_kernels.ops._common import (
     stream_key,
     thresholds,
     uniform_first,
+)
+from specdec_kernels.ops.logprobs import (
+    chunk_lp,
+    empty_top,
+    merge_top_partial,
+    write_logprob,
+    write_padding,
+    write_top_list,
 )
 
 #: The acceptance rules of the chain kernels (``METHOD``): token by token, or block verification.
@@ -448,6 +472,79 @@ def _write_row(draft_ptr, stride_db,  # [B, K] draft token ids
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
+def _position_lp(row_ptr,  # [V] one position's logits row
+                 V, temp, greedy, top_k, top_p, stream, draft, HAS_TOPK: tl.constexpr,
+                 HAS_TOPP: tl.constexpr, NPIV: tl.constexpr, CHUNK: tl.constexpr,
+                 BLOCK: tl.constexpr, TBLOCK: tl.constexpr, NCHUNK,
+                 bits_row,  # [W] int32 token bitmask row (if HAS_MASK)
+                 HAS_MASK: tl.constexpr,
+                 cand,  # (count [1] int32 (zeroed), ids [CAP] int32, x [CAP] float32) (GATHER)
+                 CAP: tl.constexpr, SB: tl.constexpr, SW: tl.constexpr, min_p,
+                 HAS_MINP: tl.constexpr,
+                 edits,  # (ids [E], vals [E], csr [NG+1], NG) (if HAS_EDITS)
+                 HAS_EDITS: tl.constexpr, GATHER: tl.constexpr, RACE: tl.constexpr,
+                 RAW: tl.constexpr, NTOP: tl.constexpr, NBLOCK: tl.constexpr):
+    """The row kernel's statistics of one position with what its log-probabilities need, from
+    one pass over the row (``logprobs.chunk_lp``): ``_common.position_stats`` (its sum always),
+    with ``GATHER`` ``_common.position_filter_stats``, with ``RACE``
+    ``_common.position_stats_race``, bit for bit. Returns ``(max, argmax, kappa, Z,
+    from_buffer, race best_x, best_index, gap, raw max, raw sum, top-n list)``."""
+    pivot = tl.full([], KEY_CEIL, tl.int64)
+    if GATHER:
+        if filter_active(V, greedy, top_k, top_p, HAS_TOPK, HAS_TOPP, min_p, HAS_MINP):
+            pivot = sample_pivot(row_ptr, V, temp, top_k, HAS_TOPK, False, bits_row, HAS_MASK,
+                                 CAP, SB, SW, NPIV, edits, HAS_EDITS)
+        tl.debug_barrier()  # the previous position's readers are done with the buffer
+    big_m = tl.full([], float("-inf"), tl.float32)
+    big_s = tl.zeros([], tl.float32)
+    big_a = tl.zeros([], tl.int32)
+    best_x = tl.full([], float("-inf"), tl.float32)
+    best_i = tl.zeros([], tl.int32)
+    gap = tl.full([], float("inf"), tl.float32)
+    raw_m = tl.full([], float("-inf"), tl.float32)
+    raw_s = tl.zeros([], tl.float32)
+    no_a = tl.zeros([], tl.int32)
+    best = empty_top(NTOP, NBLOCK)
+    for c in range(0, NCHUNK):
+        m, s, a, bx, bi, g, rm, rs, best = chunk_lp(
+            row_ptr, c * CHUNK, V, temp, CHUNK, BLOCK, bits_row, HAS_MASK, edits, HAS_EDITS,
+            GATHER, pivot, cand, CAP, RACE, stream, draft, False, RAW, NTOP, best,
+        )
+        big_m, big_s, big_a = merge_stats(big_m, big_s, big_a, m, s, a)
+        if RACE:
+            best_x, best_i, gap = merge_race(best_x, best_i, gap, bx, bi, g, stream)
+        if RAW:
+            raw_m, raw_s, no_a = merge_stats(raw_m, raw_s, no_a, rm, rs, no_a)
+    kappa = tl.full([], KEY_FLOOR, tl.int64)
+    z = big_s
+    exact = greedy != 0  # False for the sampling rows: searched unless the buffer answers
+    if GATHER:
+        tl.debug_barrier()  # every gathered candidate is visible
+        if greedy == 0:
+            exact, kappa, z = select_filter(
+                tl.load(cand[0]), cand[1], cand[2], V, big_m, big_s, top_k, top_p, pivot,
+                HAS_TOPK, HAS_TOPP, CAP, NPIV, min_p, HAS_MINP,
+            )
+            if not exact:
+                kappa, z = thresholds(
+                    row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV,
+                    CHUNK, TBLOCK, NCHUNK, False, bits_row, HAS_MASK, min_p, HAS_MINP, edits,
+                    HAS_EDITS,
+                )
+    elif not RACE:
+        if greedy == 0:
+            kappa, z = thresholds(
+                row_ptr, V, temp, big_m, big_s, top_k, top_p, HAS_TOPK, HAS_TOPP, NPIV, CHUNK,
+                TBLOCK, NCHUNK, False, bits_row, HAS_MASK, min_p, HAS_MINP, edits, HAS_EDITS,
+            )
+    return (big_m, big_a, kappa, z, exact & (greedy == 0), best_x, best_i, gap, raw_m, raw_s,
+            best)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
 def _verify_row_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
@@ -464,13 +561,16 @@ def _verify_row_kernel(
     minp_ptr,  # [B] float32 min_p (if HAS_MINP)
     eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
     inv_ptr,  # [V] int32 draft_probs column of each target id, -1 outside (HAS_DRAFT_MAP)
+    lp_ptr,  # [B, K+1] float32 out: log p of each emitted token (LP)
+    top_ptr, ids_ptr,  # [B, K+1, NTOP] float32 / int64 out: the top-n (LP)
     V, K, NCHUNK, NROWS, QROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_TOPK: tl.constexpr,
     HAS_TOPP: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TBLOCK: tl.constexpr,
     NPIV: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr,
     METHOD: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
     SB: tl.constexpr, SW: tl.constexpr, FUSED: tl.constexpr, HAS_MINP: tl.constexpr,
-    HAS_EDITS: tl.constexpr, HAS_DRAFT_MAP: tl.constexpr,
+    HAS_EDITS: tl.constexpr, HAS_DRAFT_MAP: tl.constexpr, LP: tl.constexpr = False,
+    RAW: tl.constexpr = False, NTOP: tl.constexpr = 0, NBLOCK: tl.constexpr = 1,
 ):
     b = tl.program_id(0).to(tl.int64)
     kb = row_count(nd_ptr, b, 0, K)
@@ -491,6 +591,8 @@ def _verify_row_kernel(
     # FUSED: the race's token at the stop, from its statistics pass, and whether it is sure
     stop_race = tl.zeros([], tl.int32)
     stop_sure = kb < 0
+    stop_raw_m = tl.zeros([], tl.float32)  # LP with RAW: the stop's raw max and sum of exp
+    stop_raw_s = tl.zeros([], tl.float32)
     cidx_row = cidx_ptr + b * CAP
     cx_row = cx_ptr + b * CAP
     for _ in range(0, K + 1):  # each position is decided in order until the walk ends
@@ -504,7 +606,28 @@ def _verify_row_kernel(
             draft = _draft(draft_ptr, stride_db, b, j, kb)
             race = tl.zeros([], tl.int32)
             sure = kb < 0
-            if FUSED:  # one-hot drafts, no filter: the race rides on the statistics pass
+            if LP:  # the same pass keeps what the emitted positions' log-probabilities need
+                m, a, kappa, z, from_buf, bx, bi, gap, raw_m, raw_s, best = _position_lp(
+                    row, V, temp, greedy, top_k, top_p, stream_key(key, j, PURPOSE_SAMPLE),
+                    draft, HAS_TOPK, HAS_TOPP, NPIV, CHUNK, BLOCK, TBLOCK, NCHUNK, bits_row,
+                    HAS_MASK, (cnt_ptr + b * (K + 2) + jj, cidx_row, cx_row), CAP, SB, SW, min_p,
+                    HAS_MINP, edits, HAS_EDITS, GATHER, FUSED, RAW, NTOP, NBLOCK,
+                )
+                if FUSED:
+                    race, sure = race_choice(
+                        row, bx, bi, gap, m, z, draft, j < kb, V, temp,
+                        stream_key(key, j, PURPOSE_SAMPLE), LOG_X, bits_row, HAS_MASK, edits,
+                        HAS_EDITS,
+                    )
+                at = b * (K + 1) + jj
+                # the draft's log p (the stop's token is scored after the walk) and the list
+                write_logprob(row, bits_row, lp_ptr + at, draft, V, temp, m, z, kappa, raw_m,
+                              raw_s, RAW, HAS_MASK, edits, HAS_EDITS)
+                if NTOP > 0:
+                    write_top_list(row, top_ptr + at * NTOP, ids_ptr + at * NTOP, temp, m, z,
+                                   kappa, raw_m, raw_s, best, RAW, NTOP, NBLOCK, edits,
+                                   HAS_EDITS)
+            elif FUSED:  # one-hot drafts, no filter: the race rides on the statistics pass
                 stream = stream_key(key, j, PURPOSE_SAMPLE)
                 m, a, z, bx, bi, gap = position_stats_race(
                     row, V, temp, stream, draft, NCHUNK, CHUNK, BLOCK, LOG_X, bits_row, HAS_MASK,
@@ -537,6 +660,10 @@ def _verify_row_kernel(
             if stop:
                 n_acc = j
                 stop_w = weight
+                if LP:
+                    if RAW:
+                        stop_raw_m = raw_m
+                        stop_raw_s = raw_s
                 if METHOD == METHOD_TOKEN:  # block verification: recomputed after the walk
                     stop_m = m
                     stop_a = a
@@ -595,6 +722,14 @@ def _verify_row_kernel(
                     NCHUNK, False, HAS_Q, CHUNK, BLOCK, LOG_X, HAS_MASK, edits, HAS_EDITS, inv_ptr,
                     HAS_DRAFT_MAP,
                 )
+    if LP:  # the stop's token replaces its draft's log p; the positions past it are padding
+        tl.debug_barrier()  # after the walk's writes
+        at = b * (K + 1) + jj
+        write_logprob(row, bits_row, lp_ptr + at, tl.minimum(tl.maximum(recovered_or_bonus, 0),
+                      V - 1), V, temp, stop_m, stop_z, stop_kappa, stop_raw_m, stop_raw_s, RAW,
+                      HAS_MASK, edits, HAS_EDITS)
+        write_padding(lp_ptr + b * (K + 1), top_ptr + b * (K + 1) * NTOP,
+                      ids_ptr + b * (K + 1) * NTOP, n_acc + 1, K, BLOCK_K, NTOP, NBLOCK)
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
     )
@@ -616,10 +751,13 @@ def _split_stats_kernel(
     race_rb_ptr, race_ri_ptr,  # [B*(K+1), NCHUNK] out: race winner's x, token (FUSED)
     race_pb_ptr,  # [B*(K+1), NCHUNK] out: its gap (FUSED)
     eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
+    raw_m_ptr, raw_s_ptr,  # [B*(K+1), NCHUNK] out: raw chunk max, sum-exp (LP with RAW)
+    key_ptr,  # [B*(K+1), NCHUNK, NTOP] int64 out: the chunk's top-n rank keys (LP)
     V, K, NCHUNK, NROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FLAT: tl.constexpr,
     LOG_X: tl.constexpr, HAS_MASK: tl.constexpr, GATHER: tl.constexpr, CAP: tl.constexpr,
-    FUSED: tl.constexpr, HAS_EDITS: tl.constexpr,
+    FUSED: tl.constexpr, HAS_EDITS: tl.constexpr, LP: tl.constexpr = False,
+    RAW: tl.constexpr = False, NTOP: tl.constexpr = 0, NBLOCK: tl.constexpr = 1,
 ):
     """One chunk's statistics of one position; with ``GATHER`` it also fills the position's
     filter candidates, with ``FUSED`` (one-hot drafts, no filter) it also runs the chunk's race
@@ -634,7 +772,29 @@ def _split_stats_kernel(
         row = _row(logits_ptr, lstart_ptr, b, j, stride_lb, stride_lk, NROWS, FLAT)
         bits_row = _row(bits_ptr, lstart_ptr, b, j, stride_mb, stride_mk, NROWS, FLAT)
         edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pid, E, NG)
-        if FUSED:
+        if LP:  # the same loads keep the raw statistics and the chunk's top-n list
+            pivot = tl.full([], KEY_CEIL, tl.int64)
+            if GATHER:
+                pivot = tl.load(pivot_ptr + pid)
+            m, s, a, bx, bi, gap, rm, rs, best = chunk_lp(
+                row, c * CHUNK, V, temp, CHUNK, BLOCK, bits_row, HAS_MASK, edits, HAS_EDITS,
+                GATHER, pivot, (cnt_ptr + pid, cidx_ptr + pid * CAP, cx_ptr + pid * CAP), CAP,
+                FUSED, stream_key(row_key(tl.load(seed_ptr + b)), j, PURPOSE_SAMPLE),
+                _draft(draft_ptr, stride_db, b, j, kb), True, RAW, NTOP,
+                empty_top(NTOP, NBLOCK),
+            )
+            at = pid * NCHUNK + c
+            if FUSED:
+                tl.store(race_rb_ptr + at, bx)
+                tl.store(race_ri_ptr + at, bi)
+                tl.store(race_pb_ptr + at, gap)
+            if RAW:
+                tl.store(raw_m_ptr + at, rm)
+                tl.store(raw_s_ptr + at, rs)
+            if NTOP > 0:
+                slot = tl.arange(0, NBLOCK)
+                tl.store(key_ptr + at * NTOP + slot, best, mask=slot < NTOP)
+        elif FUSED:
             m, s, a, bx, bi, gap = chunk_stats_race(
                 row, c * CHUNK, V, temp, stream_key(row_key(tl.load(seed_ptr + b)), j,
                                                     PURPOSE_SAMPLE),
@@ -889,6 +1049,58 @@ def _split_race_kernel(
 # argument groups keep their shape comments: no reformatting
 # fmt: off
 @triton.jit
+def _score_emitted(logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits
+                   draft_ptr, stride_db,  # [B, K] draft token ids
+                   bits_ptr, stride_mb, stride_mk,  # [B, K+1, W] token bitmask (if HAS_MASK)
+                   part_m_ptr, part_s_ptr, part_a_ptr,  # [B*(K+1), NCHUNK] chunk statistics
+                   kappa_ptr, z_ptr,  # [B*(K+1)] key threshold, kept mass (HAS_FILTER)
+                   raw_m_ptr, raw_s_ptr,  # [B*(K+1), NCHUNK] raw chunk statistics (RAW)
+                   key_ptr,  # [B*(K+1), NCHUNK, NTOP] int64: the chunks' top-n rank keys
+                   lp_ptr,  # [B, K+1] float32 out
+                   top_ptr, ids_ptr,  # [B, K+1, NTOP] float32 / int64 out
+                   lstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V]
+                   eids_ptr, evals_ptr, etab_ptr,  # [B, E], [B, K+1, E], [B, NG+1] (HAS_EDITS)
+                   b, kb, n_acc, recovered_or_bonus, V, K, NCHUNK, NROWS, E, NG, temp,
+                   HAS_FILTER: tl.constexpr, BLOCK_K: tl.constexpr, FLAT: tl.constexpr,
+                   HAS_MASK: tl.constexpr, HAS_EDITS: tl.constexpr, RAW: tl.constexpr,
+                   NTOP: tl.constexpr, NBLOCK: tl.constexpr):
+    """The split strategy's log-probabilities of row ``b``'s emitted positions ``0 .. n_acc``
+    from the statistics partials (the chunks' raw statistics merged in chunk order as the row
+    kernel merges them, the chunks' top-n lists merged into one) and one logit load per token
+    and listed entry; padding past ``n_acc``."""
+    token = tl.minimum(tl.maximum(recovered_or_bonus, 0), V - 1)
+    for p in range(0, K + 1):
+        if p <= n_acc:
+            pos = b * (K + 1) + p
+            m, s, a = _merged_stats(part_m_ptr, part_s_ptr, part_a_ptr, pos * NCHUNK, NCHUNK)
+            kappa, z = _filter_state(kappa_ptr, z_ptr, pos, s, HAS_FILTER)
+            raw_m = tl.full([], float("-inf"), tl.float32)
+            raw_s = tl.zeros([], tl.float32)
+            if RAW:
+                raw_m, raw_s, _ = _merged_stats(raw_m_ptr, raw_s_ptr, part_a_ptr, pos * NCHUNK,
+                                                NCHUNK)
+            jj = b * 0 + p  # int64
+            row = _row(logits_ptr, lstart_ptr, b, jj, stride_lb, stride_lk, NROWS, FLAT)
+            bits_row = _row(bits_ptr, lstart_ptr, b, jj, stride_mb, stride_mk, NROWS, FLAT)
+            edits = edit_row(eids_ptr, evals_ptr, etab_ptr, b, pos, E, NG)
+            tok = tl.where(p < n_acc, _draft(draft_ptr, stride_db, b, p, kb).to(tl.int64), token)
+            write_logprob(row, bits_row, lp_ptr + pos, tok, V, temp, m, z, kappa, raw_m, raw_s,
+                          RAW, HAS_MASK, edits, HAS_EDITS)
+            if NTOP > 0:
+                best = empty_top(NTOP, NBLOCK)
+                for c in range(0, NCHUNK):
+                    best = merge_top_partial(best, key_ptr + (pos * NCHUNK + c) * NTOP, NTOP,
+                                             NBLOCK)
+                write_top_list(row, top_ptr + pos * NTOP, ids_ptr + pos * NTOP, temp, m, z,
+                               kappa, raw_m, raw_s, best, RAW, NTOP, NBLOCK, edits, HAS_EDITS)
+    write_padding(lp_ptr + b * (K + 1), top_ptr + b * (K + 1) * NTOP,
+                  ids_ptr + b * (K + 1) * NTOP, n_acc + 1, K, BLOCK_K, NTOP, NBLOCK)
+# fmt: on
+
+
+# argument groups keep their shape comments: no reformatting
+# fmt: off
+@triton.jit
 def _split_decide_kernel(
     logits_ptr, stride_lb, stride_lk,  # [B, K+1, V] target logits, vocab stride 1
     draft_ptr, stride_db,  # [B, K] draft token ids
@@ -905,11 +1117,16 @@ def _split_decide_kernel(
     lstart_ptr, qstart_ptr,  # [B] FLAT only: row of position 0 in [NROWS, V] / [QROWS, V]
     eids_ptr, evals_ptr, etab_ptr,  # [B, E] int32, [B, K+1, E] f32, [B, NG+1] int32 (HAS_EDITS)
     inv_ptr,  # [V] int32 draft_probs column of each target id, -1 outside (HAS_DRAFT_MAP)
+    raw_m_ptr, raw_s_ptr,  # [B*(K+1), NCHUNK] raw chunk max, sum-exp (LP with RAW)
+    key_ptr,  # [B*(K+1), NCHUNK, NTOP] int64: the chunks' top-n rank keys (LP)
+    lp_ptr,  # [B, K+1] float32 out: log p of each emitted token (LP)
+    top_ptr, ids_ptr,  # [B, K+1, NTOP] float32 / int64 out: the top-n (LP)
     V, K, NCHUNK, NROWS, QROWS, E, NG,
     GREEDY_ONLY: tl.constexpr, HAS_Q: tl.constexpr, HAS_FILTER: tl.constexpr,
     BLOCK_K: tl.constexpr, FLAT: tl.constexpr, LOG_X: tl.constexpr, METHOD: tl.constexpr,
     HAS_MASK: tl.constexpr, FUSED: tl.constexpr, TBLOCK: tl.constexpr, HAS_EDITS: tl.constexpr,
-    HAS_DRAFT_MAP: tl.constexpr,
+    HAS_DRAFT_MAP: tl.constexpr, LP: tl.constexpr = False, RAW: tl.constexpr = False,
+    NTOP: tl.constexpr = 0, NBLOCK: tl.constexpr = 1,
 ):
     """The walk of row ``b`` over its positions' merged partials (:func:`_decide`), then the
     token at its stop: the race kernel's partials merged, or with ``FUSED`` the statistics
@@ -979,6 +1196,14 @@ def _split_decide_kernel(
                     race_pi_ptr, 0, n_acc, kb, V, temp, key, 0.0, 1.0, 0, 1.0, pos, NCHUNK, True,
                     HAS_Q, 1, 1, LOG_X, HAS_MASK, None, False, None, False,
                 )
+    if LP:
+        _score_emitted(
+            logits_ptr, stride_lb, stride_lk, draft_ptr, stride_db, bits_ptr, stride_mb, stride_mk,
+            part_m_ptr, part_s_ptr, part_a_ptr, kappa_ptr, z_ptr, raw_m_ptr, raw_s_ptr, key_ptr,
+            lp_ptr, top_ptr, ids_ptr, lstart_ptr, eids_ptr, evals_ptr, etab_ptr, b, kb, n_acc,
+            recovered_or_bonus, V, K, NCHUNK, NROWS, E, NG, temp, HAS_FILTER, BLOCK_K, FLAT,
+            HAS_MASK, HAS_EDITS, RAW, NTOP, NBLOCK,
+        )
     _write_row(
         draft_ptr, stride_db, tokens_ptr, nacc_ptr, b, n_acc, recovered_or_bonus, V, K, BLOCK_K
     )
@@ -1065,6 +1290,21 @@ def _rows(
 
 
 @dataclasses.dataclass(frozen=True)
+class _Logprobs:
+    """The log-probability outputs of one call (``logprobs`` of :func:`verify`)."""
+
+    processed: bool
+    num_logprobs: int  # n
+    logprobs: torch.Tensor  # [B, K+1] float32
+    top: torch.Tensor  # [B, K+1, n] float32
+    ids: torch.Tensor  # [B, K+1, n] int64
+
+    @property
+    def outputs(self) -> tuple:
+        return self.logprobs, self.top, self.ids
+
+
+@dataclasses.dataclass(frozen=True)
 class _Args:
     """One call's kernel arguments; the properties give them in the kernels' groups."""
 
@@ -1078,6 +1318,7 @@ class _Args:
     log_input: bool
     method: int  # METHODS[...]: the acceptance rule of the sampling rows
     race_in_stats: bool = True  # False: statistics only (the tree's split strategy)
+    lp: "_Logprobs | None" = None  # the emitted positions' log-probabilities, if asked for
 
     @property
     def sizes(self) -> tuple:
@@ -1128,6 +1369,26 @@ class _Args:
             "HAS_EDITS": self.edits.has_edits,
         }
 
+    @property
+    def lp_flags(self) -> dict:
+        """The log-probability constexprs (all off without ``lp``)."""
+        if self.lp is None:
+            return {"LP": False, "RAW": False, "NTOP": 0, "NBLOCK": 1}
+        n = self.lp.num_logprobs
+        return {
+            "LP": True,
+            "RAW": not self.lp.processed,
+            "NTOP": n,
+            "NBLOCK": triton.next_power_of_2(max(n, 1)),
+        }
+
+    @property
+    def lp_outs(self) -> tuple:
+        """``lp_ptr, top_ptr, ids_ptr`` (the draft tokens stand in without ``lp``)."""
+        if self.lp is None:
+            return (self.drafts[0],) * 3
+        return self.lp.logprobs, self.lp.top, self.lp.ids
+
     def tiles(self, *names) -> dict:
         """The tile-size constexprs ``names`` of :func:`_common.launch_config`."""
         return {name: self.cfg[name] for name in names}
@@ -1157,12 +1418,13 @@ def _launch_row(a: _Args, tokens, num_accepted):
         c.min_p,
         *a.edit_ptrs,
         a.rows.inv,
+        *a.lp_outs,
         *a.sizes, a.rows.qrows, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_TOPK=c.has_top_k, HAS_TOPP=c.has_top_p,
         **a.tiles("CHUNK", "BLOCK", "TBLOCK", "NPIV"), BLOCK_K=a.block_k, **a.layout,
         METHOD=a.method, GATHER=a.gather, **a.tiles("CAP", "SB", "SW"),
         FUSED=a.fused_race and a.method == METHODS["token"], HAS_MINP=c.has_min_p,
-        HAS_DRAFT_MAP=a.rows.has_map, **WALK_COMPILE,
+        HAS_DRAFT_MAP=a.rows.has_map, **a.lp_flags, **WALK_COMPILE,
     )
 # fmt: on
 
@@ -1205,9 +1467,12 @@ class _Partials:
     # [B*(K+1), NCHUNK] residual best, token, plain best, token, block residual mass
     race: tuple  # (f32, i32, f32, i32, f32)
     cand: _Candidates  # [B*(K+1)] buffers (or placeholders without a filter)
+    # [B*(K+1), NCHUNK] raw max, sum-exp (f32), [B*(K+1), NCHUNK, n] top-n keys (int64):
+    # logprobs only (placeholders otherwise)
+    lp: tuple = ()
 
 
-def _partials(positions: int, nchunk: int, device, cap: int = 0) -> _Partials:
+def _partials(positions: int, nchunk: int, device, cap: int = 0, lp=None) -> _Partials:
     def empty(*shape, dtype):
         return torch.empty(shape, dtype=dtype, device=device)
 
@@ -1221,7 +1486,21 @@ def _partials(positions: int, nchunk: int, device, cap: int = 0) -> _Partials:
         filter=(empty(positions, dtype=torch.int64), empty(positions, dtype=f32)),
         race=tuple(empty(positions, nchunk, dtype=dt) for dt in (f32, i32, f32, i32, f32)),
         cand=_candidates(positions, 1, cap, device),
+        lp=_lp_partials(positions, nchunk, device, lp),
     )
+
+
+def _lp_partials(positions: int, nchunk: int, device, lp) -> tuple:
+    """The log-probabilities' partials: raw chunk statistics (``"raw"``) and the chunks' top-n
+    keys; one-element placeholders for what is not asked for."""
+    one = torch.zeros(1, dtype=torch.float32, device=device)
+    raw = lp is not None and not lp.processed
+    shape = (positions, nchunk)
+    raw_m = torch.empty(shape, dtype=torch.float32, device=device) if raw else one
+    raw_s = torch.empty(shape, dtype=torch.float32, device=device) if raw else one
+    n = 0 if lp is None else lp.num_logprobs
+    keys = torch.empty((*shape, n), dtype=torch.int64, device=device) if n else one.long()
+    return raw_m, raw_s, keys
 
 
 # launch arguments in the kernel signature's groups, one line each: no reformatting
@@ -1257,9 +1536,10 @@ def _launch_split_stats(a: _Args, parts: _Partials, positions: int):
         *a.drafts, a.controls.seeds,
         *parts.race[:3],
         *a.edit_ptrs,
+        *parts.lp,
         *a.sizes, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, **a.tiles("CHUNK", "BLOCK"), **a.layout, GATHER=a.gather,
-        **a.tiles("CAP"), FUSED=a.fused_race, **COMPILE,
+        **a.tiles("CAP"), FUSED=a.fused_race, **a.lp_flags, **COMPILE,
     )
 
 
@@ -1322,10 +1602,12 @@ def _launch_split_decide(a: _Args, parts: _Partials, tokens, num_accepted):
         a.rows.lstart, a.rows.qstart,
         *a.edit_ptrs,
         a.rows.inv,
+        *parts.lp,
+        *a.lp_outs,
         *a.sizes, a.rows.qrows, *a.edit_sizes,
         GREEDY_ONLY=a.greedy_only, HAS_Q=a.rows.has_q, HAS_FILTER=a.has_filter, BLOCK_K=a.block_k,
         **a.layout, METHOD=a.method, FUSED=a.fused_race, **a.tiles("TBLOCK"),
-        HAS_DRAFT_MAP=a.rows.has_map, **SPLIT_COMPILE,
+        HAS_DRAFT_MAP=a.rows.has_map, **a.lp_flags, **SPLIT_COMPILE,
     )
 # fmt: on
 
@@ -1335,7 +1617,7 @@ def split_statistics(a: _Args, positions: int, device) -> _Partials:
     ``NCHUNK`` programs: the chunk partials (max, sum of exp, first argmax) and, with a filter,
     each position's threshold and kept mass from its candidate buffer (or the search). Also
     what the tree's walk reads instead of the rows (:mod:`specdec_kernels.ops.verify_tree`)."""
-    parts = _partials(positions, a.cfg["NCHUNK"], device, a.cfg["CAP"] if a.gather else 0)
+    parts = _partials(positions, a.cfg["NCHUNK"], device, a.cfg["CAP"] if a.gather else 0, a.lp)
     if a.gather:
         _launch_split_pivot(a, parts, positions)
     _launch_split_stats(a, parts, positions)
@@ -1376,6 +1658,7 @@ def verify(
     edit_ids=None,
     edit_vals=None,
     draft_vocab_inv=None,
+    logprobs=None,
 ):
     """Launch the verification kernels; see :func:`specdec_kernels.verify_sampling`.
 
@@ -1400,14 +1683,31 @@ def verify(
     (a reduced draft vocabulary, ``draft_vocab_map``): ``draft_probs`` is then ``[B, K, V_draft]``
     (flat: ``[R', V_draft]``) and ``q(t) = draft_probs[..., inv[t]]``, 0 where ``inv[t] < 0``,
     read through the index (``_common.mapped_q``): nothing ``[B, K, V]`` is written.
-    Returns ``(tokens [B, K+1] int64, num_accepted [B] int64)``.
+    ``logprobs``: None or ``(processed, n)``: the same pass also scores what it emits
+    (:mod:`specdec_kernels.ops.logprobs`'s numbers, ``torch.ops.specdec.emitted_logprobs``'s
+    contract; not with ``log_input``).
+    Returns ``(tokens [B, K+1] int64, num_accepted [B] int64)``, with ``logprobs`` also
+    ``(logprobs [B, K+1] float32, top_logprobs [B, K+1, n] float32, top_ids [B, K+1, n]
+    int64)``.
     """
     batch, k = draft_tokens.shape
     device = target_logits.device
     tokens = torch.empty((batch, k + 1), dtype=torch.int64, device=device)
     num_accepted = torch.empty((batch,), dtype=torch.int64, device=device)
+    lp = None
+    if logprobs is not None:
+        if log_input:
+            raise ValueError("logprobs are scored from logits, not from log_input probabilities")
+        processed, n = bool(logprobs[0]), int(logprobs[1])
+        lp = _Logprobs(
+            processed,
+            n,
+            torch.empty((batch, k + 1), dtype=torch.float32, device=device),
+            torch.empty((batch, k + 1, n), dtype=torch.float32, device=device),
+            torch.empty((batch, k + 1, n), dtype=torch.int64, device=device),
+        )
     if batch == 0:
-        return tokens, num_accepted
+        return (tokens, num_accepted) if lp is None else (tokens, num_accepted, lp.outputs)
     strategy = strategy or pick_strategy(batch, device)
     if strategy not in _STRATEGIES:
         raise ValueError(f"strategy must be 'row', 'split' or None, got {strategy!r}")
@@ -1433,6 +1733,9 @@ def verify(
         greedy_only=greedy_only,
         log_input=log_input,
         method=METHODS[method],
+        lp=lp,
     )
     _STRATEGIES[strategy](args, tokens, num_accepted)
-    return tokens, num_accepted
+    if lp is None:
+        return tokens, num_accepted
+    return tokens, num_accepted, lp.outputs
