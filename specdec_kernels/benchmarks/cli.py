@@ -338,15 +338,16 @@ def _traffic(args) -> int:
     from specdec_kernels.benchmarks import ops, traffic
 
     g = _grid(args, args.grid or "gpu")
-    ops_ = tuple(o for o in args.ops if o in traffic.TRAFFIC_OPS)
-    trees = tuple(o for o in args.ops if o in ops.TREE_OPS)
-    rows = []
-    if ops_ or not trees:
-        rows = traffic.traffic_rows(ops.cases(g, ops_ or traffic.TRAFFIC_OPS))
+    # without --ops: every op the counter knows (the chain, serving and tree ops)
+    default = tuple(args.ops) == tuple(ops.OPS)
+    wanted = (*traffic.TRAFFIC_OPS, *ops.TREE_OPS) if default else tuple(args.ops)
+    ops_ = tuple(o for o in wanted if o in traffic.TRAFFIC_OPS)
+    trees = tuple(o for o in wanted if o in ops.TREE_OPS)
+    rows = traffic.traffic_rows(ops.cases(g, ops_)) if ops_ else []
+    if rows:
         print(traffic.format_traffic(rows))
-    tree_rows = []
-    if trees or not ops_:  # the trees against the chain of the same node count
-        tree_rows = traffic.tree_traffic_rows(ops.cases(g, trees or ops.TREE_OPS))
+    tree_rows = traffic.tree_traffic_rows(ops.cases(g, trees)) if trees else []
+    if tree_rows:  # the trees against the chain of the same node count
         print(traffic.format_tree_traffic(tree_rows))
     if args.traffic_json:
         command = "specdec bench ops " + " ".join(sys.argv[3:])
