@@ -378,9 +378,11 @@ def _cases() -> list[Case]:
         cases.append(_native("native_verify_ex", mode, _native_verify_ex(mode)))
     for label, args, needs in _backends(_emitted_logprobs):
         cases.append(Case("emitted_logprobs", label, args, needs))
-    for label, args, needs in _backends(_chain_logprobs, True):
+    # the Triton one-pass kernels: tests/test_logprobs_fused_triton.py; opcheck's repeated calls
+    # under the interpreter (~40 s) only with -m slow
+    for label, args, needs in _backends(_chain_logprobs, True, triton="triton_slow"):
         cases.append(Case("verify_chain_logprobs", f"sampling-{label}", args, needs))
-    for label, args, needs in _backends(_chain_logprobs, False):
+    for label, args, needs in _backends(_chain_logprobs, False, triton="triton_slow"):
         cases.append(Case("verify_chain_logprobs", f"greedy-{label}", args, needs))
     cases.append(_native("native_emitted_logprobs", "", _native_emitted_logprobs))
     cases.append(_native("native_verify_logprobs", "", _native_verify_logprobs))

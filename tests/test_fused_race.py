@@ -93,7 +93,12 @@ def _tied_rows(b, k, dtype, seed):
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("temperature", [1e-6, 1e4], ids=["T=1e-6", "T=1e4"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+# bfloat16 (the same code on rounded inputs) with -m slow: the CI's time budget
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.slow)],
+    ids=["fp32", "bf16"],
+)
 def test_ties_at_extreme_temperatures_match_reference(strategy, temperature, dtype):
     """64 seeds (a row each), K = 2, ties and near-ties at the top: the reference's tokens. The
     log-domain race failed the T = 1e-6 case (its ``x - log E`` is ``x`` rounded to an integer)."""
