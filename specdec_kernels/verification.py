@@ -176,6 +176,24 @@ def _chain_logprobs(
         tokens, accepted, lp, top, ids = fused(*args, processed, num_logprobs)
         return tokens, accepted, accepted + 1, lp, top, ids
     tokens, accepted, emitted = _chain(*args, backend)
+    lp, top, ids = _emitted_scores(
+        target_logits, logits_row_start, tokens, emitted, mode,
+        "processed" if processed else "raw", num_logprobs, backend, token_bitmask, temperature,
+        top_k, top_p, min_p, edit_ids, edit_vals,
+    )  # fmt: skip
+    k1 = tokens.shape[1]
+    if num_logprobs == 0:
+        top = lp.new_empty((tokens.shape[0], k1, 0))
+        ids = tokens.new_empty((tokens.shape[0], k1, 0))
+    return tokens, accepted, emitted, lp, top, ids
+
+
+def _emitted_scores(target_logits, logits_row_start, tokens, emitted, mode, logprobs,
+                    num_logprobs, backend, token_bitmask, temperature, top_k, top_p, min_p,
+                    edit_ids, edit_vals):  # fmt: skip
+    """``emitted_logprobs`` over a verification's emitted positions (a second read of their
+    rows): the rows of positions ``< emitted`` (flat layout: from ``logits_row_start``); the
+    processed distribution of a greedy call has no controls (temperature 1, no filters)."""
     k1 = tokens.shape[1]
     positions = torch.arange(k1, device=tokens.device)[None, :]
     if logits_row_start is not None:  # flat layout: request b's rows start there
@@ -183,18 +201,13 @@ def _chain_logprobs(
     else:
         rows = positions.expand(tokens.shape[0], -1)
     rows = torch.where(positions < emitted[:, None], rows, -1)
-    greedy = mode == "greedy"  # the processed distribution of a greedy call: T = 1, no filters
-    lp, top, ids = emitted_logprobs(
-        target_logits, rows, tokens, mode="processed" if processed else "raw",
-        num_logprobs=num_logprobs, backend=backend, token_bitmask=token_bitmask,
-        temperature=None if greedy else temperature, top_k=None if greedy else top_k,
-        top_p=None if greedy else top_p, min_p=None if greedy else min_p, edit_ids=edit_ids,
-        edit_vals=edit_vals,
+    greedy = mode == "greedy"
+    return emitted_logprobs(
+        target_logits, rows, tokens, mode=logprobs, num_logprobs=num_logprobs, backend=backend,
+        token_bitmask=token_bitmask, temperature=None if greedy else temperature,
+        top_k=None if greedy else top_k, top_p=None if greedy else top_p,
+        min_p=None if greedy else min_p, edit_ids=edit_ids, edit_vals=edit_vals,
     )  # fmt: skip
-    if num_logprobs == 0:
-        top = lp.new_empty((tokens.shape[0], k1, 0))
-        ids = tokens.new_empty((tokens.shape[0], k1, 0))
-    return tokens, accepted, emitted, lp, top, ids
 
 
 _verify_chain_logprobs_op = torch.library.custom_op(
@@ -322,29 +335,11 @@ class ChainCall:
     def _add_logprobs(self, ver: Verification) -> Verification:
         """``ver`` with ``logprobs`` / ``top_logprobs`` / ``top_ids``: the processed
         distribution's controls are none for a greedy call (temperature 1, no filters)."""
-        k1 = ver.tokens.shape[1]
-        positions = torch.arange(k1, device=ver.tokens.device)[None, :]
-        if self.logits_row_start is not None:  # flat layout: request b's rows start there
-            rows = self.logits_row_start[:, None] + positions
-        else:
-            rows = positions.expand(ver.tokens.shape[0], -1)
-        rows = torch.where(positions < ver.num_emitted[:, None], rows, -1)
-        greedy = self.mode == "greedy"
-        lp, top, ids = emitted_logprobs(
-            self.target_logits,
-            rows,
-            ver.tokens,
-            mode=self.logprobs,
-            num_logprobs=self.num_logprobs,
-            backend=self.backend,
-            token_bitmask=self.token_bitmask,
-            temperature=None if greedy else self.temperature,
-            top_k=None if greedy else self.top_k,
-            top_p=None if greedy else self.top_p,
-            min_p=None if greedy else self.min_p,
-            edit_ids=self.edit_ids,
-            edit_vals=self.edit_vals,
-        )
+        lp, top, ids = _emitted_scores(
+            self.target_logits, self.logits_row_start, ver.tokens, ver.num_emitted, self.mode,
+            self.logprobs, self.num_logprobs, self.backend, self.token_bitmask, self.temperature,
+            self.top_k, self.top_p, self.min_p, self.edit_ids, self.edit_vals,
+        )  # fmt: skip
         return ver._replace(logprobs=lp, top_logprobs=top, top_ids=ids)
 
 
